@@ -1,0 +1,97 @@
+//! One multiplexed, self-reconnecting Redis connection per process, with every
+//! command timed and bounded so that a slow or dead Redis cannot hold a
+//! request hostage.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use redis::aio::ConnectionManager;
+use redis::{aio::ConnectionManagerConfig, RedisError};
+
+use crate::config::RedisConfig;
+
+/// Longest wait for one Redis command before we treat Redis as unavailable.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_millis(250);
+
+#[derive(Clone)]
+pub struct RedisHandle {
+    client: redis::Client,
+    conn: ConnectionManager,
+    prefix: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RedisFailure {
+    #[error("redis: {0}")]
+    Error(#[from] RedisError),
+    #[error("redis: timed out")]
+    Timeout,
+}
+
+impl RedisHandle {
+    pub async fn connect(cfg: &RedisConfig) -> anyhow::Result<RedisHandle> {
+        use anyhow::Context;
+        let client = redis::Client::open(cfg.url.expose().as_str()).context("LATCHKEY_REDIS_URL")?;
+        let conn_cfg = ConnectionManagerConfig::new()
+            .set_connection_timeout(Duration::from_secs(2))
+            .set_response_timeout(COMMAND_TIMEOUT)
+            .set_number_of_retries(2)
+            .set_max_delay(500);
+        let conn = tokio::time::timeout(
+            Duration::from_secs(5),
+            ConnectionManager::new_with_config(client.clone(), conn_cfg),
+        )
+        .await
+        .map_err(|_| anyhow::anyhow!("connecting to Redis timed out"))?
+        .context("connecting to Redis (LATCHKEY_REDIS_URL)")?;
+        Ok(RedisHandle {
+            client,
+            conn,
+            prefix: cfg.key_prefix.clone(),
+        })
+    }
+
+    pub fn client(&self) -> &redis::Client {
+        &self.client
+    }
+
+    /// `<prefix><suffix>`
+    pub fn key(&self, suffix: &str) -> String {
+        let mut k = String::with_capacity(self.prefix.len() + suffix.len());
+        k.push_str(&self.prefix);
+        k.push_str(suffix);
+        k
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Runs one command (or pipeline) with a timeout, recording its latency.
+    pub async fn run<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T, RedisFailure>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: Future<Output = Result<T, RedisError>>,
+    {
+        let start = Instant::now();
+        let out = match tokio::time::timeout(COMMAND_TIMEOUT, f(self.conn.clone())).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(RedisFailure::Error(e)),
+            Err(_) => Err(RedisFailure::Timeout),
+        };
+        metrics::histogram!("latchkey_redis_command_seconds", "op" => op)
+            .record(start.elapsed().as_secs_f64());
+        if out.is_err() {
+            metrics::counter!("latchkey_redis_errors_total", "op" => op).increment(1);
+        }
+        out
+    }
+
+    pub async fn ping(&self) -> Result<(), RedisFailure> {
+        self.run("ping", |mut c| async move {
+            redis::cmd("PING").query_async::<String>(&mut c).await
+        })
+        .await
+        .map(|_| ())
+    }
+}

@@ -1,0 +1,219 @@
+//! The revocation set: session ids whose access tokens must fail validation.
+//!
+//! Validation never leaves the process: it asks the local set. Keeping the
+//! sets of all instances complete is this module's job:
+//! - a revocation is added locally at once, and with Redis it is also added
+//!   to a sorted set (`<prefix>revoked`, score = when it may be forgotten) and
+//!   published on `<prefix>events`; every instance's listener applies it
+//!   (within milliseconds);
+//! - a listener that (re)subscribes first reloads the sorted set, so messages
+//!   missed while disconnected are not lost;
+//! - at start, and every few seconds as a safety net, the set is refilled from
+//!   the database (sessions revoked recently), which also covers Redis outages.
+//! Entries are forgotten once every token of the session has expired
+//! (`retention` = access-token lifetime + leeway).
+//!
+//! The same channel carries "user changed" events for the user cache.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::sync::watch;
+
+use super::{RedisHandle, UserCache};
+use crate::store::{now_ms, Store};
+
+pub struct Revocations {
+    set: RwLock<HashMap<String, i64>>,
+    redis: Option<RedisHandle>,
+    users: Arc<UserCache>,
+    retention_ms: i64,
+}
+
+impl Revocations {
+    pub fn new(redis: Option<RedisHandle>, users: Arc<UserCache>, retention: Duration) -> Self {
+        Revocations {
+            set: RwLock::new(HashMap::new()),
+            redis,
+            users,
+            retention_ms: retention.as_millis() as i64,
+        }
+    }
+
+    pub fn is_revoked(&self, session_id: &str) -> bool {
+        self.set.read().expect("revocation lock").contains_key(session_id)
+    }
+
+    fn insert_local(&self, session_id: &str, forget_at: i64) {
+        let mut set = self.set.write().expect("revocation lock");
+        let e = set.entry(session_id.to_string()).or_insert(forget_at);
+        *e = (*e).max(forget_at);
+    }
+
+    /// Revokes sessions here and, with Redis, on every instance.
+    pub async fn revoke(&self, session_ids: &[String]) {
+        if session_ids.is_empty() {
+            return;
+        }
+        let forget_at = now_ms() + self.retention_ms;
+        for sid in session_ids {
+            self.insert_local(sid, forget_at);
+        }
+        metrics::counter!("latchkey_revocations_total").increment(session_ids.len() as u64);
+        if let Some(r) = &self.redis {
+            let zset = r.key("revoked");
+            let channel = r.key("events");
+            let mut pipe = redis::pipe();
+            for sid in session_ids {
+                pipe.zadd(&zset, sid, forget_at).ignore();
+                pipe.publish(&channel, format!("s:{sid}")).ignore();
+            }
+            if let Err(e) = r
+                .run(
+                    "revoke",
+                    |mut c| async move { pipe.query_async::<()>(&mut c).await },
+                )
+                .await
+            {
+                // Other instances still learn it from the database within seconds.
+                tracing::warn!(error = %e, "publishing a revocation to Redis failed");
+            }
+        }
+    }
+
+    /// A user changed (password, verification): drop cached copies everywhere.
+    pub async fn user_changed(&self, email: &str) {
+        self.users.forget(email);
+        if let Some(r) = &self.redis {
+            let channel = r.key("events");
+            let msg = format!("u:{email}");
+            if let Err(e) = r
+                .run("publish", |mut c| async move {
+                    redis::cmd("PUBLISH")
+                        .arg(&channel)
+                        .arg(msg)
+                        .query_async::<()>(&mut c)
+                        .await
+                })
+                .await
+            {
+                tracing::warn!(error = %e, "publishing a user change to Redis failed");
+            }
+        }
+    }
+
+    /// Refills the set from sessions revoked since `since` (ms).
+    pub async fn load_from_store(&self, store: &Store, since: i64) -> anyhow::Result<()> {
+        for (sid, revoked_at) in store.revoked_sessions_since(since).await? {
+            self.insert_local(&sid, revoked_at + self.retention_ms);
+        }
+        Ok(())
+    }
+
+    /// The oldest revocation that may still matter: older ones are forgotten.
+    pub fn horizon(&self) -> i64 {
+        now_ms() - self.retention_ms
+    }
+
+    /// Forgets entries whose tokens have all expired.
+    pub fn purge(&self) {
+        let now = now_ms();
+        self.set
+            .write()
+            .expect("revocation lock")
+            .retain(|_, forget_at| *forget_at > now);
+    }
+
+    pub fn len(&self) -> usize {
+        self.set.read().expect("revocation lock").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    async fn resync_from_redis(&self, r: &RedisHandle) -> Result<(), super::redis::RedisFailure> {
+        let zset = r.key("revoked");
+        let now = now_ms();
+        let z2 = zset.clone();
+        let _: () = r
+            .run("zremrangebyscore", |mut c| async move {
+                redis::cmd("ZREMRANGEBYSCORE")
+                    .arg(&z2)
+                    .arg("-inf")
+                    .arg(now)
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        let entries: Vec<(String, f64)> = r
+            .run("zrangebyscore", |mut c| async move {
+                redis::cmd("ZRANGEBYSCORE")
+                    .arg(&zset)
+                    .arg(now)
+                    .arg("+inf")
+                    .arg("WITHSCORES")
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        for (sid, score) in entries {
+            self.insert_local(&sid, score as i64);
+        }
+        Ok(())
+    }
+
+    /// With Redis: listens for events until shutdown, resubscribing (and
+    /// resyncing) after any disconnection.
+    pub async fn listen(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let Some(r) = self.redis.clone() else {
+            return;
+        };
+        let channel = r.key("events");
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let session = async {
+                let mut pubsub = r.client().get_async_pubsub().await?;
+                pubsub.subscribe(&channel).await?;
+                if let Err(e) = self.resync_from_redis(&r).await {
+                    tracing::warn!(error = %e, "resyncing revocations from Redis failed");
+                }
+                tracing::debug!("listening for revocations");
+                let mut stream = pubsub.on_message();
+                while let Some(msg) = stream.next().await {
+                    let payload: String = match msg.get_payload() {
+                        Ok(p) => p,
+                        Err(_) => continue,
+                    };
+                    self.apply(&payload);
+                }
+                Ok::<(), redis::RedisError>(())
+            };
+            tokio::select! {
+                res = session => {
+                    match res {
+                        Ok(()) => tracing::warn!("Redis event subscription ended; resubscribing"),
+                        Err(e) => tracing::warn!(error = %e, "Redis event subscription failed; retrying"),
+                    }
+                    metrics::counter!("latchkey_redis_resubscribes_total").increment(1);
+                }
+                _ = shutdown.changed() => return,
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = shutdown.changed() => return,
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    fn apply(&self, payload: &str) {
+        if let Some(sid) = payload.strip_prefix("s:") {
+            self.insert_local(sid, now_ms() + self.retention_ms);
+        } else if let Some(email) = payload.strip_prefix("u:") {
+            self.users.forget(email);
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! The command line: `serve`, `migrate`, `clients`, `keys`, `users`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Parser, Subcommand};
+
+use crate::app::{Application, Services};
+use crate::config::Config;
+
+#[derive(Parser)]
+#[command(name = "latchkey", version, about = "Authentication service and API gateway")]
+pub struct Cli {
+    /// TOML file with settings (keys as in the README; environment variables win).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run the authentication service.
+    Serve,
+    /// Apply database migrations and exit.
+    Migrate,
+    /// Manage OAuth clients.
+    Clients {
+        #[command(subcommand)]
+        command: ClientsCommand,
+    },
+    /// Manage signing keys.
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+    /// Manage users.
+    Users {
+        #[command(subcommand)]
+        command: UsersCommand,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum ClientsCommand {
+    /// Add a confidential client; prints its secret once.
+    Add {
+        id: String,
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// List clients.
+    List,
+    /// Remove a client.
+    Remove { id: String },
+}
+
+#[derive(Subcommand)]
+pub enum KeysCommand {
+    /// Make a new key the signer; the others retire (and stay published
+    /// until every token they signed has expired).
+    Rotate,
+    /// List keys.
+    List,
+}
+
+#[derive(Subcommand)]
+pub enum UsersCommand {
+    /// Create verified accounts for load tests, hashing each password with
+    /// the configured argon2 parameters.
+    Seed {
+        #[arg(long, default_value_t = 1000)]
+        count: usize,
+        /// `{}` is replaced by the account number, from 1.
+        #[arg(long, default_value = "user{}@loadtest.latchkey")]
+        email: String,
+        #[arg(long, default_value = "loadtest-password")]
+        password: String,
+    },
+}
+
+pub fn main() -> ExitCode {
+    let started = Instant::now();
+    let cli = Cli::parse();
+    let config = match Config::load(cli.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("latchkey: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    crate::telemetry::init_logging(config.log_format, &config.log_level);
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("latchkey: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli.command, config, started)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the chain of causes, without secrets (settings are never echoed).
+            let msg = format!("{e:#}").replace('\n', " ");
+            eprintln!("latchkey: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command, config: Config, started: Instant) -> anyhow::Result<()> {
+    match command {
+        Command::Serve => serve(config, started).await,
+        Command::Migrate => {
+            let store = crate::store::Store::connect(&config.database).await?;
+            store.migrate().await?;
+            println!("migrations applied ({})", store.backend_name());
+            Ok(())
+        }
+        Command::Clients { command } => {
+            let st = Services::build(config).await?;
+            match command {
+                ClientsCommand::Add { id, name } => {
+                    match crate::domain::clients::add(&st.store, &id, name.as_deref()).await? {
+                        Some(secret) => {
+                            println!("client_id:     {id}\nclient_secret: {secret}\n(the secret is shown only now)");
+                            Ok(())
+                        }
+                        None => anyhow::bail!("a client named {id:?} exists already"),
+                    }
+                }
+                ClientsCommand::List => {
+                    for c in st.store.clients().await? {
+                        println!(
+                            "{}\t{}\t{}",
+                            c.id,
+                            c.name.unwrap_or_default(),
+                            crate::domain::accounts::rfc3339(c.created_at)
+                        );
+                    }
+                    Ok(())
+                }
+                ClientsCommand::Remove { id } => {
+                    if st.store.remove_client(&id).await? {
+                        println!("removed {id}");
+                        Ok(())
+                    } else {
+                        anyhow::bail!("no client named {id:?}")
+                    }
+                }
+            }
+        }
+        Command::Keys { command } => {
+            let st = Services::build(config).await?;
+            match command {
+                KeysCommand::Rotate => {
+                    let kid = st.tokens.rotate().await?;
+                    println!(
+                        "new signing key {kid}; every instance switches within its key refresh interval"
+                    );
+                }
+                KeysCommand::List => {
+                    for k in st.store.signing_keys().await? {
+                        let state = match k.retired_at {
+                            None => "active".to_string(),
+                            Some(t) => format!("retired {}", crate::domain::accounts::rfc3339(t)),
+                        };
+                        println!("{}\t{}\t{}", k.kid, k.alg, state);
+                    }
+                }
+            }
+            Ok(())
+        }
+        Command::Users { command } => match command {
+            UsersCommand::Seed {
+                count,
+                email,
+                password,
+            } => seed_users(config, count, &email, &password).await,
+        },
+    }
+}
+
+async fn serve(config: Config, started: Instant) -> anyhow::Result<()> {
+    if !config.rate_limit {
+        tracing::warn!(
+            "LATCHKEY_RATE_LIMIT=off: every rate limit and brute-force delay is OFF (lab use only)"
+        );
+    }
+    if matches!(config.mail, crate::config::MailConfig::Log) {
+        tracing::info!(
+            "LATCHKEY_MAIL=log: mail (codes included) goes to the log; use file: or smtp:// in production"
+        );
+    }
+    let app = Application::build(config).await?;
+    let st = app.services();
+    tracing::info!(
+        address = %app.local_addr(),
+        database = st.store.backend_name(),
+        redis = st.redis.is_some(),
+        startup_ms = started.elapsed().as_millis() as u64,
+        "latchkey is serving"
+    );
+    app.run_until_stopped().await
+}
+
+async fn seed_users(config: Config, count: usize, pattern: &str, password: &str) -> anyhow::Result<()> {
+    if !pattern.contains("{}") {
+        anyhow::bail!("--email must contain {{}} (replaced by the account number)");
+    }
+    crate::domain::input::Password::parse("password", password)
+        .map_err(|e| anyhow::anyhow!("--password: {}", e.reason))?;
+    let store = crate::store::Store::connect(&config.database).await?;
+    store.migrate().await?;
+    let passwords = std::sync::Arc::new(crate::domain::hashing::Passwords::new(&config.argon2)?);
+    let threads = config.hash_threads.max(1);
+    let start = Instant::now();
+    let (pattern, password) = (pattern.to_string(), password.to_string());
+    let users = tokio::task::spawn_blocking(move || {
+        let chunks: Vec<Vec<usize>> = (0..threads)
+            .map(|t| (1..=count).filter(|i| i % threads == t).collect())
+            .collect();
+        std::thread::scope(|s| {
+            let handles: Vec<_> = chunks
+                .into_iter()
+                .map(|idx| {
+                    let (p, pw, pat) = (passwords.clone(), password.clone(), pattern.clone());
+                    s.spawn(move || {
+                        idx.into_iter()
+                            .map(|i| {
+                                (
+                                    uuid::Uuid::now_v7().to_string(),
+                                    pat.replace("{}", &i.to_string()).to_lowercase(),
+                                    p.hash(&pw),
+                                )
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().expect("hashing thread"))
+                .collect::<Vec<_>>()
+        })
+    })
+    .await?;
+    let inserted = store
+        .insert_verified_users(&users, crate::store::now_ms())
+        .await?;
+    println!(
+        "seeded {inserted} new verified accounts ({} requested) in {:.1} s",
+        count,
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

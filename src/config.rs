@@ -1,0 +1,607 @@
+//! Settings: environment variables over an optional TOML file over defaults.
+//!
+//! Every setting has one key `k`. It is read from the environment as
+//! `LATCHKEY_<K>` and from the TOML file (given with `--config`) as `k`; the
+//! environment wins. An invalid value stops start-up with one line that names
+//! the setting (`ConfigError`). Secrets are wrapped in [`Secret`] so that no
+//! `Debug` or log line can print them.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::limits::Policies;
+
+/// A value that must never be printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret<T>(pub T);
+
+impl<T> Secret<T> {
+    pub fn expose(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> fmt::Debug for Secret<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+/// An invalid setting: names it, says why, never echoes a secret value.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid setting {name}: {message}")]
+pub struct ConfigError {
+    pub name: String,
+    pub message: String,
+}
+
+impl ConfigError {
+    pub fn new(name: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError {
+            name: name.into(),
+            message: message.into(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub enum DatabaseUrl {
+    Sqlite(String),
+    Postgres(Secret<String>),
+}
+
+#[derive(Clone, Debug)]
+pub struct DatabaseConfig {
+    pub url: DatabaseUrl,
+    pub max_connections: u32,
+    pub min_connections: u32,
+    pub acquire_timeout: Duration,
+}
+
+#[derive(Clone, Debug)]
+pub struct RedisConfig {
+    pub url: Secret<String>,
+    /// Prefix of every key and channel, so that several deployments (or tests)
+    /// can share one Redis server. Always ends with `:`.
+    pub key_prefix: String,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum MailConfig {
+    Log,
+    File(PathBuf),
+    Smtp {
+        host: String,
+        port: u16,
+        credentials: Option<(String, Secret<String>)>,
+        from: String,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Human,
+    Json,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SigningAlgorithm {
+    EdDsa,
+    Es256,
+}
+
+impl SigningAlgorithm {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SigningAlgorithm::EdDsa => "EdDSA",
+            SigningAlgorithm::Es256 => "ES256",
+        }
+    }
+}
+
+impl FromStr for SigningAlgorithm {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "EdDSA" | "eddsa" | "ed25519" => Ok(SigningAlgorithm::EdDsa),
+            "ES256" | "es256" => Ok(SigningAlgorithm::Es256),
+            _ => Err("expected EdDSA or ES256".into()),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Argon2Config {
+    pub memory_kib: u32,
+    pub iterations: u32,
+    pub parallelism: u32,
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    pub database: DatabaseConfig,
+    pub redis: Option<RedisConfig>,
+    pub mail: MailConfig,
+    pub mail_from: String,
+    pub rate_limit: bool,
+    pub policies: Policies,
+    pub trusted_proxies: Vec<IpAddr>,
+    pub log_format: LogFormat,
+    pub log_level: String,
+    /// Master secret (32+ bytes). Unset: read or create `<data_dir>/secret.key`.
+    pub secret_key: Option<Secret<Vec<u8>>>,
+    pub issuer: String,
+    pub audience: String,
+    pub signing_algorithm: SigningAlgorithm,
+    pub access_token_ttl: Duration,
+    pub refresh_token_ttl: Duration,
+    pub refresh_grace: Duration,
+    pub argon2: Argon2Config,
+    pub hash_threads: usize,
+    pub hash_queue: usize,
+    pub hash_budget: Duration,
+    pub credential_cache: bool,
+    pub credential_cache_ttl: Duration,
+    pub credential_cache_capacity: usize,
+    pub token_cache_capacity: usize,
+    pub request_timeout: Duration,
+    pub body_limit: usize,
+    pub shutdown_timeout: Duration,
+    pub key_refresh_interval: Duration,
+}
+
+/// Where the raw settings come from: the environment and an optional TOML table.
+pub struct Sources {
+    env: BTreeMap<String, String>,
+    file: toml::Table,
+}
+
+impl Sources {
+    /// The process environment plus the file at `path`, if any.
+    pub fn load(path: Option<&Path>) -> Result<Sources, ConfigError> {
+        let env = std::env::vars()
+            .filter(|(k, _)| k.starts_with("LATCHKEY_") && !k.starts_with("LATCHKEY_TEST_"))
+            .collect();
+        let file = match path {
+            None => toml::Table::new(),
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| ConfigError::new("--config", format!("cannot read {}: {e}", p.display())))?;
+                text.parse::<toml::Table>().map_err(|e| {
+                    ConfigError::new(
+                        "--config",
+                        format!("{}: {}", p.display(), e.message().replace('\n', " ")),
+                    )
+                })?
+            }
+        };
+        Ok(Sources { env, file })
+    }
+
+    /// Settings given explicitly (tests, embedding).
+    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Sources {
+        Sources {
+            env: pairs
+                .into_iter()
+                .map(|(k, v)| (format!("LATCHKEY_{}", k.to_ascii_uppercase()), v.to_string()))
+                .collect(),
+            file: toml::Table::new(),
+        }
+    }
+
+    pub fn set(&mut self, key: &str, value: impl Into<String>) {
+        self.env
+            .insert(format!("LATCHKEY_{}", key.to_ascii_uppercase()), value.into());
+    }
+
+    /// Raw value of setting `key` and the name to report it under.
+    fn raw(&self, key: &str) -> Option<(String, String)> {
+        let env_name = format!("LATCHKEY_{}", key.to_ascii_uppercase());
+        if let Some(v) = self.env.get(&env_name) {
+            return Some((v.clone(), env_name));
+        }
+        let v = self.file.get(key)?;
+        let s = match v {
+            toml::Value::String(s) => s.clone(),
+            toml::Value::Integer(i) => i.to_string(),
+            toml::Value::Float(f) => f.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            other => format!("{other:?}"),
+        };
+        Some((s, format!("{key} (in --config file)")))
+    }
+
+    /// Setting `key` parsed by `parse`, or `default` when it is not set.
+    pub(crate) fn get<T>(
+        &self,
+        key: &str,
+        default: T,
+        parse: impl Fn(&str) -> Result<T, String>,
+    ) -> Result<T, ConfigError> {
+        match self.raw(key) {
+            None => Ok(default),
+            Some((v, name)) => parse(v.trim()).map_err(|m| ConfigError::new(name, m)),
+        }
+    }
+
+    fn name_of(&self, key: &str) -> String {
+        self.raw(key)
+            .map(|(_, n)| n)
+            .unwrap_or_else(|| format!("LATCHKEY_{}", key.to_ascii_uppercase()))
+    }
+
+    pub fn file_table(&self, key: &str) -> Option<&toml::Table> {
+        self.file.get(key).and_then(|v| v.as_table())
+    }
+}
+
+fn parse_num<T: FromStr>(min: T, max: T) -> impl Fn(&str) -> Result<T, String>
+where
+    T: PartialOrd + fmt::Display + Copy,
+{
+    move |s| {
+        let v: T = s.parse().map_err(|_| format!("expected a number, got {s:?}"))?;
+        if v < min || v > max {
+            return Err(format!("must be between {min} and {max}"));
+        }
+        Ok(v)
+    }
+}
+
+fn parse_secs(min: u64, max: u64) -> impl Fn(&str) -> Result<Duration, String> {
+    move |s| parse_num(min, max)(s).map(Duration::from_secs)
+}
+
+fn parse_millis(min: u64, max: u64) -> impl Fn(&str) -> Result<Duration, String> {
+    move |s| parse_num(min, max)(s).map(Duration::from_millis)
+}
+
+fn parse_switch(s: &str) -> Result<bool, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "on" | "true" | "1" | "yes" => Ok(true),
+        "off" | "false" | "0" | "no" => Ok(false),
+        _ => Err(format!("expected on or off, got {s:?}")),
+    }
+}
+
+pub fn parse_database_url(s: &str) -> Result<DatabaseUrl, String> {
+    if s.starts_with("sqlite:") {
+        Ok(DatabaseUrl::Sqlite(s.to_string()))
+    } else if s.starts_with("postgres://") || s.starts_with("postgresql://") {
+        url::Url::parse(s).map_err(|e| format!("not a valid URL: {e}"))?;
+        Ok(DatabaseUrl::Postgres(Secret(s.to_string())))
+    } else {
+        let scheme = s.split(':').next().unwrap_or("");
+        Err(format!(
+            "unsupported scheme {scheme:?}: expected sqlite://PATH or postgres://..."
+        ))
+    }
+}
+
+fn parse_redis_url(s: &str) -> Result<Secret<String>, String> {
+    let u = url::Url::parse(s).map_err(|e| format!("not a valid URL: {e}"))?;
+    match u.scheme() {
+        "redis" | "rediss" => Ok(Secret(s.to_string())),
+        other => Err(format!(
+            "unsupported scheme {other:?}: expected redis://host:port"
+        )),
+    }
+}
+
+pub fn parse_mail(s: &str) -> Result<MailConfig, String> {
+    if s == "log" {
+        return Ok(MailConfig::Log);
+    }
+    if let Some(dir) = s.strip_prefix("file:") {
+        if dir.is_empty() {
+            return Err("file: needs a directory, e.g. file:./data/mail".into());
+        }
+        return Ok(MailConfig::File(PathBuf::from(dir)));
+    }
+    if s.starts_with("smtp://") {
+        let u = url::Url::parse(s).map_err(|e| format!("not a valid URL: {e}"))?;
+        let host = u
+            .host_str()
+            .filter(|h| !h.is_empty())
+            .ok_or("smtp:// needs a host")?
+            .to_string();
+        let port = u.port().unwrap_or(25);
+        let credentials = if u.username().is_empty() {
+            None
+        } else {
+            let user = percent_decode(u.username());
+            let pass = percent_decode(u.password().unwrap_or(""));
+            Some((user, Secret(pass)))
+        };
+        return Ok(MailConfig::Smtp {
+            host,
+            port,
+            credentials,
+            from: String::new(),
+        });
+    }
+    Err("expected log, file:DIR or smtp://[user:pass@]host:port".into())
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn parse_secret_key(s: &str) -> Result<Secret<Vec<u8>>, String> {
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(s)
+        .or_else(|_| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(s))
+        .map_err(|_| "expected base64 (e.g. from `openssl rand -base64 32`)".to_string())?;
+    if bytes.len() < 32 {
+        return Err("must decode to at least 32 bytes".into());
+    }
+    Ok(Secret(bytes))
+}
+
+impl Config {
+    /// Settings from the environment and the optional TOML file.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        Config::from_sources(&Sources::load(path)?)
+    }
+
+    pub fn from_sources(src: &Sources) -> Result<Config, ConfigError> {
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+        let listen = src.get("listen", SocketAddr::from(([127, 0, 0, 1], 8080)), |s| {
+            s.parse()
+                .map_err(|_| format!("expected host:port such as 127.0.0.1:8080, got {s:?}"))
+        })?;
+        let data_dir = src.get("data_dir", PathBuf::from("./data"), |s| Ok(PathBuf::from(s)))?;
+        let default_db = DatabaseUrl::Sqlite(format!("sqlite://{}", data_dir.join("latchkey.db").display()));
+        let url = src.get("database_url", default_db, parse_database_url)?;
+        let is_sqlite = matches!(url, DatabaseUrl::Sqlite(_));
+        let database = DatabaseConfig {
+            url,
+            // SQLite has one writer: one connection avoids SQLITE_BUSY retries.
+            max_connections: src.get(
+                "database_max_connections",
+                if is_sqlite { 1 } else { (cores as u32 * 4).max(8) },
+                parse_num(1, 1000),
+            )?,
+            min_connections: src.get(
+                "database_min_connections",
+                if is_sqlite { 1 } else { 2 },
+                parse_num(0, 1000),
+            )?,
+            acquire_timeout: src.get(
+                "database_acquire_timeout_ms",
+                Duration::from_millis(1000),
+                parse_millis(1, 60_000),
+            )?,
+        };
+        if database.min_connections > database.max_connections {
+            return Err(ConfigError::new(
+                src.name_of("database_min_connections"),
+                "must not exceed database_max_connections",
+            ));
+        }
+        let redis_url = src.get("redis_url", None, |s| {
+            if s.is_empty() {
+                Ok(None)
+            } else {
+                parse_redis_url(s).map(Some)
+            }
+        })?;
+        let key_prefix = src.get("redis_key_prefix", "latchkey:".to_string(), |s| {
+            if s.is_empty() || s.len() > 64 {
+                return Err("must be 1..=64 characters".into());
+            }
+            Ok(if s.ends_with(':') {
+                s.to_string()
+            } else {
+                format!("{s}:")
+            })
+        })?;
+        let redis = redis_url.map(|url| RedisConfig { url, key_prefix });
+        let mail_from = src.get("mail_from", "latchkey <no-reply@localhost>".to_string(), |s| {
+            if s.contains('@') {
+                Ok(s.to_string())
+            } else {
+                Err("expected an address such as Example <no-reply@example.com>".into())
+            }
+        })?;
+        let mut mail = src.get("mail", MailConfig::Log, parse_mail)?;
+        if let MailConfig::Smtp { from, .. } = &mut mail {
+            *from = mail_from.clone();
+        }
+        let rate_limit = src.get("rate_limit", true, parse_switch)?;
+        let policies = Policies::from_sources(src)?;
+        let trusted_proxies = src.get("trusted_proxies", Vec::new(), |s| {
+            s.split(',')
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(|p| {
+                    p.parse::<IpAddr>()
+                        .map_err(|_| format!("{p:?} is not an IP address"))
+                })
+                .collect()
+        })?;
+        let log_format = src.get("log_format", LogFormat::Human, |s| match s {
+            "human" | "text" => Ok(LogFormat::Human),
+            "json" => Ok(LogFormat::Json),
+            _ => Err("expected human or json".into()),
+        })?;
+        let log_level = src.get("log", "info".to_string(), |s| {
+            tracing_subscriber::EnvFilter::try_new(s)
+                .map(|_| s.to_string())
+                .map_err(|e| format!("not a log filter: {e}"))
+        })?;
+        let secret_key = src.get("secret_key", None, |s| parse_secret_key(s).map(Some))?;
+        let issuer = src.get("issuer", format!("http://{listen}"), |s| {
+            url::Url::parse(s)
+                .map(|_| s.trim_end_matches('/').to_string())
+                .map_err(|e| format!("not a URL: {e}"))
+        })?;
+        let audience = src.get("audience", "latchkey".to_string(), |s| {
+            if s.is_empty() {
+                Err("must not be empty".into())
+            } else {
+                Ok(s.to_string())
+            }
+        })?;
+        let argon2 = Argon2Config {
+            memory_kib: src.get("argon2_memory_kib", 19_456, parse_num(8, 4 * 1024 * 1024))?,
+            iterations: src.get("argon2_iterations", 2, parse_num(1, 100))?,
+            parallelism: src.get("argon2_parallelism", 1, parse_num(1, 64))?,
+        };
+        Ok(Config {
+            listen,
+            data_dir,
+            database,
+            redis,
+            mail,
+            mail_from,
+            rate_limit,
+            policies,
+            trusted_proxies,
+            log_format,
+            log_level,
+            secret_key,
+            issuer,
+            audience,
+            signing_algorithm: src.get("signing_algorithm", SigningAlgorithm::EdDsa, |s| s.parse())?,
+            access_token_ttl: src.get(
+                "access_token_ttl_secs",
+                Duration::from_secs(900),
+                parse_secs(30, 86_400),
+            )?,
+            refresh_token_ttl: src.get(
+                "refresh_token_ttl_secs",
+                Duration::from_secs(30 * 86_400),
+                parse_secs(60, 365 * 86_400),
+            )?,
+            refresh_grace: src.get("refresh_grace_secs", Duration::from_secs(10), parse_secs(0, 300))?,
+            argon2,
+            hash_threads: src.get("hash_threads", cores, parse_num(1, 256))?,
+            hash_queue: src.get("hash_queue", 64, parse_num(0, 100_000))?,
+            hash_budget: src.get(
+                "hash_budget_ms",
+                Duration::from_millis(150),
+                parse_millis(1, 60_000),
+            )?,
+            credential_cache: src.get("credential_cache", true, parse_switch)?,
+            credential_cache_ttl: src.get(
+                "credential_cache_ttl_secs",
+                Duration::from_secs(600),
+                parse_secs(1, 86_400),
+            )?,
+            credential_cache_capacity: src.get(
+                "credential_cache_capacity",
+                100_000,
+                parse_num(1, 10_000_000),
+            )?,
+            token_cache_capacity: src.get("token_cache_capacity", 100_000, parse_num(1, 10_000_000))?,
+            request_timeout: src.get(
+                "request_timeout_ms",
+                Duration::from_millis(5000),
+                parse_millis(10, 600_000),
+            )?,
+            body_limit: src.get("body_limit_bytes", 16 * 1024, parse_num(256, 16 * 1024 * 1024))?,
+            shutdown_timeout: src.get(
+                "shutdown_timeout_secs",
+                Duration::from_secs(10),
+                parse_secs(0, 600),
+            )?,
+            key_refresh_interval: src.get(
+                "key_refresh_secs",
+                Duration::from_secs(10),
+                parse_secs(1, 3600),
+            )?,
+        })
+    }
+
+    pub fn is_sqlite(&self) -> bool {
+        matches!(self.database.url, DatabaseUrl::Sqlite(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_embedded_setup() {
+        let c = Config::from_sources(&Sources::from_pairs([])).unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
+        assert!(c.is_sqlite());
+        assert!(c.redis.is_none());
+        assert_eq!(c.mail, MailConfig::Log);
+        assert!(c.rate_limit);
+        assert_eq!(c.argon2.memory_kib, 19_456);
+    }
+
+    #[test]
+    fn bad_database_url_names_the_setting() {
+        let err = Config::from_sources(&Sources::from_pairs([("database_url", "nosuch://x")])).unwrap_err();
+        let line = err.to_string();
+        assert!(line.contains("LATCHKEY_DATABASE_URL"), "{line}");
+        assert!(!line.contains('\n'));
+    }
+
+    #[test]
+    fn secrets_are_not_printed() {
+        let c = Config::from_sources(&Sources::from_pairs([
+            ("database_url", "postgres://u:hunter2@localhost/db"),
+            ("redis_url", "redis://:sekrit@localhost:6379"),
+            ("mail", "smtp://me:pa55@mail.example:2525"),
+        ]))
+        .unwrap();
+        let dbg = format!("{c:?}");
+        for s in ["hunter2", "sekrit", "pa55"] {
+            assert!(!dbg.contains(s), "{s} leaked");
+        }
+    }
+
+    #[test]
+    fn mail_settings_parse() {
+        assert_eq!(
+            parse_mail("file:/tmp/m").unwrap(),
+            MailConfig::File("/tmp/m".into())
+        );
+        match parse_mail("smtp://a%40b:p@host:2525").unwrap() {
+            MailConfig::Smtp {
+                host,
+                port,
+                credentials,
+                ..
+            } => {
+                assert_eq!((host.as_str(), port), ("host", 2525));
+                assert_eq!(credentials.unwrap().0, "a@b");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(parse_mail("carrier-pigeon").is_err());
+    }
+
+    #[test]
+    fn rate_limit_switch() {
+        let c = Config::from_sources(&Sources::from_pairs([("rate_limit", "off")])).unwrap();
+        assert!(!c.rate_limit);
+        assert!(Config::from_sources(&Sources::from_pairs([("rate_limit", "maybe")])).is_err());
+    }
+}

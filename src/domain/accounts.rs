@@ -1,0 +1,611 @@
+//! The account lifecycle: register, verify, login, refresh, logout, password
+//! change and reset. Each operation checks its rate limits first, keeps the
+//! answers identical whether or not an account exists, and writes every change
+//! with the mail it causes in one transaction.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::Notify;
+
+use super::codes::{self, CodeState, CodeVerdict, CODE_TTL_MS, MAX_FAILURES, RESEND_QUIET_MS};
+use super::credcache::CredentialCache;
+use super::hashing::HashPool;
+use super::input::{Code, Email, Password};
+use super::refresh::{self, RefreshDecision, RefreshState};
+use super::tokens::{Tokens, Verified};
+use super::AuthError;
+use crate::cache::{Revocations, UserCache};
+use crate::crypto::{ct_eq, random_code, random_token, sha256, MacKey, Sealer};
+use crate::limits::{BruteForce, Limiter, PolicyName};
+use crate::mail::Message;
+use crate::store::{now_ms, NewSession, Purpose, RegisterOutcome, Store, UserRecord};
+
+/// The `client_id` claim of tokens issued through the first-party endpoints.
+pub const FIRST_PARTY_CLIENT: &str = "latchkey";
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct TokenPair {
+    pub access_token: String,
+    pub token_type: &'static str,
+    pub expires_in: u64,
+    pub refresh_token: String,
+    pub refresh_expires_in: u64,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Profile {
+    pub id: String,
+    pub email: String,
+    pub name: Option<String>,
+    pub email_verified: bool,
+    /// RFC 3339 time, UTC.
+    pub created_at: String,
+}
+
+pub struct Accounts {
+    pub store: Store,
+    pub hashing: Arc<HashPool>,
+    pub credentials: Option<CredentialCache>,
+    pub users: Arc<UserCache>,
+    pub tokens: Arc<Tokens>,
+    pub revocations: Arc<Revocations>,
+    pub limiter: Arc<Limiter>,
+    pub brute_force: BruteForce,
+    pub code_key: MacKey,
+    pub outbox_sealer: Arc<Sealer>,
+    pub mail_wake: Arc<Notify>,
+    pub refresh_ttl: Duration,
+    pub refresh_grace: Duration,
+}
+
+impl Accounts {
+    fn code_hash(&self, purpose: Purpose, email: &Email, code: &str) -> [u8; 32] {
+        self.code_key.mac(&[
+            purpose.as_str().as_bytes(),
+            email.as_str().as_bytes(),
+            code.as_bytes(),
+        ])
+    }
+
+    fn seal(&self, m: &Message) -> Vec<u8> {
+        m.seal(&self.outbox_sealer)
+    }
+
+    pub async fn register(
+        &self,
+        ip: IpAddr,
+        email: Email,
+        password: Password,
+        name: Option<String>,
+    ) -> Result<(), AuthError> {
+        self.limiter
+            .check(PolicyName::RegisterIp, &ip.to_string())
+            .await?;
+        self.limiter
+            .check(PolicyName::RegisterEmail, email.as_str())
+            .await?;
+        // Hash even when the email is taken, so timing does not tell.
+        let hash = self.hashing.run(move |p| p.hash(password.expose())).await?;
+        let code = random_code();
+        let code_hash = self.code_hash(Purpose::VerifyEmail, &email, &code);
+        let now = now_ms();
+        let id = uuid::Uuid::now_v7().to_string();
+        let verification = self.seal(&Message::verification(email.as_str(), &code));
+        let notice = self.seal(&Message::already_registered(email.as_str()));
+        let outcome = self
+            .store
+            .register(
+                crate::store::NewUser {
+                    id: &id,
+                    email: email.as_str(),
+                    name: name.as_deref(),
+                    password_hash: &hash,
+                    now,
+                },
+                crate::store::CodeMail {
+                    code_hash: &code_hash,
+                    expires_at: now + CODE_TTL_MS,
+                    message: &verification,
+                },
+                &notice,
+            )
+            .await?;
+        if outcome != RegisterOutcome::Created {
+            self.users.forget(email.as_str());
+        }
+        tracing::debug!(?outcome, "register");
+        self.mail_wake.notify_one();
+        Ok(())
+    }
+
+    pub async fn resend_code(&self, ip: IpAddr, email: Email) -> Result<(), AuthError> {
+        self.limiter.check(PolicyName::ResendIp, &ip.to_string()).await?;
+        self.limiter
+            .check(PolicyName::ResendEmail, email.as_str())
+            .await?;
+        if let Some(user) = self.store.user_by_email(email.as_str()).await? {
+            if user.email_verified_at.is_none() {
+                self.issue_code(&user, &email, Purpose::VerifyEmail).await?;
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn request_password_reset(&self, ip: IpAddr, email: Email) -> Result<(), AuthError> {
+        self.limiter.check(PolicyName::ResetIp, &ip.to_string()).await?;
+        self.limiter.check(PolicyName::ResetEmail, email.as_str()).await?;
+        if let Some(user) = self.store.user_by_email(email.as_str()).await? {
+            self.issue_code(&user, &email, Purpose::ResetPassword).await?;
+        }
+        Ok(())
+    }
+
+    /// A new code with its email, at most one per minute per account and purpose.
+    async fn issue_code(&self, user: &UserRecord, email: &Email, purpose: Purpose) -> Result<(), AuthError> {
+        let code = random_code();
+        let hash = self.code_hash(purpose, email, &code);
+        let msg = match purpose {
+            Purpose::VerifyEmail => Message::verification(email.as_str(), &code),
+            Purpose::ResetPassword => Message::password_reset(email.as_str(), &code),
+        };
+        let now = now_ms();
+        let sent = self
+            .store
+            .issue_code(
+                &user.id,
+                purpose,
+                &hash,
+                now,
+                now + CODE_TTL_MS,
+                RESEND_QUIET_MS,
+                &self.seal(&msg),
+            )
+            .await?;
+        if sent {
+            self.mail_wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Judges a code against the stored one, counting a wrong try.
+    /// Returns the code's creation time (its identity) when accepted.
+    async fn check_code(
+        &self,
+        user: &UserRecord,
+        email: &Email,
+        purpose: Purpose,
+        code: &Code,
+    ) -> Result<i64, AuthError> {
+        let rec = self.store.code_for(&user.id, purpose).await?;
+        let guess = self.code_hash(purpose, email, code.expose());
+        let matches = rec.as_ref().is_some_and(|r| ct_eq(&r.code_hash, &guess));
+        let state = rec.as_ref().map(|r| CodeState {
+            expires_at: r.expires_at,
+            failed_attempts: r.failed_attempts,
+            consumed: r.consumed_at.is_some(),
+        });
+        match codes::judge(state, matches, now_ms()) {
+            CodeVerdict::Accept => Ok(rec.map(|r| r.created_at).unwrap_or_default()),
+            CodeVerdict::Wrong => {
+                let r = rec.expect("a wrong guess needs a code");
+                self.store
+                    .record_code_failure(&user.id, purpose, r.created_at, MAX_FAILURES)
+                    .await?;
+                Err(AuthError::InvalidOtp)
+            }
+            CodeVerdict::Invalid => Err(AuthError::InvalidOtp),
+            CodeVerdict::Dead => Err(AuthError::TooManyAttempts { retry_after: None }),
+        }
+    }
+
+    pub async fn verify_email(&self, email: Email, code: Code) -> Result<TokenPair, AuthError> {
+        self.limiter
+            .check(PolicyName::VerifyAccount, email.as_str())
+            .await?;
+        let Some(user) = self.store.user_by_email(email.as_str()).await? else {
+            return Err(AuthError::InvalidOtp);
+        };
+        let code_id = self
+            .check_code(&user, &email, Purpose::VerifyEmail, &code)
+            .await?;
+        let (session, refresh) = self.new_session(None);
+        let stored = self
+            .store
+            .verify_email(&user.id, code_id, MAX_FAILURES, &session.as_new(&user.id))
+            .await?;
+        if !stored {
+            return Err(AuthError::InvalidOtp); // used concurrently
+        }
+        self.users.forget(email.as_str());
+        self.revocations.user_changed(email.as_str()).await;
+        self.pair(
+            &user.id,
+            &user.email,
+            &session.id,
+            FIRST_PARTY_CLIENT,
+            refresh,
+            session.expires_at,
+        )
+    }
+
+    async fn find_user(&self, email: &Email) -> Result<Option<Arc<UserRecord>>, AuthError> {
+        if let Some(u) = self.users.get(email.as_str()) {
+            return Ok(Some(u));
+        }
+        let u = self.store.user_by_email(email.as_str()).await?.map(Arc::new);
+        if let Some(u) = &u {
+            self.users.put(u.clone());
+        }
+        Ok(u)
+    }
+
+    /// Checks a password for an email, paying the same argon2 cost whether or
+    /// not the account exists, and the brute-force rules.
+    async fn check_password(&self, email: &Email, password: &Password) -> Result<Arc<UserRecord>, AuthError> {
+        if let Err(retry) = self.brute_force.check(email.as_str()).await {
+            return Err(AuthError::TooManyAttempts {
+                retry_after: Some(retry),
+            });
+        }
+        let user = self.find_user(email).await?;
+        let ok = match &user {
+            None => {
+                let pw = password.clone();
+                self.hashing.run(move |p| p.verify_dummy(pw.expose())).await?
+            }
+            Some(u) => {
+                let cached = self
+                    .credentials
+                    .as_ref()
+                    .is_some_and(|c| c.check(&u.id, &u.password_hash, password.expose()));
+                if cached {
+                    true
+                } else {
+                    let (pw, phc) = (password.clone(), u.password_hash.clone());
+                    let ok = self.hashing.run(move |p| p.verify(pw.expose(), &phc)).await?;
+                    if ok {
+                        if let Some(c) = &self.credentials {
+                            c.remember(&u.id, &u.password_hash, password.expose());
+                        }
+                    }
+                    ok
+                }
+            }
+        };
+        match user {
+            Some(u) if ok => {
+                self.brute_force.success(email.as_str()).await;
+                Ok(u)
+            }
+            _ => {
+                self.brute_force.failure(email.as_str()).await;
+                Err(AuthError::InvalidCredentials)
+            }
+        }
+    }
+
+    pub async fn login(
+        &self,
+        ip: IpAddr,
+        email: Email,
+        password: Password,
+        client_id: Option<&str>,
+    ) -> Result<TokenPair, AuthError> {
+        self.limiter.check(PolicyName::LoginIp, &ip.to_string()).await?;
+        self.limiter
+            .check(PolicyName::LoginAccount, email.as_str())
+            .await?;
+        let user = self.check_password(&email, &password).await?;
+        if user.email_verified_at.is_none() {
+            return Err(AuthError::VerificationPending);
+        }
+        self.upgrade_hash_later(&user, password);
+        let (session, refresh) = self.new_session(client_id);
+        self.store.create_session(&session.as_new(&user.id)).await?;
+        self.pair(
+            &user.id,
+            &user.email,
+            &session.id,
+            client_id.unwrap_or(FIRST_PARTY_CLIENT),
+            refresh,
+            session.expires_at,
+        )
+    }
+
+    /// Rehashes a password made with older parameters, after the answer.
+    fn upgrade_hash_later(&self, user: &UserRecord, password: Password) {
+        if !self.hashing.passwords().needs_rehash(&user.password_hash) {
+            return;
+        }
+        let (hashing, store, users) = (self.hashing.clone(), self.store.clone(), self.users.clone());
+        let (id, email, old) = (user.id.clone(), user.email.clone(), user.password_hash.clone());
+        tokio::spawn(async move {
+            let Ok(new) = hashing.run(move |p| p.hash(password.expose())).await else {
+                return; // busy: try again at a later login
+            };
+            match store.upgrade_password_hash(&id, &old, &new, now_ms()).await {
+                Ok(true) => {
+                    users.forget(&email);
+                    tracing::info!(user_id = %id, "password hash upgraded to current parameters");
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!(error = %e, "password hash upgrade failed"),
+            }
+        });
+    }
+
+    pub async fn refresh(&self, token: &str, client_id: Option<&str>) -> Result<TokenPair, AuthError> {
+        let hash = sha256(token.as_bytes());
+        let Some(rec) = self.store.refresh_token(&hash).await? else {
+            return Err(AuthError::InvalidToken);
+        };
+        if let Some(c) = client_id {
+            if rec.client_id.as_deref().unwrap_or(FIRST_PARTY_CLIENT) != c {
+                return Err(AuthError::InvalidToken);
+            }
+        }
+        self.limiter
+            .check(PolicyName::RefreshSession, &rec.session_id)
+            .await?;
+        let grace = self.refresh_grace.as_millis() as i64;
+        let state = |r: &crate::store::RefreshRecord| RefreshState {
+            session_revoked: r.session_revoked_at.is_some(),
+            session_expires_at: r.session_expires_at,
+            rotated_at: r.rotated_at,
+        };
+        let client = rec
+            .client_id
+            .clone()
+            .unwrap_or_else(|| FIRST_PARTY_CLIENT.to_string());
+        let mut decision = refresh::decide(state(&rec), now_ms(), grace);
+        let mut rec = rec;
+        if decision == RefreshDecision::Rotate {
+            let next = random_token();
+            let successor = Sealer::from_token(token, "successor").seal(next.as_bytes(), &hash);
+            if self
+                .store
+                .rotate_refresh(&hash, &sha256(next.as_bytes()), &successor, now_ms())
+                .await?
+            {
+                return self.pair(
+                    &rec.user_id,
+                    &rec.email,
+                    &rec.session_id,
+                    &client,
+                    next,
+                    rec.session_expires_at,
+                );
+            }
+            // Another request rotated it first: answer as it did.
+            rec = self
+                .store
+                .refresh_token(&hash)
+                .await?
+                .ok_or(AuthError::InvalidToken)?;
+            decision = refresh::decide(state(&rec), now_ms(), grace);
+        }
+        match decision {
+            RefreshDecision::ReturnSuccessor => {
+                let next = rec
+                    .successor
+                    .as_deref()
+                    .and_then(|s| Sealer::from_token(token, "successor").open(s, &hash))
+                    .and_then(|b| String::from_utf8(b).ok())
+                    .ok_or(AuthError::InvalidToken)?;
+                self.pair(
+                    &rec.user_id,
+                    &rec.email,
+                    &rec.session_id,
+                    &client,
+                    next,
+                    rec.session_expires_at,
+                )
+            }
+            RefreshDecision::Reuse => {
+                tracing::warn!(session_id = %rec.session_id, "refresh token reused after rotation: session revoked");
+                metrics::counter!("latchkey_refresh_reuse_total").increment(1);
+                self.revoke_session(&rec.session_id, "refresh_reuse").await?;
+                Err(AuthError::InvalidToken)
+            }
+            RefreshDecision::Invalid | RefreshDecision::Rotate => Err(AuthError::InvalidToken),
+        }
+    }
+
+    pub async fn logout(&self, token: &str) -> Result<(), AuthError> {
+        let hash = sha256(token.as_bytes());
+        if let Some(rec) = self.store.refresh_token(&hash).await? {
+            if rec.session_revoked_at.is_none() {
+                self.revoke_session(&rec.session_id, "logout").await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Revokes the session of a refresh token (RFC 7009); unknown tokens are fine.
+    pub async fn revoke_refresh_token(&self, token: &str) -> Result<(), AuthError> {
+        self.logout(token).await
+    }
+
+    /// Revokes a session by id (an access token's `sid`).
+    pub async fn revoke_session_of(&self, session_id: &str) -> Result<(), AuthError> {
+        self.revoke_session(session_id, "revoked").await
+    }
+
+    async fn revoke_session(&self, session_id: &str, reason: &str) -> Result<(), AuthError> {
+        self.store.revoke_session(session_id, reason, now_ms()).await?;
+        self.revocations.revoke(&[session_id.to_string()]).await;
+        Ok(())
+    }
+
+    pub async fn profile(&self, token: &Verified) -> Result<Profile, AuthError> {
+        let Some(u) = self.store.user_by_id(&token.claims.sub).await? else {
+            return Err(AuthError::InvalidToken);
+        };
+        Ok(Profile {
+            id: u.id,
+            email: u.email,
+            name: u.name,
+            email_verified: u.email_verified_at.is_some(),
+            created_at: rfc3339(u.created_at),
+        })
+    }
+
+    pub async fn change_password(
+        &self,
+        token: &Verified,
+        current: Password,
+        new: Password,
+    ) -> Result<(), AuthError> {
+        let Some(user) = self.store.user_by_id(&token.claims.sub).await? else {
+            return Err(AuthError::InvalidToken);
+        };
+        let phc = user.password_hash.clone();
+        let ok = self
+            .hashing
+            .run(move |p| p.verify(current.expose(), &phc))
+            .await?;
+        if !ok {
+            return Err(AuthError::InvalidCredentials);
+        }
+        let new_hash = self.hashing.run(move |p| p.hash(new.expose())).await?;
+        let revoked = self
+            .store
+            .change_password(
+                &user.id,
+                &user.password_hash,
+                &new_hash,
+                Some(&token.claims.sid),
+                now_ms(),
+            )
+            .await?
+            .ok_or(AuthError::InvalidCredentials)?;
+        self.after_password_change(&user, &revoked).await;
+        Ok(())
+    }
+
+    pub async fn confirm_password_reset(
+        &self,
+        email: Email,
+        code: Code,
+        new: Password,
+    ) -> Result<(), AuthError> {
+        self.limiter
+            .check(PolicyName::VerifyAccount, &format!("reset:{}", email.as_str()))
+            .await?;
+        let Some(user) = self.store.user_by_email(email.as_str()).await? else {
+            return Err(AuthError::InvalidOtp);
+        };
+        let code_id = self
+            .check_code(&user, &email, Purpose::ResetPassword, &code)
+            .await?;
+        let new_hash = self.hashing.run(move |p| p.hash(new.expose())).await?;
+        let revoked = self
+            .store
+            .reset_password(&user.id, code_id, MAX_FAILURES, &new_hash, now_ms())
+            .await?
+            .ok_or(AuthError::InvalidOtp)?;
+        self.after_password_change(&user, &revoked).await;
+        self.brute_force.success(email.as_str()).await;
+        Ok(())
+    }
+
+    async fn after_password_change(&self, user: &UserRecord, revoked: &[String]) {
+        if let Some(c) = &self.credentials {
+            c.forget(&user.id);
+        }
+        self.revocations.revoke(revoked).await;
+        self.revocations.user_changed(&user.email).await;
+    }
+
+    fn new_session(&self, client_id: Option<&str>) -> (SessionDraft, String) {
+        let token = random_token();
+        let now = now_ms();
+        let draft = SessionDraft {
+            id: uuid::Uuid::new_v4().to_string(),
+            client_id: client_id.map(str::to_string),
+            now,
+            expires_at: now + self.refresh_ttl.as_millis() as i64,
+            token_hash: sha256(token.as_bytes()),
+        };
+        (draft, token)
+    }
+
+    fn pair(
+        &self,
+        user_id: &str,
+        email: &str,
+        session_id: &str,
+        client_id: &str,
+        refresh_token: String,
+        session_expires_at: i64,
+    ) -> Result<TokenPair, AuthError> {
+        let access_token = self.tokens.issue(user_id, email, session_id, client_id)?;
+        Ok(TokenPair {
+            access_token,
+            token_type: "Bearer",
+            expires_in: self.tokens.access_ttl().as_secs(),
+            refresh_token,
+            refresh_expires_in: ((session_expires_at - now_ms()).max(0) / 1000) as u64,
+        })
+    }
+}
+
+/// A session about to be stored, with the hash of its first refresh token.
+struct SessionDraft {
+    id: String,
+    client_id: Option<String>,
+    now: i64,
+    expires_at: i64,
+    token_hash: [u8; 32],
+}
+
+impl SessionDraft {
+    fn as_new<'a>(&'a self, user_id: &'a str) -> NewSession<'a> {
+        NewSession {
+            id: &self.id,
+            user_id,
+            client_id: self.client_id.as_deref(),
+            now: self.now,
+            expires_at: self.expires_at,
+            token_hash: &self.token_hash,
+        }
+    }
+}
+
+/// Milliseconds since the epoch as RFC 3339 (UTC, second precision).
+pub fn rfc3339(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rfc3339;
+
+    #[test]
+    fn rfc3339_dates() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_795_305_600_000), "2026-11-22T00:00:00Z");
+    }
+}

@@ -1,0 +1,57 @@
+//! The one error type of the domain; `http::error` maps it to responses.
+
+use super::hashing::Overloaded;
+use super::input::FieldError;
+use crate::limits::Limited;
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    #[error("invalid request: {0}")]
+    Invalid(#[from] FieldError),
+    /// A request refused at the edge; the message names the field.
+    #[error("invalid request: {0}")]
+    BadRequest(String),
+    #[error("invalid credentials")]
+    InvalidCredentials,
+    #[error("email not verified")]
+    VerificationPending,
+    #[error("invalid one-time code")]
+    InvalidOtp,
+    #[error("too many attempts")]
+    TooManyAttempts { retry_after: Option<u64> },
+    #[error("invalid token")]
+    InvalidToken,
+    #[error("rate limited")]
+    RateLimited(Limited),
+    #[error("overloaded")]
+    Overloaded { retry_after: u64 },
+    #[error("OAuth client authentication failed")]
+    InvalidClient,
+    #[error(transparent)]
+    Internal(#[from] anyhow::Error),
+}
+
+impl From<StoreError> for AuthError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Overloaded => {
+                metrics::counter!("latchkey_db_acquire_timeouts_total").increment(1);
+                AuthError::Overloaded { retry_after: 1 }
+            }
+            other => AuthError::Internal(other.into()),
+        }
+    }
+}
+
+impl From<Overloaded> for AuthError {
+    fn from(_: Overloaded) -> Self {
+        AuthError::Overloaded { retry_after: 1 }
+    }
+}
+
+impl From<Limited> for AuthError {
+    fn from(l: Limited) -> Self {
+        AuthError::RateLimited(l)
+    }
+}

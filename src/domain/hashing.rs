@@ -1,0 +1,245 @@
+//! Password hashing off the async threads, with admission control.
+//!
+//! `HashPool` owns `threads` OS threads that do nothing but argon2. A job
+//! first needs one of `threads` permits: it waits at most `budget` for one,
+//! and at most `queue` jobs may wait at once. A job that cannot start in time
+//! is shed at once (`Overloaded`, answered `503` with `Retry-After`): a client
+//! gets a fast refusal instead of a slow answer after its patience ran out,
+//! and the CPU goes to work that can still finish in time (seed 003's
+//! collapse). Cheap requests never touch this pool, so they never wait
+//! behind hashing.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use argon2::{Algorithm, Argon2, Params, Version};
+use tokio::sync::{oneshot, Semaphore};
+
+use crate::config::Argon2Config;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("password hashing is overloaded")]
+pub struct Overloaded;
+
+type Job = Box<dyn FnOnce() + Send>;
+
+pub struct HashPool {
+    jobs: mpsc::Sender<Job>,
+    permits: Arc<Semaphore>,
+    waiting: AtomicUsize,
+    queue: usize,
+    budget: Duration,
+    argon2: Arc<Passwords>,
+}
+
+impl HashPool {
+    pub fn new(
+        threads: usize,
+        queue: usize,
+        budget: Duration,
+        cfg: &Argon2Config,
+    ) -> anyhow::Result<HashPool> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..threads {
+            let rx = rx.clone();
+            std::thread::Builder::new()
+                .name(format!("latchkey-hash-{i}"))
+                .spawn(move || loop {
+                    let job = match rx.lock() {
+                        Ok(guard) => guard.recv(),
+                        Err(_) => return,
+                    };
+                    match job {
+                        Ok(job) => job(),
+                        Err(_) => return, // pool dropped
+                    }
+                })?;
+        }
+        Ok(HashPool {
+            jobs: tx,
+            permits: Arc::new(Semaphore::new(threads)),
+            waiting: AtomicUsize::new(0),
+            queue,
+            budget,
+            argon2: Arc::new(Passwords::new(cfg)?),
+        })
+    }
+
+    pub fn passwords(&self) -> &Arc<Passwords> {
+        &self.argon2
+    }
+
+    /// Runs `f` on a hashing thread if it can start within the budget.
+    pub async fn run<R, F>(&self, f: F) -> Result<R, Overloaded>
+    where
+        F: FnOnce(&Passwords) -> R + Send + 'static,
+        R: Send + 'static,
+    {
+        let queued = Instant::now();
+        let permit = match self.permits.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.queue {
+                    self.waiting.fetch_sub(1, Ordering::SeqCst);
+                    return Err(self.shed("queue_full"));
+                }
+                metrics::gauge!("latchkey_hash_queue_depth").increment(1.0);
+                let got = tokio::time::timeout(self.budget, self.permits.clone().acquire_owned()).await;
+                self.waiting.fetch_sub(1, Ordering::SeqCst);
+                metrics::gauge!("latchkey_hash_queue_depth").decrement(1.0);
+                match got {
+                    Ok(Ok(p)) => p,
+                    _ => return Err(self.shed("budget")),
+                }
+            }
+        };
+        metrics::histogram!("latchkey_hash_wait_seconds").record(queued.elapsed().as_secs_f64());
+        let (tx, rx) = oneshot::channel();
+        let passwords = self.argon2.clone();
+        let job: Job = Box::new(move || {
+            let start = Instant::now();
+            let out = f(&passwords);
+            metrics::histogram!("latchkey_hash_seconds").record(start.elapsed().as_secs_f64());
+            drop(permit);
+            let _ = tx.send(out);
+        });
+        self.jobs.send(job).map_err(|_| Overloaded)?;
+        rx.await.map_err(|_| Overloaded)
+    }
+
+    fn shed(&self, why: &'static str) -> Overloaded {
+        metrics::counter!("latchkey_hash_shed_total", "reason" => why).increment(1);
+        Overloaded
+    }
+}
+
+/// argon2id with the configured parameters, and a dummy hash for unknown users.
+pub struct Passwords {
+    argon2: Argon2<'static>,
+    params: Params,
+    dummy: OnceLock<String>,
+}
+
+impl Passwords {
+    pub fn new(cfg: &Argon2Config) -> anyhow::Result<Passwords> {
+        let params = Params::new(cfg.memory_kib, cfg.iterations, cfg.parallelism, None)
+            .map_err(|e| anyhow::anyhow!("argon2 parameters: {e}"))?;
+        Ok(Passwords {
+            argon2: Argon2::new(Algorithm::Argon2id, Version::V0x13, params.clone()),
+            params,
+            dummy: OnceLock::new(),
+        })
+    }
+
+    /// A PHC string (`$argon2id$v=19$m=...`) with a fresh random salt.
+    pub fn hash(&self, password: &str) -> String {
+        let salt = SaltString::encode_b64(&crate::crypto::random_bytes::<16>()).expect("16-byte salt");
+        self.argon2
+            .hash_password(password.as_bytes(), &salt)
+            .expect("argon2 with valid parameters cannot fail")
+            .to_string()
+    }
+
+    /// Verifies with the parameters recorded in the PHC string.
+    pub fn verify(&self, password: &str, phc: &str) -> bool {
+        match PasswordHash::new(phc) {
+            Ok(h) => self.argon2.verify_password(password.as_bytes(), &h).is_ok(),
+            Err(_) => false,
+        }
+    }
+
+    /// Costs what a real verification costs, and always fails: for unknown users.
+    pub fn verify_dummy(&self, password: &str) -> bool {
+        let dummy = self
+            .dummy
+            .get_or_init(|| self.hash("dummy password that matches nothing"));
+        let _ = self.verify(password, dummy);
+        false
+    }
+
+    /// True if `phc` was made with other parameters or another algorithm.
+    pub fn needs_rehash(&self, phc: &str) -> bool {
+        let Ok(h) = PasswordHash::new(phc) else {
+            return true;
+        };
+        if h.algorithm.as_str() != "argon2id" {
+            return true;
+        }
+        match Params::try_from(&h) {
+            Ok(p) => {
+                p.m_cost() != self.params.m_cost()
+                    || p.t_cost() != self.params.t_cost()
+                    || p.p_cost() != self.params.p_cost()
+            }
+            Err(_) => true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cheap() -> Argon2Config {
+        Argon2Config {
+            memory_kib: 64,
+            iterations: 1,
+            parallelism: 1,
+        }
+    }
+
+    #[test]
+    fn hash_verify_and_rehash() {
+        let p = Passwords::new(&cheap()).unwrap();
+        let h = p.hash("correct horse");
+        assert!(h.starts_with("$argon2id$v=19$m=64,t=1,p=1$"));
+        assert!(p.verify("correct horse", &h));
+        assert!(!p.verify("wrong horse", &h));
+        assert!(!p.verify("x", "not a phc string"));
+        assert!(!p.needs_rehash(&h));
+        let stronger = Passwords::new(&Argon2Config {
+            memory_kib: 128,
+            ..cheap()
+        })
+        .unwrap();
+        assert!(stronger.needs_rehash(&h));
+        assert!(
+            stronger.verify("correct horse", &h),
+            "old parameters still verify"
+        );
+        assert!(!p.verify_dummy("anything"));
+    }
+
+    #[tokio::test]
+    async fn sheds_when_the_queue_is_full() {
+        let pool = HashPool::new(1, 0, Duration::from_millis(50), &cheap()).unwrap();
+        let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+        let pool = Arc::new(pool);
+        let p2 = pool.clone();
+        let busy = tokio::spawn(async move { p2.run(move |_| hold_rx.recv().ok()).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // The only thread is busy and no one may wait: shed at once.
+        assert_eq!(pool.run(|_| ()).await, Err(Overloaded));
+        hold_tx.send(()).unwrap();
+        assert!(busy.await.unwrap().is_ok());
+        assert_eq!(pool.run(|_| 7).await, Ok(7));
+    }
+
+    #[tokio::test]
+    async fn sheds_after_the_budget() {
+        let pool = Arc::new(HashPool::new(1, 10, Duration::from_millis(30), &cheap()).unwrap());
+        let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+        let p2 = pool.clone();
+        let busy = tokio::spawn(async move { p2.run(move |_| hold_rx.recv().ok()).await });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let start = Instant::now();
+        assert_eq!(pool.run(|_| ()).await, Err(Overloaded));
+        let waited = start.elapsed();
+        assert!(waited >= Duration::from_millis(30), "{waited:?}");
+        hold_tx.send(()).unwrap();
+        busy.await.unwrap().unwrap();
+    }
+}

@@ -1,0 +1,14 @@
+//! The domain: accounts, sessions, tokens and the security rules behind them.
+//! Nothing here knows about HTTP.
+
+pub mod accounts;
+pub mod clients;
+pub mod codes;
+pub mod credcache;
+pub mod error;
+pub mod hashing;
+pub mod input;
+pub mod refresh;
+pub mod tokens;
+
+pub use error::AuthError;

@@ -1,0 +1,483 @@
+//! Access tokens: RFC 9068 JWTs signed with EdDSA (default) or ES256,
+//! signing keys stored in the database (private half sealed), and validation
+//! with a cache of verified tokens.
+//!
+//! Validation of a token seen before costs a SHA-256 of the token, a cache
+//! lookup, an expiry comparison and a look into the revocation set. A token
+//! not seen before is verified in full: `typ` must be `at+jwt`, the `kid` must
+//! be one of ours and the header's `alg` must be that key's algorithm (so
+//! `none` and HMAC-with-the-public-key cannot even reach a verifier), then
+//! signature, `iss`, `aud`, `exp` and `nbf` with 60 s leeway.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use quick_cache::sync::Cache;
+use ring::rand::SystemRandom;
+use ring::signature::{EcdsaKeyPair, Ed25519KeyPair, KeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
+use serde::{Deserialize, Serialize};
+
+use crate::cache::Revocations;
+use crate::config::SigningAlgorithm;
+use crate::crypto::{b64url, sha256, Sealer};
+use crate::store::{now_ms, KeyRecord, Store};
+
+/// Leeway for `exp`, `nbf` and `iat`, in seconds.
+pub const LEEWAY_SECS: i64 = 60;
+
+/// The claims of an access token (RFC 9068 §2.2).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct AccessClaims {
+    pub iss: String,
+    pub sub: String,
+    pub aud: String,
+    pub exp: i64,
+    pub iat: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbf: Option<i64>,
+    pub jti: String,
+    pub sid: String,
+    pub email: String,
+    pub client_id: String,
+}
+
+/// A token that passed verification, with its claims already serialised for
+/// the `/auth/validate` answer.
+#[derive(Debug)]
+pub struct Verified {
+    pub claims: AccessClaims,
+    pub json: Bytes,
+}
+
+/// Why a token was refused (a metric label; the client only sees INVALID_TOKEN).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rejection {
+    Malformed,
+    Type,
+    UnknownKey,
+    Algorithm,
+    Signature,
+    Expired,
+    NotYetValid,
+    Issuer,
+    Audience,
+    Revoked,
+}
+
+impl Rejection {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rejection::Malformed => "malformed",
+            Rejection::Type => "type",
+            Rejection::UnknownKey => "unknown_kid",
+            Rejection::Algorithm => "algorithm",
+            Rejection::Signature => "signature",
+            Rejection::Expired => "expired",
+            Rejection::NotYetValid => "not_yet_valid",
+            Rejection::Issuer => "issuer",
+            Rejection::Audience => "audience",
+            Rejection::Revoked => "revoked",
+        }
+    }
+}
+
+struct SigningKey {
+    kid: String,
+    alg: Algorithm,
+    encoding: EncodingKey,
+    decoding: DecodingKey,
+    jwk: serde_json::Value,
+    activated_at: i64,
+}
+
+struct KeyRing {
+    signer: Option<Arc<SigningKey>>,
+    by_kid: HashMap<String, Arc<SigningKey>>,
+    jwks: Bytes,
+}
+
+pub struct TokenSettings {
+    pub issuer: String,
+    pub audience: String,
+    pub algorithm: SigningAlgorithm,
+    pub access_ttl: Duration,
+    pub cache_capacity: usize,
+}
+
+pub struct Tokens {
+    settings: TokenSettings,
+    store: Store,
+    sealer: Sealer,
+    ring: RwLock<Arc<KeyRing>>,
+    cache: Cache<[u8; 32], Arc<Verified>>,
+    revocations: Arc<Revocations>,
+    last_reload: Mutex<Instant>,
+}
+
+impl Tokens {
+    /// Loads the keys, creating the first one if there is none.
+    pub async fn load(
+        settings: TokenSettings,
+        store: Store,
+        sealer: Sealer,
+        revocations: Arc<Revocations>,
+    ) -> anyhow::Result<Tokens> {
+        let tokens = Tokens {
+            cache: Cache::new(settings.cache_capacity),
+            settings,
+            store,
+            sealer,
+            ring: RwLock::new(Arc::new(KeyRing {
+                signer: None,
+                by_kid: HashMap::new(),
+                jwks: Bytes::from_static(b"{\"keys\":[]}"),
+            })),
+            revocations,
+            last_reload: Mutex::new(Instant::now()),
+        };
+        tokens.reload().await?;
+        if tokens.ring().signer.is_none() {
+            tokens.rotate().await?;
+        }
+        Ok(tokens)
+    }
+
+    fn ring(&self) -> Arc<KeyRing> {
+        self.ring.read().expect("key ring lock").clone()
+    }
+
+    pub fn issuer(&self) -> &str {
+        &self.settings.issuer
+    }
+
+    pub fn access_ttl(&self) -> Duration {
+        self.settings.access_ttl
+    }
+
+    /// How long after retirement a key must stay published: tokens it signed
+    /// live `access_ttl`, plus the leeway.
+    fn retention_ms(&self) -> i64 {
+        self.settings.access_ttl.as_millis() as i64 + LEEWAY_SECS * 1000
+    }
+
+    /// Makes a new key the signer (`latchkey keys rotate`); others retire.
+    pub async fn rotate(&self) -> anyhow::Result<String> {
+        let rec = generate_key(self.settings.algorithm, &self.sealer)?;
+        self.store.add_signing_key(&rec).await?;
+        self.reload().await?;
+        Ok(rec.kid)
+    }
+
+    /// Rebuilds the key ring from the database (every instance does this
+    /// periodically, so a rotation reaches all of them).
+    pub async fn reload(&self) -> anyhow::Result<()> {
+        let now = now_ms();
+        let retention = self.retention_ms();
+        let records = self.store.signing_keys().await?;
+        let mut by_kid = HashMap::new();
+        let mut signer: Option<Arc<SigningKey>> = None;
+        for rec in records {
+            if matches!(rec.retired_at, Some(r) if r + retention < now) {
+                continue;
+            }
+            let key = match open_key(&rec, &self.sealer) {
+                Ok(k) => Arc::new(k),
+                Err(e) => {
+                    tracing::warn!(kid = %rec.kid, error = %e, "signing key unusable (wrong LATCHKEY_SECRET_KEY?)");
+                    continue;
+                }
+            };
+            let newer = signer.as_ref().is_none_or(|s| key.activated_at > s.activated_at);
+            if rec.retired_at.is_none() && newer {
+                signer = Some(key.clone());
+            }
+            by_kid.insert(rec.kid.clone(), key);
+        }
+        let mut keys: Vec<&Arc<SigningKey>> = by_kid.values().collect();
+        keys.sort_by(|a, b| b.activated_at.cmp(&a.activated_at).then(a.kid.cmp(&b.kid)));
+        let jwks = serde_json::json!({ "keys": keys.iter().map(|k| k.jwk.clone()).collect::<Vec<_>>() });
+        if let Some(s) = &signer {
+            metrics::gauge!("latchkey_signing_key_age_seconds").set(((now - s.activated_at) / 1000) as f64);
+        }
+        let ring = KeyRing {
+            signer,
+            by_kid,
+            jwks: Bytes::from(serde_json::to_vec(&jwks)?),
+        };
+        *self.ring.write().expect("key ring lock") = Arc::new(ring);
+        *self.last_reload.lock().expect("reload lock") = Instant::now();
+        Ok(())
+    }
+
+    /// Deletes keys whose tokens have all expired.
+    pub async fn purge_retired(&self) -> anyhow::Result<u64> {
+        Ok(self
+            .store
+            .purge_signing_keys(now_ms() - self.retention_ms())
+            .await?)
+    }
+
+    pub fn jwks(&self) -> Bytes {
+        self.ring().jwks.clone()
+    }
+
+    pub fn signing_algorithms(&self) -> Vec<&'static str> {
+        vec!["EdDSA", "ES256"]
+    }
+
+    /// Signs an access token for a session.
+    pub fn issue(
+        &self,
+        user_id: &str,
+        email: &str,
+        session_id: &str,
+        client_id: &str,
+    ) -> anyhow::Result<String> {
+        let ring = self.ring();
+        let key = ring
+            .signer
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("no signing key"))?;
+        let now = now_ms() / 1000;
+        let claims = AccessClaims {
+            iss: self.settings.issuer.clone(),
+            sub: user_id.to_string(),
+            aud: self.settings.audience.clone(),
+            exp: now + self.settings.access_ttl.as_secs() as i64,
+            iat: now,
+            nbf: None,
+            jti: uuid::Uuid::new_v4().to_string(),
+            sid: session_id.to_string(),
+            email: email.to_string(),
+            client_id: client_id.to_string(),
+        };
+        let mut header = Header::new(key.alg);
+        header.typ = Some("at+jwt".into());
+        header.kid = Some(key.kid.clone());
+        let token = jsonwebtoken::encode(&header, &claims, &key.encoding)?;
+        metrics::counter!("latchkey_tokens_issued_total").increment(1);
+        Ok(token)
+    }
+
+    /// Validates a bearer token (cache first, then full verification).
+    pub async fn validate(&self, token: &str) -> Result<Arc<Verified>, Rejection> {
+        let result = self.validate_inner(token).await;
+        match &result {
+            Ok(_) => metrics::counter!("latchkey_tokens_validated_total", "result" => "ok").increment(1),
+            Err(r) => {
+                metrics::counter!("latchkey_tokens_validated_total", "result" => r.as_str()).increment(1)
+            }
+        }
+        result
+    }
+
+    async fn validate_inner(&self, token: &str) -> Result<Arc<Verified>, Rejection> {
+        if token.len() > 8192 {
+            return Err(Rejection::Malformed);
+        }
+        let digest = sha256(token.as_bytes());
+        let now = now_ms() / 1000;
+        if let Some(v) = self.cache.get(&digest) {
+            metrics::counter!("latchkey_token_cache_hits_total").increment(1);
+            if now >= v.claims.exp + LEEWAY_SECS {
+                self.cache.remove(&digest);
+                return Err(Rejection::Expired);
+            }
+            if self.revocations.is_revoked(&v.claims.sid) {
+                return Err(Rejection::Revoked);
+            }
+            return Ok(v);
+        }
+        metrics::counter!("latchkey_token_cache_misses_total").increment(1);
+        let verified = match self.verify(token) {
+            Err(Rejection::UnknownKey) if self.may_reload() => {
+                // A key rotated on another instance: look again, at most every few seconds.
+                if let Err(e) = self.reload().await {
+                    tracing::warn!(error = %e, "reloading signing keys failed");
+                }
+                self.verify(token)?
+            }
+            other => other?,
+        };
+        if self.revocations.is_revoked(&verified.claims.sid) {
+            return Err(Rejection::Revoked);
+        }
+        let v = Arc::new(verified);
+        self.cache.insert(digest, v.clone());
+        Ok(v)
+    }
+
+    fn may_reload(&self) -> bool {
+        let mut last = self.last_reload.lock().expect("reload lock");
+        if last.elapsed() >= Duration::from_secs(2) {
+            *last = Instant::now();
+            true
+        } else {
+            false
+        }
+    }
+
+    fn verify(&self, token: &str) -> Result<Verified, Rejection> {
+        let header = jsonwebtoken::decode_header(token).map_err(|_| Rejection::Malformed)?;
+        match header.typ.as_deref().map(str::to_ascii_lowercase).as_deref() {
+            Some("at+jwt") | Some("application/at+jwt") => {}
+            _ => return Err(Rejection::Type),
+        }
+        let ring = self.ring();
+        let key = header
+            .kid
+            .as_ref()
+            .and_then(|kid| ring.by_kid.get(kid))
+            .ok_or(Rejection::UnknownKey)?;
+        if header.alg != key.alg {
+            return Err(Rejection::Algorithm);
+        }
+        let mut v = Validation::new(key.alg);
+        v.leeway = LEEWAY_SECS as u64;
+        v.validate_nbf = true;
+        v.set_issuer(&[&self.settings.issuer]);
+        v.set_audience(&[&self.settings.audience]);
+        v.set_required_spec_claims(&["exp", "iat", "iss", "aud", "sub"]);
+        let data = jsonwebtoken::decode::<AccessClaims>(token, &key.decoding, &v).map_err(|e| {
+            use jsonwebtoken::errors::ErrorKind::*;
+            match e.kind() {
+                InvalidSignature | Crypto(_) => Rejection::Signature,
+                ExpiredSignature => Rejection::Expired,
+                ImmatureSignature => Rejection::NotYetValid,
+                InvalidIssuer => Rejection::Issuer,
+                InvalidAudience => Rejection::Audience,
+                InvalidAlgorithm | MissingAlgorithm | InvalidAlgorithmName => Rejection::Algorithm,
+                _ => Rejection::Malformed,
+            }
+        })?;
+        if data.claims.iat > now_ms() / 1000 + LEEWAY_SECS {
+            return Err(Rejection::NotYetValid);
+        }
+        let json = Bytes::from(serde_json::to_vec(&data.claims).map_err(|_| Rejection::Malformed)?);
+        Ok(Verified {
+            claims: data.claims,
+            json,
+        })
+    }
+
+    /// Number of cached verified tokens (a metric).
+    pub fn cache_len(&self) -> usize {
+        self.cache.len()
+    }
+}
+
+/// Generates a key pair; the private half is sealed for storage.
+fn generate_key(alg: SigningAlgorithm, sealer: &Sealer) -> anyhow::Result<KeyRecord> {
+    let rng = SystemRandom::new();
+    let (pkcs8, jwk) = match alg {
+        SigningAlgorithm::EdDsa => {
+            let doc =
+                Ed25519KeyPair::generate_pkcs8(&rng).map_err(|_| anyhow::anyhow!("key generation failed"))?;
+            let pair = Ed25519KeyPair::from_pkcs8(doc.as_ref()).map_err(|_| anyhow::anyhow!("bad key"))?;
+            let x = b64url(pair.public_key().as_ref());
+            (
+                doc.as_ref().to_vec(),
+                serde_json::json!({"crv": "Ed25519", "kty": "OKP", "x": x}),
+            )
+        }
+        SigningAlgorithm::Es256 => {
+            let doc = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng)
+                .map_err(|_| anyhow::anyhow!("key generation failed"))?;
+            let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, doc.as_ref(), &rng)
+                .map_err(|_| anyhow::anyhow!("bad key"))?;
+            let point = pair.public_key().as_ref(); // 0x04 || X || Y
+            let (x, y) = (b64url(&point[1..33]), b64url(&point[33..65]));
+            (
+                doc.as_ref().to_vec(),
+                serde_json::json!({"crv": "P-256", "kty": "EC", "x": x, "y": y}),
+            )
+        }
+    };
+    // RFC 7638 thumbprint: the required members in lexicographic order, no spaces.
+    let kid = b64url(&sha256(serde_json::to_string(&jwk)?.as_bytes()));
+    let mut jwk = jwk;
+    jwk["kid"] = kid.clone().into();
+    jwk["alg"] = alg.as_str().into();
+    jwk["use"] = "sig".into();
+    let now = now_ms();
+    Ok(KeyRecord {
+        private_key: sealer.seal(&pkcs8, kid.as_bytes()),
+        kid,
+        alg: alg.as_str().to_string(),
+        public_jwk: serde_json::to_string(&jwk)?,
+        created_at: now,
+        activated_at: now,
+        retired_at: None,
+    })
+}
+
+fn open_key(rec: &KeyRecord, sealer: &Sealer) -> anyhow::Result<SigningKey> {
+    let pkcs8 = sealer
+        .open(&rec.private_key, rec.kid.as_bytes())
+        .ok_or_else(|| anyhow::anyhow!("cannot unseal private key"))?;
+    let jwk: serde_json::Value = serde_json::from_str(&rec.public_jwk)?;
+    let field = |name: &str| -> anyhow::Result<String> {
+        jwk[name]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| anyhow::anyhow!("JWK lacks {name}"))
+    };
+    let (alg, encoding, decoding) = match rec.alg.as_str() {
+        "EdDSA" => (
+            Algorithm::EdDSA,
+            EncodingKey::from_ed_der(&pkcs8),
+            DecodingKey::from_ed_components(&field("x")?)?,
+        ),
+        "ES256" => (
+            Algorithm::ES256,
+            EncodingKey::from_ec_der(&pkcs8),
+            DecodingKey::from_ec_components(&field("x")?, &field("y")?)?,
+        ),
+        other => anyhow::bail!("unsupported algorithm {other}"),
+    };
+    Ok(SigningKey {
+        kid: rec.kid.clone(),
+        alg,
+        encoding,
+        decoding,
+        jwk,
+        activated_at: rec.activated_at,
+    })
+}
+
+/// Extracts the token from an `Authorization` header value: `Bearer <t>`
+/// (scheme case-insensitive) or the non-standard `Bearer: <t>`.
+pub fn bearer_token(header: &str) -> Option<&str> {
+    let header = header.trim();
+    let (scheme, rest) = header.split_once(|c: char| c == ' ' || c == ':')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    let token = rest.trim_start_matches(':').trim();
+    if token.is_empty() || token.contains(' ') {
+        None
+    } else {
+        Some(token)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer_token;
+
+    #[test]
+    fn bearer_forms() {
+        assert_eq!(bearer_token("Bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("BEARER   abc "), Some("abc"));
+        assert_eq!(bearer_token("Bearer: abc"), Some("abc"));
+        assert_eq!(bearer_token("Bearer:abc"), Some("abc"));
+        assert_eq!(bearer_token("Basic abc"), None);
+        assert_eq!(bearer_token("Bearer"), None);
+        assert_eq!(bearer_token("Bearer "), None);
+        assert_eq!(bearer_token("Bearer a b"), None);
+    }
+}

@@ -1,0 +1,227 @@
+//! Handlers of the Accounts section of API.md: parse, call the domain, answer.
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::error::{ApiError, ErrorBody};
+use super::extract::{Bearer, ClientIp, JsonBody};
+use super::AppState;
+use crate::domain::accounts::{Profile, TokenPair};
+use crate::domain::input::{parse_name, parse_opaque, Code, Email, FieldError, Password};
+
+#[derive(Deserialize, ToSchema)]
+pub struct RegisterRequest {
+    email: String,
+    password: String,
+    #[serde(default)]
+    name: Option<String>,
+}
+
+#[derive(Deserialize, ToSchema)]
+pub struct VerifyRequest {
+    email: String,
+    code: String,
+}
+
+#[derive(Deserialize, ToSchema)]
+pub struct EmailRequest {
+    email: String,
+}
+
+#[derive(Deserialize, ToSchema)]
+pub struct LoginRequest {
+    email: String,
+    password: String,
+}
+
+#[derive(Deserialize, ToSchema)]
+pub struct RefreshRequest {
+    refresh_token: String,
+}
+
+#[derive(Deserialize, ToSchema)]
+pub struct PasswordChangeRequest {
+    current_password: String,
+    new_password: String,
+}
+
+#[derive(Deserialize, ToSchema)]
+pub struct PasswordResetConfirmRequest {
+    email: String,
+    code: String,
+    new_password: String,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct StatusBody {
+    status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<&'static str>,
+}
+
+/// Token pairs are credentials: never cached (RFC 6749 §5.1).
+pub fn token_response(pair: TokenPair) -> Response {
+    let mut r = Json(pair).into_response();
+    r.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
+    r.headers_mut()
+        .insert(header::PRAGMA, header::HeaderValue::from_static("no-cache"));
+    r
+}
+
+#[utoipa::path(post, path = "/auth/register", tag = "accounts", request_body = RegisterRequest,
+    responses((status = 201, body = StatusBody, description = "Account created (or email already known: same answer); a code is emailed"),
+              (status = 400, body = ErrorBody), (status = 413, body = ErrorBody), (status = 429, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn register(
+    State(st): State<AppState>,
+    ClientIp(ip): ClientIp,
+    JsonBody(req): JsonBody<RegisterRequest>,
+) -> Result<Response, ApiError> {
+    let email = Email::parse("email", &req.email)?;
+    let password = Password::parse("password", &req.password)?;
+    let name = parse_name("name", req.name.as_deref())?;
+    st.accounts.register(ip, email, password, name).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(StatusBody {
+            status: "VERIFICATION_PENDING",
+            message: Some("Check your email for a 6-digit verification code."),
+        }),
+    )
+        .into_response())
+}
+
+#[utoipa::path(post, path = "/auth/verify-otp", tag = "accounts", request_body = VerifyRequest,
+    responses((status = 200, body = TokenPair), (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody, description = "INVALID_OTP"), (status = 429, body = ErrorBody, description = "TOO_MANY_ATTEMPTS or RATE_LIMITED")))]
+pub async fn verify_otp(
+    State(st): State<AppState>,
+    JsonBody(req): JsonBody<VerifyRequest>,
+) -> Result<Response, ApiError> {
+    let email = Email::parse("email", &req.email)?;
+    let code = Code::parse("code", &req.code)?;
+    Ok(token_response(st.accounts.verify_email(email, code).await?))
+}
+
+#[utoipa::path(post, path = "/auth/resend-otp", tag = "accounts", request_body = EmailRequest,
+    responses((status = 202, body = StatusBody), (status = 400, body = ErrorBody), (status = 429, body = ErrorBody)))]
+pub async fn resend_otp(
+    State(st): State<AppState>,
+    ClientIp(ip): ClientIp,
+    JsonBody(req): JsonBody<EmailRequest>,
+) -> Result<Response, ApiError> {
+    let email = Email::parse("email", &req.email)?;
+    st.accounts.resend_code(ip, email).await?;
+    Ok(sent())
+}
+
+fn sent() -> Response {
+    (
+        StatusCode::ACCEPTED,
+        Json(StatusBody {
+            status: "SENT",
+            message: None,
+        }),
+    )
+        .into_response()
+}
+
+#[utoipa::path(post, path = "/auth/login", tag = "accounts", request_body = LoginRequest,
+    responses((status = 200, body = TokenPair), (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody, description = "INVALID_CREDENTIALS or VERIFICATION_PENDING"),
+              (status = 429, body = ErrorBody, description = "TOO_MANY_ATTEMPTS or RATE_LIMITED"),
+              (status = 503, body = ErrorBody, description = "OVERLOADED, with Retry-After")))]
+pub async fn login(
+    State(st): State<AppState>,
+    ClientIp(ip): ClientIp,
+    JsonBody(req): JsonBody<LoginRequest>,
+) -> Result<Response, ApiError> {
+    let email = Email::parse("email", &req.email)?;
+    let password = Password::parse("password", &req.password)?;
+    Ok(token_response(
+        st.accounts.login(ip, email, password, None).await?,
+    ))
+}
+
+#[utoipa::path(post, path = "/auth/refresh", tag = "accounts", request_body = RefreshRequest,
+    responses((status = 200, body = TokenPair), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody, description = "INVALID_TOKEN")))]
+pub async fn refresh(
+    State(st): State<AppState>,
+    JsonBody(req): JsonBody<RefreshRequest>,
+) -> Result<Response, ApiError> {
+    let token = parse_opaque("refresh_token", &req.refresh_token)?;
+    Ok(token_response(st.accounts.refresh(&token, None).await?))
+}
+
+#[utoipa::path(post, path = "/auth/logout", tag = "accounts", request_body = RefreshRequest,
+    responses((status = 204, description = "Session revoked (also for an unknown token)"), (status = 400, body = ErrorBody)))]
+pub async fn logout(
+    State(st): State<AppState>,
+    JsonBody(req): JsonBody<RefreshRequest>,
+) -> Result<StatusCode, ApiError> {
+    if req.refresh_token.is_empty() {
+        return Err(FieldError::new("refresh_token", "must not be empty").into());
+    }
+    // A malformed token cannot be ours: nothing to revoke, same answer.
+    if let Ok(token) = parse_opaque("refresh_token", &req.refresh_token) {
+        st.accounts.logout(&token).await?;
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(get, path = "/auth/me", tag = "accounts", security(("bearer" = [])),
+    responses((status = 200, body = Profile), (status = 401, body = ErrorBody, description = "INVALID_TOKEN")))]
+pub async fn me(State(st): State<AppState>, Bearer(token): Bearer) -> Result<Json<Profile>, ApiError> {
+    Ok(Json(st.accounts.profile(&token).await?))
+}
+
+#[utoipa::path(post, path = "/auth/password", tag = "accounts", security(("bearer" = [])), request_body = PasswordChangeRequest,
+    responses((status = 204, description = "Changed; every other session revoked"), (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody, description = "INVALID_TOKEN or INVALID_CREDENTIALS")))]
+pub async fn change_password(
+    State(st): State<AppState>,
+    Bearer(token): Bearer,
+    JsonBody(req): JsonBody<PasswordChangeRequest>,
+) -> Result<StatusCode, ApiError> {
+    if req.current_password.is_empty() || req.current_password.chars().count() > 1024 {
+        return Err(FieldError::new("current_password", "must be the current password").into());
+    }
+    let new = Password::parse("new_password", &req.new_password)?;
+    // Any current password outside the rules cannot be right.
+    let current = Password::parse("current_password", &req.current_password)
+        .map_err(|_| ApiError::Auth(crate::domain::AuthError::InvalidCredentials))?;
+    st.accounts.change_password(&token, current, new).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(post, path = "/auth/password-reset", tag = "accounts", request_body = EmailRequest,
+    responses((status = 202, body = StatusBody, description = "A code is emailed if the account exists"), (status = 400, body = ErrorBody), (status = 429, body = ErrorBody)))]
+pub async fn password_reset(
+    State(st): State<AppState>,
+    ClientIp(ip): ClientIp,
+    JsonBody(req): JsonBody<EmailRequest>,
+) -> Result<Response, ApiError> {
+    let email = Email::parse("email", &req.email)?;
+    st.accounts.request_password_reset(ip, email).await?;
+    Ok(sent())
+}
+
+#[utoipa::path(post, path = "/auth/password-reset/confirm", tag = "accounts", request_body = PasswordResetConfirmRequest,
+    responses((status = 204, description = "Password set; every session revoked"), (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody, description = "INVALID_OTP"), (status = 429, body = ErrorBody, description = "TOO_MANY_ATTEMPTS")))]
+pub async fn password_reset_confirm(
+    State(st): State<AppState>,
+    JsonBody(req): JsonBody<PasswordResetConfirmRequest>,
+) -> Result<StatusCode, ApiError> {
+    let email = Email::parse("email", &req.email)?;
+    let code = Code::parse("code", &req.code)?;
+    let new = Password::parse("new_password", &req.new_password)?;
+    st.accounts.confirm_password_reset(email, code, new).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,165 @@
+//! The one place that turns domain errors into HTTP answers: status, error
+//! code, `Retry-After`, `RateLimit-*` and `WWW-Authenticate`. A 5xx never
+//! carries internal details; the cause is logged instead.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::domain::input::FieldError;
+use crate::domain::AuthError;
+use crate::limits::Limited;
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    /// A stable, machine-readable code such as `INVALID_REQUEST`.
+    pub error: &'static str,
+    /// Text for humans; for `INVALID_REQUEST` it names the field.
+    pub message: String,
+}
+
+#[derive(Debug)]
+pub enum ApiError {
+    Auth(AuthError),
+    TooLarge,
+    NotFound,
+    MethodNotAllowed,
+}
+
+impl From<AuthError> for ApiError {
+    fn from(e: AuthError) -> Self {
+        ApiError::Auth(e)
+    }
+}
+
+impl From<FieldError> for ApiError {
+    fn from(e: FieldError) -> Self {
+        ApiError::Auth(AuthError::Invalid(e))
+    }
+}
+
+pub fn error_response(status: StatusCode, error: &'static str, message: impl Into<String>) -> Response {
+    (
+        status,
+        axum::Json(ErrorBody {
+            error,
+            message: message.into(),
+        }),
+    )
+        .into_response()
+}
+
+fn with_header(mut r: Response, name: header::HeaderName, value: impl ToString) -> Response {
+    if let Ok(v) = HeaderValue::from_str(&value.to_string()) {
+        r.headers_mut().insert(name, v);
+    }
+    r
+}
+
+pub fn rate_limited(l: &Limited) -> Response {
+    let r = error_response(
+        StatusCode::TOO_MANY_REQUESTS,
+        "RATE_LIMITED",
+        "too many requests; retry later",
+    );
+    rate_limit_headers(r, l)
+}
+
+pub fn rate_limit_headers(r: Response, l: &Limited) -> Response {
+    let r = with_header(r, header::RETRY_AFTER, l.retry_after_secs);
+    let r = with_header(r, header::HeaderName::from_static("ratelimit-limit"), l.limit);
+    let r = with_header(
+        r,
+        header::HeaderName::from_static("ratelimit-remaining"),
+        l.remaining,
+    );
+    with_header(
+        r,
+        header::HeaderName::from_static("ratelimit-reset"),
+        l.reset_secs,
+    )
+}
+
+pub fn overloaded(retry_after: u64) -> Response {
+    metrics::counter!("latchkey_http_shed_total").increment(1);
+    let r = error_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "OVERLOADED",
+        "the service is busy; retry shortly",
+    );
+    with_header(r, header::RETRY_AFTER, retry_after.max(1))
+}
+
+pub fn invalid_token() -> Response {
+    let r = error_response(
+        StatusCode::UNAUTHORIZED,
+        "INVALID_TOKEN",
+        "the token is missing, invalid, expired or revoked",
+    );
+    with_header(r, header::WWW_AUTHENTICATE, "Bearer error=\"invalid_token\"")
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        match self {
+            ApiError::TooLarge => error_response(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "PAYLOAD_TOO_LARGE",
+                "the body is larger than allowed",
+            ),
+            ApiError::NotFound => error_response(StatusCode::NOT_FOUND, "NOT_FOUND", "no such endpoint"),
+            ApiError::MethodNotAllowed => error_response(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "METHOD_NOT_ALLOWED",
+                "method not allowed on this endpoint",
+            ),
+            ApiError::Auth(e) => match e {
+                AuthError::Invalid(f) => {
+                    error_response(StatusCode::BAD_REQUEST, "INVALID_REQUEST", f.to_string())
+                }
+                AuthError::BadRequest(m) => error_response(StatusCode::BAD_REQUEST, "INVALID_REQUEST", m),
+                AuthError::InvalidCredentials => error_response(
+                    StatusCode::UNAUTHORIZED,
+                    "INVALID_CREDENTIALS",
+                    "invalid email or password",
+                ),
+                AuthError::VerificationPending => error_response(
+                    StatusCode::UNAUTHORIZED,
+                    "VERIFICATION_PENDING",
+                    "verify your email address with the code sent to it",
+                ),
+                AuthError::InvalidOtp => error_response(
+                    StatusCode::UNAUTHORIZED,
+                    "INVALID_OTP",
+                    "the code is wrong, expired or used",
+                ),
+                AuthError::TooManyAttempts { retry_after } => {
+                    let r = error_response(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        "TOO_MANY_ATTEMPTS",
+                        match retry_after {
+                            Some(_) => "too many failed attempts; retry later",
+                            None => "too many wrong tries; request a new code",
+                        },
+                    );
+                    match retry_after {
+                        Some(s) => with_header(r, header::RETRY_AFTER, s),
+                        None => r,
+                    }
+                }
+                AuthError::InvalidToken => invalid_token(),
+                AuthError::RateLimited(l) => rate_limited(&l),
+                AuthError::Overloaded { retry_after } => overloaded(retry_after),
+                AuthError::InvalidClient => error_response(
+                    StatusCode::UNAUTHORIZED,
+                    "INVALID_CLIENT",
+                    "client authentication failed",
+                ),
+                AuthError::Internal(e) => {
+                    tracing::error!(error = ?e, "internal error");
+                    error_response(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", "internal error")
+                }
+            },
+        }
+    }
+}

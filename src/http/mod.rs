@@ -1,0 +1,89 @@
+//! The HTTP edge: routes, extractors, and the mapping of errors to answers.
+
+pub mod accounts;
+pub mod error;
+pub mod extract;
+pub mod middleware;
+pub mod oauth;
+pub mod ops;
+pub mod tokens;
+
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::Router;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+use crate::app::Services;
+use error::ApiError;
+
+pub type AppState = Arc<Services>;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "latchkey", description = "Authentication service: accounts, tokens, OAuth 2.0 endpoints. See API.md."),
+    paths(
+        accounts::register, accounts::verify_otp, accounts::resend_otp, accounts::login, accounts::refresh,
+        accounts::logout, accounts::me, accounts::change_password, accounts::password_reset,
+        accounts::password_reset_confirm, tokens::validate, tokens::jwks, tokens::discovery,
+        oauth::token, oauth::introspect, oauth::revoke, ops::live, ops::ready, ops::metrics, ops::openapi,
+    ),
+    modifiers(&BearerAuth)
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let components = doc.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("JWT")
+                    .build(),
+            ),
+        );
+    }
+}
+
+pub fn router(state: AppState) -> Router {
+    let body_limit = state.config.body_limit;
+    Router::new()
+        .route("/auth/register", post(accounts::register))
+        .route("/auth/verify-otp", post(accounts::verify_otp))
+        .route("/auth/resend-otp", post(accounts::resend_otp))
+        .route("/auth/login", post(accounts::login))
+        .route("/auth/refresh", post(accounts::refresh))
+        .route("/auth/logout", post(accounts::logout))
+        .route("/auth/me", get(accounts::me))
+        .route("/auth/password", post(accounts::change_password))
+        .route("/auth/password-reset", post(accounts::password_reset))
+        .route(
+            "/auth/password-reset/confirm",
+            post(accounts::password_reset_confirm),
+        )
+        .route("/auth/validate", get(tokens::validate))
+        .route("/.well-known/jwks.json", get(tokens::jwks))
+        .route("/.well-known/openid-configuration", get(tokens::discovery))
+        .route("/oauth/token", post(oauth::token))
+        .route("/oauth/introspect", post(oauth::introspect))
+        .route("/oauth/revoke", post(oauth::revoke))
+        .route("/health/live", get(ops::live))
+        .route("/health/ready", get(ops::ready))
+        .route("/metrics", get(ops::metrics))
+        .route("/openapi.json", get(ops::openapi))
+        .route_layer(axum::middleware::from_fn(middleware::tag_route))
+        .fallback(|| async { ApiError::NotFound })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::request_context,
+        ))
+        .with_state(state)
+}

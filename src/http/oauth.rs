@@ -1,0 +1,323 @@
+//! OAuth 2.0 endpoints (RFC 6749 token, RFC 7662 introspection, RFC 7009
+//! revocation): form-encoded, with client authentication, and RFC 6749 error
+//! bodies.
+
+use std::collections::HashMap;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use base64::Engine;
+
+use super::accounts::token_response;
+use super::extract::ClientIp;
+use super::AppState;
+use crate::crypto::sha256;
+use crate::domain::input::{parse_opaque, Email, Password};
+use crate::domain::{clients, AuthError};
+use crate::store::{now_ms, ClientRecord};
+
+/// An RFC 6749 §5.2 error.
+pub struct OAuthError {
+    status: StatusCode,
+    error: &'static str,
+    description: String,
+    retry_after: Option<u64>,
+}
+
+impl OAuthError {
+    fn new(status: StatusCode, error: &'static str, description: impl Into<String>) -> Self {
+        OAuthError {
+            status,
+            error,
+            description: description.into(),
+            retry_after: None,
+        }
+    }
+
+    fn invalid_request(d: impl Into<String>) -> Self {
+        OAuthError::new(StatusCode::BAD_REQUEST, "invalid_request", d)
+    }
+}
+
+impl From<AuthError> for OAuthError {
+    fn from(e: AuthError) -> Self {
+        match e {
+            AuthError::Invalid(f) => OAuthError::invalid_request(f.to_string()),
+            AuthError::BadRequest(m) => OAuthError::invalid_request(m),
+            AuthError::InvalidCredentials => OAuthError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_grant",
+                "invalid username or password",
+            ),
+            AuthError::VerificationPending => OAuthError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_grant",
+                "the email address is not verified",
+            ),
+            AuthError::InvalidOtp | AuthError::InvalidToken => OAuthError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_grant",
+                "the grant is invalid, expired or revoked",
+            ),
+            AuthError::InvalidClient => OAuthError::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid_client",
+                "client authentication failed",
+            ),
+            AuthError::TooManyAttempts { retry_after } => OAuthError {
+                retry_after: retry_after.or(Some(1)),
+                ..OAuthError::new(StatusCode::TOO_MANY_REQUESTS, "slow_down", "too many attempts")
+            },
+            AuthError::RateLimited(l) => OAuthError {
+                retry_after: Some(l.retry_after_secs),
+                ..OAuthError::new(StatusCode::TOO_MANY_REQUESTS, "slow_down", "too many requests")
+            },
+            AuthError::Overloaded { retry_after } => OAuthError {
+                retry_after: Some(retry_after),
+                ..OAuthError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "temporarily_unavailable",
+                    "the service is busy",
+                )
+            },
+            AuthError::Internal(e) => {
+                tracing::error!(error = ?e, "internal error");
+                OAuthError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    "internal error",
+                )
+            }
+        }
+    }
+}
+
+impl IntoResponse for OAuthError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({"error": self.error, "error_description": self.description});
+        let mut r = (self.status, Json(body)).into_response();
+        let h = r.headers_mut();
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        if self.status == StatusCode::UNAUTHORIZED {
+            h.insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Basic realm=\"latchkey\""),
+            );
+        }
+        if let Some(s) = self.retry_after {
+            h.insert(header::RETRY_AFTER, HeaderValue::from(s.max(1)));
+        }
+        r
+    }
+}
+
+type Form = HashMap<String, String>;
+
+fn parse_form(headers: &HeaderMap, body: &[u8]) -> Result<Form, OAuthError> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !ct
+        .to_ascii_lowercase()
+        .starts_with("application/x-www-form-urlencoded")
+    {
+        return Err(OAuthError::invalid_request(
+            "the body must be application/x-www-form-urlencoded",
+        ));
+    }
+    let mut form = Form::new();
+    for (k, v) in url::form_urlencoded::parse(body) {
+        // RFC 6749 §3.2: parameters must not be repeated.
+        if form.insert(k.to_string(), v.to_string()).is_some() {
+            return Err(OAuthError::invalid_request(format!("{k}: repeated parameter")));
+        }
+    }
+    Ok(form)
+}
+
+fn required<'a>(form: &'a Form, name: &str) -> Result<&'a str, OAuthError> {
+    form.get(name)
+        .map(String::as_str)
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| OAuthError::invalid_request(format!("{name}: is required")))
+}
+
+/// Client authentication: HTTP Basic (RFC 6749 §2.3.1) or body parameters.
+async fn authenticate_client(
+    st: &AppState,
+    headers: &HeaderMap,
+    form: &Form,
+) -> Result<ClientRecord, OAuthError> {
+    let basic = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("basic"))
+        .map(|(_, rest)| rest.trim());
+    let (id, secret) = match basic {
+        Some(b64) => {
+            let decoded = base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .ok()
+                .and_then(|b| String::from_utf8(b).ok())
+                .ok_or_else(|| {
+                    OAuthError::new(
+                        StatusCode::UNAUTHORIZED,
+                        "invalid_client",
+                        "malformed Basic credentials",
+                    )
+                })?;
+            let (id, secret) = decoded.split_once(':').ok_or_else(|| {
+                OAuthError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "invalid_client",
+                    "malformed Basic credentials",
+                )
+            })?;
+            let dec = |s: &str| {
+                url::form_urlencoded::parse(format!("x={s}").as_bytes())
+                    .next()
+                    .map(|(_, v)| v.to_string())
+            };
+            (dec(id).unwrap_or_default(), dec(secret).unwrap_or_default())
+        }
+        None => match (form.get("client_id"), form.get("client_secret")) {
+            (Some(id), Some(secret)) => (id.clone(), secret.clone()),
+            _ => {
+                return Err(OAuthError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "invalid_client",
+                    "client authentication is required",
+                ))
+            }
+        },
+    };
+    Ok(clients::authenticate(&st.store, &id, &secret).await?)
+}
+
+#[utoipa::path(post, path = "/oauth/token", tag = "oauth",
+    request_body(content_type = "application/x-www-form-urlencoded", description = "grant_type=password (username, password) or grant_type=refresh_token (refresh_token), with client_id/client_secret or HTTP Basic"),
+    responses((status = 200, body = crate::domain::accounts::TokenPair), (status = 400, description = "RFC 6749 error: invalid_request, invalid_grant, unsupported_grant_type"),
+              (status = 401, description = "invalid_client"), (status = 429, description = "slow_down"), (status = 503, description = "temporarily_unavailable")))]
+pub async fn token(
+    State(st): State<AppState>,
+    ClientIp(ip): ClientIp,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match token_inner(&st, ip, &headers, &body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn token_inner(
+    st: &AppState,
+    ip: std::net::IpAddr,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, OAuthError> {
+    let form = parse_form(headers, body)?;
+    let grant = required(&form, "grant_type")?;
+    let client = authenticate_client(st, headers, &form).await?;
+    let pair = match grant {
+        "password" => {
+            let email = Email::parse("username", required(&form, "username")?).map_err(AuthError::from)?;
+            let password =
+                Password::parse("password", required(&form, "password")?).map_err(AuthError::from)?;
+            st.accounts.login(ip, email, password, Some(&client.id)).await?
+        }
+        "refresh_token" => {
+            let token =
+                parse_opaque("refresh_token", required(&form, "refresh_token")?).map_err(AuthError::from)?;
+            st.accounts.refresh(&token, Some(&client.id)).await?
+        }
+        other => {
+            return Err(OAuthError::new(
+                StatusCode::BAD_REQUEST,
+                "unsupported_grant_type",
+                format!("grant_type {other:?} is not supported"),
+            ))
+        }
+    };
+    Ok(token_response(pair))
+}
+
+#[utoipa::path(post, path = "/oauth/introspect", tag = "oauth",
+    request_body(content_type = "application/x-www-form-urlencoded", description = "token, token_type_hint?, with client authentication"),
+    responses((status = 200, description = "{\"active\":true, ...claims} or {\"active\":false}"), (status = 401, description = "invalid_client")))]
+pub async fn introspect(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    let result = async {
+        let form = parse_form(&headers, &body)?;
+        authenticate_client(&st, &headers, &form).await?;
+        let token = required(&form, "token")?;
+        let hint = form.get("token_type_hint").map(String::as_str);
+        let inactive = serde_json::json!({"active": false});
+        let as_access = || async {
+            match st.tokens.validate(token).await {
+                Ok(v) => {
+                    let mut doc = serde_json::to_value(&v.claims).unwrap_or_default();
+                    doc["active"] = true.into();
+                    doc["token_type"] = "Bearer".into();
+                    Some(doc)
+                }
+                Err(_) => None,
+            }
+        };
+        let as_refresh = || async {
+            let rec = st.store.refresh_token(&sha256(token.as_bytes())).await.ok()??;
+            let now = now_ms();
+            let live = rec.session_revoked_at.is_none()
+                && rec.session_expires_at > now
+                && rec
+                    .rotated_at
+                    .is_none_or(|t| now - t <= st.config.refresh_grace.as_millis() as i64);
+            live.then(|| {
+                serde_json::json!({
+                    "active": true, "token_type": "refresh_token", "sub": rec.user_id, "sid": rec.session_id,
+                    "email": rec.email, "client_id": rec.client_id.unwrap_or_else(|| "latchkey".into()),
+                    "exp": rec.session_expires_at / 1000, "iss": st.tokens.issuer(),
+                })
+            })
+        };
+        let doc = if hint == Some("refresh_token") {
+            match as_refresh().await {
+                Some(d) => Some(d),
+                None => as_access().await,
+            }
+        } else {
+            match as_access().await {
+                Some(d) => Some(d),
+                None => as_refresh().await,
+            }
+        };
+        Ok::<_, OAuthError>(Json(doc.unwrap_or(inactive)).into_response())
+    }
+    .await;
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+#[utoipa::path(post, path = "/oauth/revoke", tag = "oauth",
+    request_body(content_type = "application/x-www-form-urlencoded", description = "token, token_type_hint?, with client authentication"),
+    responses((status = 200, description = "Revoked, or nothing to revoke"), (status = 401, description = "invalid_client")))]
+pub async fn revoke(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    let result = async {
+        let form = parse_form(&headers, &body)?;
+        authenticate_client(&st, &headers, &form).await?;
+        let token = required(&form, "token")?;
+        // A refresh token ends its session; so does an access token (RFC 7009 §2, optional).
+        if let Ok(t) = parse_opaque("token", token) {
+            st.accounts.revoke_refresh_token(&t).await?;
+        }
+        if let Ok(v) = st.tokens.validate(token).await {
+            st.accounts.revoke_session_of(&v.claims.sid).await?;
+        }
+        Ok::<_, OAuthError>(StatusCode::OK.into_response())
+    }
+    .await;
+    result.unwrap_or_else(IntoResponse::into_response)
+}

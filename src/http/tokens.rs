@@ -1,0 +1,83 @@
+//! Handlers of the Tokens section: validation, JWKS and discovery.
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use super::error::{invalid_token, ErrorBody};
+use super::AppState;
+use crate::domain::tokens::{bearer_token, AccessClaims};
+
+/// The hot path: a cache hit costs a hash, a lookup and a revocation check.
+#[utoipa::path(get, path = "/auth/validate", tag = "tokens", security(("bearer" = [])),
+    responses((status = 200, body = AccessClaims, description = "The token's claims"),
+              (status = 401, body = ErrorBody, description = "INVALID_TOKEN, with WWW-Authenticate")))]
+pub async fn validate(State(st): State<AppState>, headers: HeaderMap) -> Response {
+    let Some(token) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer_token)
+    else {
+        return invalid_token();
+    };
+    match st.tokens.validate(token).await {
+        Ok(v) => {
+            let mut r = Response::new(Body::from(v.json.clone()));
+            r.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            r
+        }
+        Err(_) => invalid_token(),
+    }
+}
+
+#[utoipa::path(get, path = "/.well-known/jwks.json", tag = "tokens",
+    responses((status = 200, description = "JWK Set of every key whose tokens may still be valid")))]
+pub async fn jwks(State(st): State<AppState>) -> Response {
+    (
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/jwk-set+json"),
+            ),
+            (
+                header::CACHE_CONTROL,
+                HeaderValue::from_static("public, max-age=60"),
+            ),
+        ],
+        st.tokens.jwks(),
+    )
+        .into_response()
+}
+
+#[utoipa::path(get, path = "/.well-known/openid-configuration", tag = "tokens",
+    responses((status = 200, description = "Discovery document (RFC 8414 / OpenID Connect Discovery)")))]
+pub async fn discovery(State(st): State<AppState>) -> Response {
+    let iss = st.tokens.issuer();
+    let doc = serde_json::json!({
+        "issuer": iss,
+        "jwks_uri": format!("{iss}/.well-known/jwks.json"),
+        "token_endpoint": format!("{iss}/oauth/token"),
+        "introspection_endpoint": format!("{iss}/oauth/introspect"),
+        "revocation_endpoint": format!("{iss}/oauth/revoke"),
+        "userinfo_endpoint": format!("{iss}/auth/me"),
+        "grant_types_supported": ["password", "refresh_token"],
+        "response_types_supported": ["token"],
+        "subject_types_supported": ["public"],
+        "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
+        "introspection_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
+        "revocation_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
+        "id_token_signing_alg_values_supported": st.tokens.signing_algorithms(),
+        "access_token_signing_alg_values_supported": st.tokens.signing_algorithms(),
+    });
+    (
+        [(
+            header::CACHE_CONTROL,
+            HeaderValue::from_static("public, max-age=300"),
+        )],
+        Json(doc),
+    )
+        .into_response()
+}

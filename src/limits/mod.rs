@@ -1,0 +1,331 @@
+//! Rate limits (GCRA token buckets) and brute-force protection.
+//!
+//! One `Limiter` serves every policy. Without Redis the buckets live in this
+//! process; with Redis each check is one `EVALSHA` of an atomic script (loaded
+//! once, reloaded by the client on `NOSCRIPT`), so every instance shares the
+//! same buckets. If Redis fails, each policy either falls back to the local
+//! buckets or lets the request through (`Fallback`); either way it is logged
+//! and counted, never a 500.
+
+mod bruteforce;
+mod gcra;
+
+pub use bruteforce::{BruteForce, Softlock};
+pub use gcra::LocalBuckets;
+
+use std::time::Duration;
+
+use crate::cache::RedisHandle;
+use crate::config::{ConfigError, Sources};
+use crate::store::now_ms;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PolicyName {
+    RegisterIp,
+    RegisterEmail,
+    ResendIp,
+    ResendEmail,
+    ResetIp,
+    ResetEmail,
+    LoginIp,
+    LoginAccount,
+    VerifyAccount,
+    RefreshSession,
+    Validate,
+}
+
+impl PolicyName {
+    pub const ALL: [PolicyName; 11] = [
+        PolicyName::RegisterIp,
+        PolicyName::RegisterEmail,
+        PolicyName::ResendIp,
+        PolicyName::ResendEmail,
+        PolicyName::ResetIp,
+        PolicyName::ResetEmail,
+        PolicyName::LoginIp,
+        PolicyName::LoginAccount,
+        PolicyName::VerifyAccount,
+        PolicyName::RefreshSession,
+        PolicyName::Validate,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyName::RegisterIp => "register_ip",
+            PolicyName::RegisterEmail => "register_email",
+            PolicyName::ResendIp => "resend_ip",
+            PolicyName::ResendEmail => "resend_email",
+            PolicyName::ResetIp => "reset_ip",
+            PolicyName::ResetEmail => "reset_email",
+            PolicyName::LoginIp => "login_ip",
+            PolicyName::LoginAccount => "login_account",
+            PolicyName::VerifyAccount => "verify_account",
+            PolicyName::RefreshSession => "refresh_session",
+            PolicyName::Validate => "validate",
+        }
+    }
+
+    /// (limit, window seconds); `None`: unlimited by default.
+    fn default_rule(self) -> Option<(u32, u64)> {
+        Some(match self {
+            PolicyName::RegisterIp => (60, 60),
+            PolicyName::RegisterEmail => (10, 3600),
+            PolicyName::ResendIp => (60, 60),
+            PolicyName::ResendEmail => (10, 3600),
+            PolicyName::ResetIp => (60, 60),
+            PolicyName::ResetEmail => (10, 3600),
+            PolicyName::LoginIp => (600, 60),
+            PolicyName::LoginAccount => (60, 60),
+            PolicyName::VerifyAccount => (30, 600),
+            PolicyName::RefreshSession => (120, 60),
+            PolicyName::Validate => return None,
+        })
+    }
+}
+
+/// What a policy does when Redis cannot be asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fallback {
+    /// Use this process's buckets (the limit holds per instance).
+    Local,
+    /// Let the request through.
+    Open,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Policy {
+    pub limit: u32,
+    pub window: Duration,
+    pub fallback: Fallback,
+}
+
+#[derive(Clone, Debug)]
+pub struct Policies {
+    rules: Vec<(PolicyName, Option<Policy>)>,
+}
+
+impl Policies {
+    /// Defaults, overridden by `rate_limit_<policy>` settings:
+    /// `LIMIT/WINDOW_SECS[,open|,local]` or `off`.
+    pub fn from_sources(src: &Sources) -> Result<Policies, ConfigError> {
+        let mut rules = Vec::new();
+        for name in PolicyName::ALL {
+            let default = name.default_rule().map(|(limit, secs)| Policy {
+                limit,
+                window: Duration::from_secs(secs),
+                fallback: Fallback::Local,
+            });
+            let key = format!("rate_limit_{}", name.as_str());
+            let rule = src.get(&key, default, parse_rule)?;
+            rules.push((name, rule));
+        }
+        Ok(Policies { rules })
+    }
+
+    pub fn get(&self, name: PolicyName) -> Option<Policy> {
+        self.rules.iter().find(|(n, _)| *n == name).and_then(|(_, p)| *p)
+    }
+}
+
+fn parse_rule(s: &str) -> Result<Option<Policy>, String> {
+    if s.eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    let (rule, fallback) = match s.split_once(',') {
+        None => (s, Fallback::Local),
+        Some((r, "open")) => (r, Fallback::Open),
+        Some((r, "local")) => (r, Fallback::Local),
+        Some(_) => return Err("fallback must be open or local".into()),
+    };
+    let (limit, window) = rule
+        .split_once('/')
+        .ok_or("expected LIMIT/WINDOW_SECS, e.g. 10/60, or off")?;
+    let limit: u32 = limit.trim().parse().map_err(|_| "LIMIT must be a whole number")?;
+    let window: u64 = window
+        .trim()
+        .parse()
+        .map_err(|_| "WINDOW_SECS must be a whole number")?;
+    if limit == 0 || window == 0 || window > 86_400 * 7 {
+        return Err("LIMIT must be at least 1 and WINDOW_SECS 1..=604800".into());
+    }
+    Ok(Some(Policy {
+        limit,
+        window: Duration::from_secs(window),
+        fallback,
+    }))
+}
+
+/// A refused request: what the 429 answer carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limited {
+    pub limit: u32,
+    pub remaining: u32,
+    pub reset_secs: u64,
+    pub retry_after_secs: u64,
+}
+
+/// GCRA in Redis, with Redis's clock so that instances agree. Returns
+/// `{allowed, retry_after_ms, reset_ms}`. KEYS[1] the bucket; ARGV[1] the
+/// emission interval (window / limit) and ARGV[2] the window, in ms.
+const GCRA_SCRIPT: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local interval = tonumber(ARGV[1])
+local window = tonumber(ARGV[2])
+local tat = tonumber(redis.call('GET', KEYS[1]) or now)
+if tat < now then tat = now end
+local new_tat = tat + interval
+local allow_at = new_tat - window
+if now < allow_at then
+  return {0, allow_at - now, tat - now}
+end
+redis.call('SET', KEYS[1], new_tat, 'PX', math.max(1, math.ceil(new_tat - now)))
+return {1, 0, new_tat - now}
+"#;
+
+pub struct Limiter {
+    enabled: bool,
+    policies: Policies,
+    local: LocalBuckets,
+    redis: Option<RedisHandle>,
+    script: redis::Script,
+}
+
+impl Limiter {
+    pub fn new(enabled: bool, policies: Policies, redis: Option<RedisHandle>) -> Self {
+        Limiter {
+            enabled,
+            policies,
+            local: LocalBuckets::new(),
+            redis,
+            script: redis::Script::new(GCRA_SCRIPT),
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Takes one token from the bucket of (`policy`, `key`).
+    pub async fn check(&self, policy: PolicyName, key: &str) -> Result<(), Limited> {
+        if !self.enabled {
+            return Ok(());
+        }
+        let Some(p) = self.policies.get(policy) else {
+            return Ok(());
+        };
+        let window_ms = p.window.as_millis() as i64;
+        let interval_ms = (window_ms / p.limit as i64).max(1);
+        let outcome = match &self.redis {
+            None => self
+                .local
+                .take(policy.as_str(), key, now_ms(), interval_ms, window_ms),
+            Some(r) => {
+                // `{...}` is a hash tag: the bucket's slot is fixed on Redis Cluster.
+                let bucket = r.key(&format!("rl:{{{}:{}}}", policy.as_str(), key));
+                let script = &self.script;
+                let res = r
+                    .run("ratelimit", |mut c| async move {
+                        script
+                            .key(bucket)
+                            .arg(interval_ms)
+                            .arg(window_ms)
+                            .invoke_async::<(i64, i64, i64)>(&mut c)
+                            .await
+                    })
+                    .await;
+                match res {
+                    Ok((allowed, retry_ms, reset_ms)) => gcra::Outcome {
+                        allowed: allowed == 1,
+                        retry_after_ms: retry_ms,
+                        reset_ms,
+                    },
+                    Err(e) => {
+                        metrics::counter!("latchkey_ratelimit_fallback_total", "policy" => policy.as_str(),
+                            "mode" => match p.fallback { Fallback::Local => "local", Fallback::Open => "open" })
+                        .increment(1);
+                        tracing::warn!(policy = policy.as_str(), error = %e, fallback = ?p.fallback,
+                            "rate limit store unavailable");
+                        match p.fallback {
+                            Fallback::Open => return Ok(()),
+                            Fallback::Local => {
+                                self.local
+                                    .take(policy.as_str(), key, now_ms(), interval_ms, window_ms)
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        if outcome.allowed {
+            metrics::counter!("latchkey_ratelimit_allowed_total", "policy" => policy.as_str()).increment(1);
+            Ok(())
+        } else {
+            metrics::counter!("latchkey_ratelimit_limited_total", "policy" => policy.as_str()).increment(1);
+            let remaining = ((window_ms - outcome.reset_ms).max(0) / interval_ms) as u32;
+            Err(Limited {
+                limit: p.limit,
+                remaining: remaining.min(p.limit),
+                reset_secs: ceil_secs(outcome.reset_ms),
+                retry_after_secs: ceil_secs(outcome.retry_after_ms).max(1),
+            })
+        }
+    }
+
+    /// Drops local buckets that are full again (housekeeping).
+    pub fn purge(&self) {
+        self.local.purge(now_ms());
+    }
+}
+
+fn ceil_secs(ms: i64) -> u64 {
+    (ms.max(0) as u64).div_ceil(1000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules_parse() {
+        assert_eq!(parse_rule("off").unwrap(), None);
+        let p = parse_rule("10/60,open").unwrap().unwrap();
+        assert_eq!(
+            (p.limit, p.window.as_secs(), p.fallback),
+            (10, 60, Fallback::Open)
+        );
+        assert!(parse_rule("0/60").is_err());
+        assert!(parse_rule("10").is_err());
+        assert!(parse_rule("10/60,maybe").is_err());
+    }
+
+    #[tokio::test]
+    async fn local_policy_lets_exactly_n_through() {
+        let src = Sources::from_pairs([("rate_limit_login_ip", "5/60")]);
+        let limiter = Limiter::new(true, Policies::from_sources(&src).unwrap(), None);
+        let mut allowed = 0;
+        let mut last = None;
+        for _ in 0..50 {
+            match limiter.check(PolicyName::LoginIp, "1.2.3.4").await {
+                Ok(()) => allowed += 1,
+                Err(l) => last = Some(l),
+            }
+        }
+        assert_eq!(allowed, 5);
+        let l = last.unwrap();
+        assert_eq!((l.limit, l.remaining), (5, 0));
+        assert!((11..=12).contains(&l.retry_after_secs), "{l:?}");
+        assert!((59..=60).contains(&l.reset_secs), "{l:?}");
+        // Another key has its own bucket.
+        assert!(limiter.check(PolicyName::LoginIp, "5.6.7.8").await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn disabled_limiter_allows_everything() {
+        let src = Sources::from_pairs([("rate_limit_login_ip", "1/60")]);
+        let limiter = Limiter::new(false, Policies::from_sources(&src).unwrap(), None);
+        for _ in 0..10 {
+            assert!(limiter.check(PolicyName::LoginIp, "k").await.is_ok());
+        }
+    }
+}

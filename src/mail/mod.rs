@@ -1,0 +1,65 @@
+//! Mail: messages are sealed into the outbox in the transaction that causes
+//! them (see `store::outbox`) and delivered by `OutboxWorker` through the sink
+//! named by `LATCHKEY_MAIL`.
+
+mod sink;
+mod worker;
+
+pub use sink::{MailSink, SinkError};
+pub use worker::OutboxWorker;
+
+use serde::{Deserialize, Serialize};
+
+use crate::crypto::Sealer;
+
+/// A message as queued. It may carry a code, so it is stored sealed.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Message {
+    pub to: String,
+    pub subject: String,
+    pub body: String,
+}
+
+const AAD: &[u8] = b"latchkey/outbox";
+
+impl Message {
+    pub fn seal(&self, sealer: &Sealer) -> Vec<u8> {
+        sealer.seal(&serde_json::to_vec(self).expect("a message serialises"), AAD)
+    }
+
+    pub fn open(sealed: &[u8], sealer: &Sealer) -> Option<Message> {
+        serde_json::from_slice(&sealer.open(sealed, AAD)?).ok()
+    }
+
+    pub fn verification(to: &str, code: &str) -> Message {
+        Message {
+            to: to.to_string(),
+            subject: "Your verification code".into(),
+            body: format!(
+                "Your verification code is:\n\n{code}\n\nIt is valid for 10 minutes. \
+                 If you did not create an account, ignore this email.\n"
+            ),
+        }
+    }
+
+    pub fn already_registered(to: &str) -> Message {
+        Message {
+            to: to.to_string(),
+            subject: "You already have an account".into(),
+            body: "Someone tried to create an account with this email address, which already has one.\n\
+                   If it was you, log in or reset your password. If not, you can ignore this email.\n"
+                .into(),
+        }
+    }
+
+    pub fn password_reset(to: &str, code: &str) -> Message {
+        Message {
+            to: to.to_string(),
+            subject: "Your password reset code".into(),
+            body: format!(
+                "Your password reset code is:\n\n{code}\n\nIt is valid for 10 minutes. \
+                 If you did not ask to reset your password, ignore this email.\n"
+            ),
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! Where mail goes: the log (development), `.eml` files, or SMTP.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lettre::message::{header::ContentType, Mailbox};
+use lettre::transport::smtp::authentication::Credentials;
+use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
+
+use super::Message;
+use crate::config::MailConfig;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    /// Retrying cannot help (a malformed address).
+    #[error("permanent: {0}")]
+    Permanent(String),
+    #[error("temporary: {0}")]
+    Temporary(String),
+}
+
+pub enum MailSink {
+    /// Logs each message, code included: for development only.
+    Log,
+    File(PathBuf),
+    Smtp(AsyncSmtpTransport<Tokio1Executor>),
+}
+
+impl MailSink {
+    pub fn new(cfg: &MailConfig) -> anyhow::Result<MailSink> {
+        Ok(match cfg {
+            MailConfig::Log => MailSink::Log,
+            MailConfig::File(dir) => {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| anyhow::anyhow!("LATCHKEY_MAIL: creating {}: {e}", dir.display()))?;
+                MailSink::File(dir.clone())
+            }
+            MailConfig::Smtp {
+                host,
+                port,
+                credentials,
+                ..
+            } => {
+                let mut b = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(host.as_str())
+                    .port(*port)
+                    .timeout(Some(Duration::from_secs(10)));
+                if let Some((user, pass)) = credentials {
+                    b = b.credentials(Credentials::new(user.clone(), pass.expose().clone()));
+                }
+                MailSink::Smtp(b.build())
+            }
+        })
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            MailSink::Log => "log",
+            MailSink::File(_) => "file",
+            MailSink::Smtp(_) => "smtp",
+        }
+    }
+
+    pub async fn deliver(&self, from: &str, id: i64, m: &Message) -> Result<(), SinkError> {
+        match self {
+            MailSink::Log => {
+                tracing::info!(target: "latchkey::mail", to = %m.to, subject = %m.subject,
+                    "mail (log sink, development only):\n{}", m.body);
+                Ok(())
+            }
+            MailSink::File(dir) => {
+                let email = build(from, m)?;
+                let name = format!("{}-{id:010}.eml", crate::store::now_ms());
+                let tmp = dir.join(format!(".{name}.tmp"));
+                let bytes = email.formatted();
+                tokio::fs::write(&tmp, &bytes)
+                    .await
+                    .map_err(|e| SinkError::Temporary(format!("writing {}: {e}", tmp.display())))?;
+                tokio::fs::rename(&tmp, dir.join(&name))
+                    .await
+                    .map_err(|e| SinkError::Temporary(format!("renaming {}: {e}", tmp.display())))?;
+                Ok(())
+            }
+            MailSink::Smtp(transport) => {
+                let email = build(from, m)?;
+                match transport.send(email).await {
+                    Ok(_) => Ok(()),
+                    Err(e) if e.is_permanent() => Err(SinkError::Permanent(e.to_string())),
+                    Err(e) => Err(SinkError::Temporary(e.to_string())),
+                }
+            }
+        }
+    }
+}
+
+fn build(from: &str, m: &Message) -> Result<lettre::Message, SinkError> {
+    let from: Mailbox = from
+        .parse()
+        .map_err(|e| SinkError::Permanent(format!("from address: {e}")))?;
+    let to: Mailbox =
+        m.to.parse()
+            .map_err(|e| SinkError::Permanent(format!("to address: {e}")))?;
+    lettre::Message::builder()
+        .from(from)
+        .to(to)
+        .subject(m.subject.clone())
+        .header(ContentType::TEXT_PLAIN)
+        .body(m.body.clone())
+        .map_err(|e| SinkError::Permanent(e.to_string()))
+}

@@ -1,0 +1,98 @@
+//! Delivers the outbox. Claims a batch with a lease, delivers, deletes what
+//! went out and reschedules what failed with exponential backoff. A crash
+//! between delivery and delete means the message goes out again after the
+//! lease (at-least-once); two instances never hold the same lease.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{watch, Notify};
+
+use super::{MailSink, Message, SinkError};
+use crate::crypto::Sealer;
+use crate::store::{now_ms, Store};
+
+const LEASE_MS: i64 = 60_000;
+const BATCH: i64 = 20;
+const POLL: Duration = Duration::from_secs(1);
+const MAX_BACKOFF_MS: i64 = 3_600_000;
+
+pub struct OutboxWorker {
+    store: Store,
+    sink: MailSink,
+    sealer: Arc<Sealer>,
+    from: String,
+    wake: Arc<Notify>,
+}
+
+impl OutboxWorker {
+    pub fn new(store: Store, sink: MailSink, sealer: Arc<Sealer>, from: String, wake: Arc<Notify>) -> Self {
+        OutboxWorker {
+            store,
+            sink,
+            sealer,
+            from,
+            wake,
+        }
+    }
+
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        tracing::debug!(sink = self.sink.kind(), "outbox worker started");
+        loop {
+            let delivered = match self.deliver_batch().await {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::warn!(error = %e, "outbox: claiming messages failed");
+                    0
+                }
+            };
+            if delivered as i64 == BATCH {
+                continue; // more may be waiting
+            }
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(POLL) => {}
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+
+    /// Delivers one batch; returns how many were claimed.
+    pub async fn deliver_batch(&self) -> anyhow::Result<usize> {
+        let rows = self.store.claim_outbox(now_ms(), LEASE_MS, BATCH).await?;
+        let n = rows.len();
+        for row in rows {
+            let Some(msg) = Message::open(&row.payload, &self.sealer) else {
+                tracing::error!(
+                    id = row.id,
+                    "outbox: message cannot be unsealed (secret key changed?)"
+                );
+                self.store
+                    .outbox_failed(row.id, i64::MAX / 2, "cannot unseal")
+                    .await?;
+                continue;
+            };
+            match self.sink.deliver(&self.from, row.id, &msg).await {
+                Ok(()) => {
+                    self.store.outbox_delivered(row.id).await?;
+                    metrics::counter!("latchkey_outbox_deliveries_total", "sink" => self.sink.kind())
+                        .increment(1);
+                }
+                Err(e) => {
+                    let (next, why) = match &e {
+                        SinkError::Permanent(m) => (i64::MAX / 2, m.as_str()),
+                        SinkError::Temporary(m) => {
+                            let backoff = (1000i64 << row.attempts.clamp(0, 22)).min(MAX_BACKOFF_MS);
+                            (now_ms() + backoff, m.as_str())
+                        }
+                    };
+                    tracing::warn!(id = row.id, attempts = row.attempts, error = %why, "outbox: delivery failed");
+                    metrics::counter!("latchkey_outbox_failures_total", "sink" => self.sink.kind())
+                        .increment(1);
+                    self.store.outbox_failed(row.id, next, why).await?;
+                }
+            }
+        }
+        Ok(n)
+    }
+}

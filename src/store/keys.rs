@@ -1,0 +1,76 @@
+//! Signing keys. The private half is stored sealed; see `domain::tokens`.
+
+use super::{with_db, QueryTimer, Store, StoreResult};
+
+#[derive(Clone, Debug)]
+pub struct KeyRecord {
+    pub kid: String,
+    pub alg: String,
+    pub private_key: Vec<u8>,
+    pub public_jwk: String,
+    pub created_at: i64,
+    pub activated_at: i64,
+    pub retired_at: Option<i64>,
+}
+
+impl Store {
+    pub async fn signing_keys(&self) -> StoreResult<Vec<KeyRecord>> {
+        let _t = QueryTimer::start("signing_keys");
+        let rows: Vec<(String, String, Vec<u8>, String, i64, i64, Option<i64>)> = with_db!(self, p => sqlx::query_as(
+            "SELECT kid, alg, private_key, public_jwk, created_at, activated_at, retired_at \
+             FROM signing_keys ORDER BY activated_at DESC, kid DESC",
+        )
+        .fetch_all(p)
+        .await?);
+        Ok(rows
+            .into_iter()
+            .map(|r| KeyRecord {
+                kid: r.0,
+                alg: r.1,
+                private_key: r.2,
+                public_jwk: r.3,
+                created_at: r.4,
+                activated_at: r.5,
+                retired_at: r.6,
+            })
+            .collect())
+    }
+
+    /// Adds a key and makes it the signer: every other key is retired at `now`.
+    pub async fn add_signing_key(&self, k: &KeyRecord) -> StoreResult<()> {
+        let _t = QueryTimer::start("add_signing_key");
+        with_db!(self, p => {
+            let mut tx = p.begin().await?;
+            sqlx::query("UPDATE signing_keys SET retired_at = $1 WHERE retired_at IS NULL")
+                .bind(k.activated_at)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(
+                "INSERT INTO signing_keys (kid, alg, private_key, public_jwk, created_at, activated_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6)",
+            )
+            .bind(&k.kid)
+            .bind(&k.alg)
+            .bind(&k.private_key)
+            .bind(&k.public_jwk)
+            .bind(k.created_at)
+            .bind(k.activated_at)
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+        });
+        Ok(())
+    }
+
+    /// Deletes keys retired before `before` (no token they signed is still valid).
+    pub async fn purge_signing_keys(&self, before: i64) -> StoreResult<u64> {
+        let _t = QueryTimer::start("purge_signing_keys");
+        Ok(
+            with_db!(self, p => sqlx::query("DELETE FROM signing_keys WHERE retired_at IS NOT NULL AND retired_at < $1")
+            .bind(before)
+            .execute(p)
+            .await?
+            .rows_affected()),
+        )
+    }
+}

@@ -1,0 +1,187 @@
+//! Persistence: one `Store` over SQLite (embedded default) or PostgreSQL.
+//!
+//! Both backends run the same SQL text: sqlx binds `$1`-style parameters on
+//! SQLite too, and the schema (`migrations/{sqlite,postgres}`) has the same
+//! tables and columns. The [`with_db!`] macro compiles each query body once per
+//! backend, so queries stay typed without `sqlx::Any` and its conversions.
+//! Statements are prepared and cached per connection by sqlx.
+
+mod clients;
+mod codes;
+mod keys;
+mod outbox;
+mod sessions;
+mod users;
+
+pub use clients::ClientRecord;
+pub use codes::{CodeRecord, Purpose};
+pub use keys::KeyRecord;
+pub use outbox::OutboxRow;
+pub use sessions::{NewSession, RefreshRecord};
+pub use users::{CodeMail, NewUser, RegisterOutcome, UserRecord};
+
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{PgPool, SqlitePool};
+
+use crate::config::{DatabaseConfig, DatabaseUrl};
+
+#[derive(Clone)]
+pub enum Db {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// Runs `$body` with `$pool` bound to the backend's pool; the body is compiled
+/// once for each backend.
+macro_rules! with_db {
+    ($store:expr, $pool:ident => $body:expr) => {
+        match &$store.db {
+            $crate::store::Db::Sqlite($pool) => $body,
+            $crate::store::Db::Postgres($pool) => $body,
+        }
+    };
+}
+pub(crate) use with_db;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// No connection could be had within the acquire timeout.
+    #[error("database pool exhausted")]
+    Overloaded,
+    #[error("database error: {0}")]
+    Database(#[source] sqlx::Error),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        match e {
+            sqlx::Error::PoolTimedOut => StoreError::Overloaded,
+            other => StoreError::Database(other),
+        }
+    }
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+#[derive(Clone)]
+pub struct Store {
+    pub(crate) db: Db,
+}
+
+static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
+
+impl Store {
+    /// Opens the pool (creating the SQLite file and its directory if needed).
+    /// Connections are made lazily beyond `min_connections`.
+    pub async fn connect(cfg: &DatabaseConfig) -> anyhow::Result<Store> {
+        use anyhow::Context;
+        let db = match &cfg.url {
+            DatabaseUrl::Sqlite(url) => {
+                let opts = SqliteConnectOptions::from_str(url)
+                    .context("LATCHKEY_DATABASE_URL is not a valid SQLite URL")?
+                    .create_if_missing(true)
+                    .journal_mode(SqliteJournalMode::Wal)
+                    .synchronous(SqliteSynchronous::Normal)
+                    .foreign_keys(true)
+                    .busy_timeout(Duration::from_secs(5));
+                if let Some(dir) = opts.get_filename().parent() {
+                    if !dir.as_os_str().is_empty() {
+                        std::fs::create_dir_all(dir)
+                            .with_context(|| format!("creating {}", dir.display()))?;
+                    }
+                }
+                let pool = SqlitePoolOptions::new()
+                    .max_connections(cfg.max_connections)
+                    .min_connections(cfg.min_connections)
+                    .acquire_timeout(cfg.acquire_timeout)
+                    .connect_with(opts)
+                    .await
+                    .context("opening the SQLite database")?;
+                Db::Sqlite(pool)
+            }
+            DatabaseUrl::Postgres(url) => {
+                let opts = PgConnectOptions::from_str(url.expose())
+                    .context("LATCHKEY_DATABASE_URL is not a valid PostgreSQL URL")?;
+                Db::Postgres(Self::pg_pool(cfg, opts).await?)
+            }
+        };
+        Ok(Store { db })
+    }
+
+    pub async fn pg_pool(cfg: &DatabaseConfig, opts: PgConnectOptions) -> anyhow::Result<PgPool> {
+        use anyhow::Context;
+        PgPoolOptions::new()
+            .max_connections(cfg.max_connections)
+            .min_connections(cfg.min_connections)
+            .acquire_timeout(cfg.acquire_timeout)
+            .connect_with(opts)
+            .await
+            .context("connecting to PostgreSQL")
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        match self.db {
+            Db::Sqlite(_) => "sqlite",
+            Db::Postgres(_) => "postgres",
+        }
+    }
+
+    pub async fn migrate(&self) -> anyhow::Result<()> {
+        match &self.db {
+            Db::Sqlite(p) => SQLITE_MIGRATIONS.run(p).await?,
+            Db::Postgres(p) => POSTGRES_MIGRATIONS.run(p).await?,
+        }
+        Ok(())
+    }
+
+    /// A round trip to the database, for readiness.
+    pub async fn ping(&self) -> StoreResult<()> {
+        with_db!(self, p => {
+            sqlx::query("SELECT 1").execute(p).await?;
+        });
+        Ok(())
+    }
+
+    pub async fn close(&self) {
+        with_db!(self, p => p.close().await)
+    }
+
+    /// Pool size and idle connections, for metrics.
+    pub fn pool_stats(&self) -> (u32, usize) {
+        with_db!(self, p => (p.size(), p.num_idle()))
+    }
+}
+
+/// Records the latency of one query under its operation name.
+pub(crate) struct QueryTimer {
+    op: &'static str,
+    start: Instant,
+}
+
+impl QueryTimer {
+    pub(crate) fn start(op: &'static str) -> Self {
+        QueryTimer {
+            op,
+            start: Instant::now(),
+        }
+    }
+}
+
+impl Drop for QueryTimer {
+    fn drop(&mut self) {
+        metrics::histogram!("latchkey_db_query_seconds", "op" => self.op)
+            .record(self.start.elapsed().as_secs_f64());
+    }
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,240 @@
+//! Users, and the transactions that create or change them together with the
+//! code and the mail that the change causes.
+
+use super::{codes::Purpose, outbox::INSERT_OUTBOX, with_db, QueryTimer, Store, StoreResult};
+
+#[derive(Clone, Debug)]
+pub struct UserRecord {
+    pub id: String,
+    pub email: String,
+    pub name: Option<String>,
+    pub password_hash: String,
+    pub email_verified_at: Option<i64>,
+    pub created_at: i64,
+}
+
+type UserRow = (String, String, Option<String>, String, Option<i64>, i64);
+
+fn user(r: UserRow) -> UserRecord {
+    UserRecord {
+        id: r.0,
+        email: r.1,
+        name: r.2,
+        password_hash: r.3,
+        email_verified_at: r.4,
+        created_at: r.5,
+    }
+}
+
+macro_rules! select_user {
+    ($where:literal) => {
+        concat!(
+            "SELECT id, email, name, password_hash, email_verified_at, created_at FROM users ",
+            $where
+        )
+    };
+}
+
+/// What registering did; the HTTP answer is the same in every case.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RegisterOutcome {
+    Created,
+    /// The email belongs to an unverified account: it got a fresh code.
+    ResentCode,
+    /// The email belongs to a verified account: it got a notice.
+    NoticeSent,
+}
+
+/// A new account as the domain prepared it.
+pub struct NewUser<'a> {
+    pub id: &'a str,
+    pub email: &'a str,
+    pub name: Option<&'a str>,
+    pub password_hash: &'a str,
+    pub now: i64,
+}
+
+/// A code and the sealed message that carries it.
+pub struct CodeMail<'a> {
+    pub code_hash: &'a [u8],
+    pub expires_at: i64,
+    pub message: &'a [u8],
+}
+
+impl Store {
+    pub async fn user_by_email(&self, email: &str) -> StoreResult<Option<UserRecord>> {
+        let _t = QueryTimer::start("user_by_email");
+        let sql = select_user!("WHERE email = $1");
+        Ok(
+            with_db!(self, p => sqlx::query_as::<_, UserRow>(sql).bind(email).fetch_optional(p).await?)
+                .map(user),
+        )
+    }
+
+    pub async fn user_by_id(&self, id: &str) -> StoreResult<Option<UserRecord>> {
+        let _t = QueryTimer::start("user_by_id");
+        let sql = select_user!("WHERE id = $1");
+        Ok(
+            with_db!(self, p => sqlx::query_as::<_, UserRow>(sql).bind(id).fetch_optional(p).await?)
+                .map(user),
+        )
+    }
+
+    /// Creates the account with its verification code and email, or, when the
+    /// email is taken, sends a fresh code (unverified account) or a notice
+    /// (verified account) and changes nothing else. One transaction.
+    pub async fn register(
+        &self,
+        new: NewUser<'_>,
+        verification: CodeMail<'_>,
+        notice: &[u8],
+    ) -> StoreResult<RegisterOutcome> {
+        let _t = QueryTimer::start("register");
+        let outcome = with_db!(self, p => {
+            let mut tx = p.begin().await?;
+            let inserted = sqlx::query(
+                "INSERT INTO users (id, email, name, password_hash, created_at, updated_at) \
+                 VALUES ($1, $2, $3, $4, $5, $5) ON CONFLICT (email) DO NOTHING",
+            )
+            .bind(new.id)
+            .bind(new.email)
+            .bind(new.name)
+            .bind(new.password_hash)
+            .bind(new.now)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+                == 1;
+            let (user_id, verified) = if inserted {
+                (new.id.to_string(), false)
+            } else {
+                let row: (String, Option<i64>) =
+                    sqlx::query_as("SELECT id, email_verified_at FROM users WHERE email = $1")
+                        .bind(new.email)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                (row.0, row.1.is_some())
+            };
+            let outcome = if verified {
+                sqlx::query(INSERT_OUTBOX).bind(notice).bind(new.now).execute(&mut *tx).await?;
+                RegisterOutcome::NoticeSent
+            } else {
+                sqlx::query(super::codes::UPSERT_CODE)
+                    .bind(&user_id)
+                    .bind(Purpose::VerifyEmail.as_str())
+                    .bind(verification.code_hash)
+                    .bind(new.now)
+                    .bind(verification.expires_at)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(INSERT_OUTBOX)
+                    .bind(verification.message)
+                    .bind(new.now)
+                    .execute(&mut *tx)
+                    .await?;
+                if inserted {
+                    RegisterOutcome::Created
+                } else {
+                    RegisterOutcome::ResentCode
+                }
+            };
+            tx.commit().await?;
+            outcome
+        });
+        Ok(outcome)
+    }
+
+    /// Replaces the hash only if it is still `old` (a concurrent change wins).
+    pub async fn upgrade_password_hash(
+        &self,
+        user_id: &str,
+        old: &str,
+        new: &str,
+        now: i64,
+    ) -> StoreResult<bool> {
+        let _t = QueryTimer::start("upgrade_password_hash");
+        let n = with_db!(self, p => sqlx::query(
+            "UPDATE users SET password_hash = $3, updated_at = $4 WHERE id = $1 AND password_hash = $2",
+        )
+        .bind(user_id)
+        .bind(old)
+        .bind(new)
+        .bind(now)
+        .execute(p)
+        .await?
+        .rows_affected());
+        Ok(n == 1)
+    }
+
+    /// Sets a new password and revokes the user's sessions except `keep`, in one
+    /// transaction, only if the hash is still `old`. Returns the revoked
+    /// session ids, or `None` when the password changed concurrently.
+    pub async fn change_password(
+        &self,
+        user_id: &str,
+        old: &str,
+        new: &str,
+        keep: Option<&str>,
+        now: i64,
+    ) -> StoreResult<Option<Vec<String>>> {
+        let _t = QueryTimer::start("change_password");
+        let revoked = with_db!(self, p => {
+            let mut tx = p.begin().await?;
+            let n = sqlx::query(
+                "UPDATE users SET password_hash = $3, updated_at = $4 WHERE id = $1 AND password_hash = $2",
+            )
+            .bind(user_id)
+            .bind(old)
+            .bind(new)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if n != 1 {
+                return Ok(None);
+            }
+            let ids: Vec<(String,)> = sqlx::query_as(super::sessions::REVOKE_USER_SESSIONS)
+                .bind(user_id)
+                .bind(now)
+                .bind("password_change")
+                .bind(keep.unwrap_or(""))
+                .fetch_all(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            ids
+        });
+        Ok(Some(revoked.into_iter().map(|r| r.0).collect()))
+    }
+}
+
+impl Store {
+    /// Inserts verified accounts in one transaction (load-test seeding);
+    /// existing emails are left as they are. Returns how many were inserted.
+    pub async fn insert_verified_users(
+        &self,
+        users: &[(String, String, String)],
+        now: i64,
+    ) -> StoreResult<u64> {
+        let _t = QueryTimer::start("insert_verified_users");
+        let n = with_db!(self, p => {
+            let mut tx = p.begin().await?;
+            let mut n = 0;
+            for (id, email, hash) in users {
+                n += sqlx::query(
+                    "INSERT INTO users (id, email, name, password_hash, email_verified_at, created_at, updated_at) \
+                     VALUES ($1, $2, NULL, $3, $4, $4, $4) ON CONFLICT (email) DO NOTHING",
+                )
+                .bind(id)
+                .bind(email)
+                .bind(hash)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            }
+            tx.commit().await?;
+            n
+        });
+        Ok(n)
+    }
+}
