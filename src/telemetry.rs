@@ -20,7 +20,13 @@ pub fn init_logging(format: LogFormat, filter: &str) {
             .flatten_event(true)
             .with_current_span(true)
             .try_init(),
-        LogFormat::Human => builder.with_target(true).try_init(),
+        LogFormat::Human => {
+            use std::io::IsTerminal;
+            builder
+                .with_target(true)
+                .with_ansi(std::io::stderr().is_terminal())
+                .try_init()
+        }
     };
 }
 

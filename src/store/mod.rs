@@ -69,7 +69,8 @@ pub type StoreResult<T> = Result<T, StoreError>;
 
 #[derive(Clone)]
 pub struct Store {
-    pub(crate) db: Db,
+    /// The pool; public so that tests and tools can inspect the database.
+    pub db: Db,
 }
 
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
