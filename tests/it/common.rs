@@ -48,7 +48,6 @@ pub const SECRET_KEY: &str = "dGVzdC1zZWNyZXQta2V5LW9mLXRoaXJ0eS10d28tYnl0ZXMhIQ
 
 pub struct TestApp {
     pub base: String,
-    pub addr: SocketAddr,
     pub http: reqwest::Client,
     pub mail_dir: PathBuf,
     pub services: Arc<Services>,
@@ -142,7 +141,6 @@ impl TestApp {
         });
         TestApp {
             base: format!("http://{addr}"),
-            addr,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(30))
                 .build()
@@ -159,6 +157,11 @@ impl TestApp {
     /// A second instance on the same database (and Redis), as a deployment of two.
     pub async fn twin(&self) -> TestApp {
         Self::launch(self.tmp.clone(), self.settings.clone()).await
+    }
+
+    /// A second instance with other settings (later pairs win).
+    pub async fn twin_with(&self, settings: &[(String, String)]) -> TestApp {
+        Self::launch(self.tmp.clone(), settings.to_vec()).await
     }
 
     pub fn is_postgres(&self) -> bool {

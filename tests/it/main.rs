@@ -4,3 +4,4 @@
 mod accounts;
 mod common;
 mod dump;
+mod tokens;
