@@ -334,3 +334,72 @@ pub fn unique_email(tag: &str) -> String {
 }
 
 pub const PASSWORD: &str = "correct horse battery";
+
+/// A Redis server owned by one test, so that the test can stop and restart it.
+pub struct OwnRedis {
+    pub port: u16,
+    child: Option<std::process::Child>,
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl OwnRedis {
+    pub async fn start() -> OwnRedis {
+        let mut r = OwnRedis {
+            port: free_port(),
+            child: None,
+        };
+        r.restart().await;
+        r
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub async fn restart(&mut self) {
+        let bin = std::env::var("LATCHKEY_TEST_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+        let child = std::process::Command::new(bin)
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                &self.port.to_string(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server (apt-get install -y redis-server)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+            .await
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

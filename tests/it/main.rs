@@ -4,4 +4,6 @@
 mod accounts;
 mod common;
 mod dump;
+mod oauth;
+mod ops;
 mod tokens;

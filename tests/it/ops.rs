@@ -1,0 +1,172 @@
+//! Operations and conventions: health, readiness with a failing Redis,
+//! request ids, 404/405, metrics, and the OpenAPI document.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::common::{OwnRedis, TestApp};
+
+crate::on_every_backend!(
+    health_request_ids_and_unknown_routes,
+    openapi_documents_every_endpoint,
+    metrics_are_exposed
+);
+
+async fn health_request_ids_and_unknown_routes(app: &TestApp) {
+    let r = app.get("/health/live").await;
+    assert_eq!(r.status(), 200);
+    let id = r.headers()["x-request-id"].to_str().unwrap().to_string();
+    assert!(id.len() >= 16);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        serde_json::json!({"status": "ok"})
+    );
+    let r = app.get("/health/ready").await;
+    assert_eq!(r.status(), 200);
+    let checks = &r.json::<Value>().await.unwrap()["checks"];
+    assert_eq!(checks["database"], "ok");
+    if app.is_postgres() {
+        assert_eq!(checks["redis"], "ok");
+    }
+    // A sane client id is echoed; an insane one is replaced.
+    let r = app
+        .http
+        .get(app.url("/health/live"))
+        .header("x-request-id", "abc-123")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["x-request-id"], "abc-123");
+    let r = app
+        .http
+        .get(app.url("/health/live"))
+        .header("x-request-id", "bad id with spaces")
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(r.headers()["x-request-id"], "bad id with spaces");
+
+    let r = app.get("/no/such/path").await;
+    assert_eq!(r.status(), 404);
+    assert!(r.headers().contains_key("x-request-id"));
+    assert_eq!(r.json::<Value>().await.unwrap()["error"], "NOT_FOUND");
+    let r = app.http.delete(app.url("/auth/login")).send().await.unwrap();
+    assert_eq!(r.status(), 405);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"], "METHOD_NOT_ALLOWED");
+    let r = app.get("/auth/login").await;
+    assert_eq!(r.status(), 405);
+}
+
+/// Endpoints named in API.md; when the design folder is beside the repo,
+/// the list is also read from it, so a new endpoint there cannot be missed.
+fn api_md_endpoints() -> Vec<(String, String)> {
+    let mut eps: Vec<(String, String)> = [
+        ("post", "/auth/register"),
+        ("post", "/auth/verify-otp"),
+        ("post", "/auth/resend-otp"),
+        ("post", "/auth/login"),
+        ("post", "/auth/refresh"),
+        ("post", "/auth/logout"),
+        ("get", "/auth/me"),
+        ("post", "/auth/password"),
+        ("post", "/auth/password-reset"),
+        ("post", "/auth/password-reset/confirm"),
+        ("get", "/auth/validate"),
+        ("get", "/.well-known/jwks.json"),
+        ("get", "/.well-known/openid-configuration"),
+        ("post", "/oauth/token"),
+        ("post", "/oauth/introspect"),
+        ("post", "/oauth/revoke"),
+        ("get", "/health/live"),
+        ("get", "/health/ready"),
+        ("get", "/metrics"),
+        ("get", "/openapi.json"),
+    ]
+    .iter()
+    .map(|(m, p)| (m.to_string(), p.to_string()))
+    .collect();
+    let api_md = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/design/API.md");
+    if let Ok(text) = std::fs::read_to_string(api_md) {
+        for line in text.lines().filter(|l| l.starts_with("| `")) {
+            let cell = line.split('`').nth(1).unwrap_or("");
+            if let Some((m, p)) = cell.split_once(' ') {
+                if matches!(m, "GET" | "POST" | "PUT" | "DELETE" | "PATCH") {
+                    let ep = (m.to_lowercase(), p.to_string());
+                    if !eps.contains(&ep) {
+                        eps.push(ep);
+                    }
+                }
+            }
+        }
+    }
+    eps
+}
+
+async fn openapi_documents_every_endpoint(app: &TestApp) {
+    let r = app.get("/openapi.json").await;
+    assert_eq!(r.status(), 200);
+    let doc: Value = r.json().await.unwrap();
+    assert!(
+        doc["openapi"].as_str().unwrap().starts_with("3.1"),
+        "{}",
+        doc["openapi"]
+    );
+    for (method, path) in api_md_endpoints() {
+        assert!(
+            doc["paths"][&path][&method].is_object(),
+            "{method} {path} is not in /openapi.json"
+        );
+    }
+    assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
+}
+
+async fn metrics_are_exposed(app: &TestApp) {
+    app.get("/health/live").await;
+    app.post(
+        "/auth/login",
+        serde_json::json!({"email": "nobody@example.test", "password": "whatever123"}),
+    )
+    .await;
+    let r = app.get("/metrics").await;
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    for name in [
+        "latchkey_http_requests_total",
+        "latchkey_http_request_duration_seconds_bucket",
+        "latchkey_hash_seconds_bucket",
+        "latchkey_db_query_seconds_bucket",
+        "latchkey_db_pool_connections",
+        "process_resident_memory_bytes",
+        "latchkey_build_info",
+    ] {
+        assert!(text.contains(name), "{name} missing from /metrics");
+    }
+    assert!(
+        text.contains("route=\"/auth/login\""),
+        "routes are labelled by template"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_names_a_failing_redis_and_recovers_without_restart() {
+    let mut redis = OwnRedis::start().await;
+    let app = TestApp::embedded(&[("redis_url", &redis.url())]).await;
+    assert_eq!(app.get("/health/ready").await.status(), 200);
+    redis.stop();
+    let r = app.get("/health/ready").await;
+    assert_eq!(r.status(), 503);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["failing"], serde_json::json!(["redis"]));
+    assert!(body["message"].as_str().unwrap().contains("redis"));
+    assert_eq!(body["error"], "UNAVAILABLE");
+    // Validation keeps working without Redis: it never asks Redis.
+    assert_eq!(app.get("/health/live").await.status(), 200);
+    redis.restart().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.get("/health/ready").await.status() != 200 {
+        assert!(Instant::now() < deadline, "readiness did not recover");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    app.stop().await;
+}
