@@ -241,9 +241,9 @@ impl Sources {
     }
 }
 
-fn parse_num<T: FromStr>(min: T, max: T) -> impl Fn(&str) -> Result<T, String>
+fn parse_num<T>(min: T, max: T) -> impl Fn(&str) -> Result<T, String>
 where
-    T: PartialOrd + fmt::Display + Copy,
+    T: FromStr + PartialOrd + fmt::Display + Copy,
 {
     move |s| {
         let v: T = s.parse().map_err(|_| format!("expected a number, got {s:?}"))?;

@@ -10,6 +10,7 @@
 //!   missed while disconnected are not lost;
 //! - at start, and every few seconds as a safety net, the set is refilled from
 //!   the database (sessions revoked recently), which also covers Redis outages.
+//!
 //! Entries are forgotten once every token of the session has expired
 //! (`retention` = access-token lifetime + leeway).
 //!

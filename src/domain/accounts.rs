@@ -21,7 +21,7 @@ use crate::cache::{Revocations, UserCache};
 use crate::crypto::{ct_eq, random_code, random_token, sha256, MacKey, Sealer};
 use crate::limits::{BruteForce, Limiter, PolicyName};
 use crate::mail::Message;
-use crate::store::{now_ms, NewSession, Purpose, RegisterOutcome, Store, UserRecord};
+use crate::store::{now_ms, NewCode, NewSession, Purpose, RegisterOutcome, Store, UserRecord};
 
 /// The `client_id` claim of tokens issued through the first-party endpoints.
 pub const FIRST_PARTY_CLIENT: &str = "latchkey";
@@ -154,15 +154,15 @@ impl Accounts {
         let now = now_ms();
         let sent = self
             .store
-            .issue_code(
-                &user.id,
+            .issue_code(NewCode {
+                user_id: &user.id,
                 purpose,
-                &hash,
+                code_hash: &hash,
                 now,
-                now + CODE_TTL_MS,
-                RESEND_QUIET_MS,
-                &self.seal(&msg),
-            )
+                expires_at: now + CODE_TTL_MS,
+                quiet_ms: RESEND_QUIET_MS,
+                message: &self.seal(&msg),
+            })
             .await?;
         if sent {
             self.mail_wake.notify_one();

@@ -452,7 +452,7 @@ fn open_key(rec: &KeyRecord, sealer: &Sealer) -> anyhow::Result<SigningKey> {
 /// (scheme case-insensitive) or the non-standard `Bearer: <t>`.
 pub fn bearer_token(header: &str) -> Option<&str> {
     let header = header.trim();
-    let (scheme, rest) = header.split_once(|c: char| c == ' ' || c == ':')?;
+    let (scheme, rest) = header.split_once([' ', ':'])?;
     if !scheme.eq_ignore_ascii_case("bearer") {
         return None;
     }

@@ -30,6 +30,18 @@ pub struct CodeRecord {
     pub consumed_at: Option<i64>,
 }
 
+/// A code to issue, with the sealed message that carries it.
+pub struct NewCode<'a> {
+    pub user_id: &'a str,
+    pub purpose: Purpose,
+    pub code_hash: &'a [u8],
+    pub now: i64,
+    pub expires_at: i64,
+    /// No new code if the last one is younger than this.
+    pub quiet_ms: i64,
+    pub message: &'a [u8],
+}
+
 /// Insert or replace the code of (user, purpose); parameters
 /// `$1 user_id, $2 purpose, $3 code_hash, $4 now, $5 expires_at`.
 pub(super) const UPSERT_CODE: &str = "INSERT INTO one_time_codes \
@@ -47,7 +59,8 @@ const CONSUME_CODE: &str = "UPDATE one_time_codes SET consumed_at = $4 \
 impl Store {
     pub async fn code_for(&self, user_id: &str, purpose: Purpose) -> StoreResult<Option<CodeRecord>> {
         let _t = QueryTimer::start("code_for");
-        let row: Option<(Vec<u8>, i64, i64, i32, Option<i64>)> = with_db!(self, p => sqlx::query_as(
+        type Row = (Vec<u8>, i64, i64, i32, Option<i64>);
+        let row: Option<Row> = with_db!(self, p => sqlx::query_as(
             "SELECT code_hash, created_at, expires_at, failed_attempts, consumed_at \
              FROM one_time_codes WHERE user_id = $1 AND purpose = $2",
         )
@@ -67,26 +80,24 @@ impl Store {
     /// Issues a new code with its email unless one was issued less than
     /// `quiet_ms` ago. The check and the write are one conditional statement,
     /// so concurrent requests send one email. Returns whether it sent.
-    pub async fn issue_code(
-        &self,
-        user_id: &str,
-        purpose: Purpose,
-        code_hash: &[u8],
-        now: i64,
-        expires_at: i64,
-        quiet_ms: i64,
-        message: &[u8],
-    ) -> StoreResult<bool> {
+    pub async fn issue_code(&self, c: NewCode<'_>) -> StoreResult<bool> {
+        let NewCode {
+            user_id,
+            purpose,
+            code_hash,
+            now,
+            expires_at,
+            quiet_ms,
+            message,
+        } = c;
         let _t = QueryTimer::start("issue_code");
-        let sql = concat!(
-            "INSERT INTO one_time_codes \
+        let sql = "INSERT INTO one_time_codes \
              (user_id, purpose, code_hash, created_at, expires_at, failed_attempts, consumed_at) \
              VALUES ($1, $2, $3, $4, $5, 0, NULL) \
              ON CONFLICT (user_id, purpose) DO UPDATE SET code_hash = excluded.code_hash, \
              created_at = excluded.created_at, expires_at = excluded.expires_at, \
              failed_attempts = 0, consumed_at = NULL \
-             WHERE one_time_codes.created_at <= $6"
-        );
+             WHERE one_time_codes.created_at <= $6";
         let sent = with_db!(self, p => {
             let mut tx = p.begin().await?;
             let n = sqlx::query(sql)

@@ -16,7 +16,8 @@ pub struct KeyRecord {
 impl Store {
     pub async fn signing_keys(&self) -> StoreResult<Vec<KeyRecord>> {
         let _t = QueryTimer::start("signing_keys");
-        let rows: Vec<(String, String, Vec<u8>, String, i64, i64, Option<i64>)> = with_db!(self, p => sqlx::query_as(
+        type Row = (String, String, Vec<u8>, String, i64, i64, Option<i64>);
+        let rows: Vec<Row> = with_db!(self, p => sqlx::query_as(
             "SELECT kid, alg, private_key, public_jwk, created_at, activated_at, retired_at \
              FROM signing_keys ORDER BY activated_at DESC, kid DESC",
         )

@@ -14,7 +14,7 @@ mod sessions;
 mod users;
 
 pub use clients::ClientRecord;
-pub use codes::{CodeRecord, Purpose};
+pub use codes::{CodeRecord, NewCode, Purpose};
 pub use keys::KeyRecord;
 pub use outbox::OutboxRow;
 pub use sessions::{NewSession, RefreshRecord};

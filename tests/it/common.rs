@@ -4,7 +4,6 @@
 //! (a key prefix per test). Mail goes to the real `file:` sink, from which
 //! tests read the codes.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -2,8 +2,11 @@
 //! PostgreSQL + Redis. Run with `./scripts/test`, which provides the servers.
 
 mod accounts;
+mod cli;
 mod common;
 mod dump;
+mod limits;
+mod mail;
 mod oauth;
 mod ops;
 mod tokens;

@@ -1,0 +1,132 @@
+//! The binary: configuration errors, graceful shutdown, and the commands.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::{free_port, SECRET_KEY};
+
+fn latchkey(dir: &std::path::Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_latchkey"));
+    c.current_dir(dir)
+        .env("LATCHKEY_SECRET_KEY", SECRET_KEY)
+        .env("LATCHKEY_LOG", "warn")
+        .env_remove("LATCHKEY_DATABASE_URL")
+        .env_remove("LATCHKEY_REDIS_URL");
+    c
+}
+
+#[test]
+fn an_invalid_setting_stops_start_up_with_one_line_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    for (var, value) in [
+        ("LATCHKEY_DATABASE_URL", "nosuch://x"),
+        ("LATCHKEY_LISTEN", "not-an-address"),
+        ("LATCHKEY_REDIS_URL", "http://x"),
+        ("LATCHKEY_MAIL", "pigeon"),
+        ("LATCHKEY_RATE_LIMIT", "sometimes"),
+    ] {
+        let out = latchkey(dir.path())
+            .arg("serve")
+            .env(var, value)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{var}");
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(err.trim_end().lines().count(), 1, "{var}: {err}");
+        assert!(err.contains(var), "{var}: {err}");
+    }
+    // Secrets in a bad setting are not echoed.
+    let out = latchkey(dir.path())
+        .arg("serve")
+        .env("LATCHKEY_SECRET_KEY", "hunter2-is-too-short")
+        .output()
+        .unwrap();
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains("LATCHKEY_SECRET_KEY") && !err.contains("hunter2"),
+        "{err}"
+    );
+}
+
+#[test]
+fn serves_on_the_embedded_default_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let child = latchkey(dir.path())
+        .arg("serve")
+        .env("LATCHKEY_LISTEN", format!("127.0.0.1:{port}"))
+        .env_remove("LATCHKEY_SECRET_KEY")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut guard = KillOnDrop(child);
+    let child = &mut guard.0;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "not listening");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        dir.path().join("data/latchkey.db").exists(),
+        "the store lives under ./data/"
+    );
+    assert!(dir.path().join("data/secret.key").exists());
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "exit status {status}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn clients_and_keys_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let out = latchkey(dir.path()).args(args).output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    };
+    let (ok, out, _) = run(&["clients", "add", "web", "--name", "Web app"]);
+    assert!(ok);
+    assert!(out.contains("client_secret:"));
+    let (ok, _, err) = run(&["clients", "add", "web"]);
+    assert!(!ok && err.contains("exists"), "{err}");
+    let (_, out, _) = run(&["clients", "list"]);
+    assert!(out.starts_with("web\tWeb app"), "{out}");
+    assert!(!out.contains("client_secret"));
+    assert!(run(&["clients", "remove", "web"]).0);
+    assert!(!run(&["clients", "remove", "web"]).0);
+
+    let (_, before, _) = run(&["keys", "list"]);
+    assert_eq!(before.lines().count(), 1);
+    assert!(run(&["keys", "rotate"]).0);
+    let (_, after, _) = run(&["keys", "list"]);
+    assert_eq!(after.lines().count(), 2);
+    assert_eq!(after.lines().filter(|l| l.ends_with("active")).count(), 1);
+    assert!(run(&["migrate"]).0);
+    let (ok, out, _) = run(&["users", "seed", "--count", "3", "--password", "seeded-password"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("seeded 3"), "{out}");
+}
+
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -1,0 +1,187 @@
+//! Rate limits and brute-force protection, on the in-process and the Redis
+//! limiter, across two instances, and with Redis failing mid-test.
+
+use std::collections::HashMap;
+
+use serde_json::{json, Value};
+
+use crate::common::{unique_email, OwnRedis, TestApp, PASSWORD};
+
+crate::on_every_backend!(
+    a_policy_of_n_lets_exactly_n_of_10n_concurrent_requests_through,
+    limited_answers_carry_retry_after_and_ratelimit_headers,
+    brute_force_delays_then_answers_the_same_for_unknown_accounts,
+    a_success_resets_the_brute_force_count,
+);
+
+const POLICY: &[(&str, &str)] = &[
+    ("rate_limit_resend_ip", "5/60"),
+    ("rate_limit_resend_email", "off"),
+];
+
+/// Fires `n` resend requests at once, spread over `apps`; counts statuses.
+async fn burst(apps: &[&TestApp], n: usize) -> HashMap<u16, usize> {
+    let mut handles = Vec::new();
+    for i in 0..n {
+        let app = apps[i % apps.len()];
+        let (http, url) = (app.http.clone(), app.url("/auth/resend-otp"));
+        handles.push(tokio::spawn(async move {
+            let r = http
+                .post(url)
+                .json(&json!({"email": format!("burst{i}@example.test")}))
+                .send()
+                .await
+                .unwrap();
+            r.status().as_u16()
+        }));
+    }
+    let mut counts = HashMap::new();
+    for h in handles {
+        *counts.entry(h.await.unwrap()).or_insert(0) += 1;
+    }
+    counts
+}
+
+async fn with_policy(app: &TestApp) -> TestApp {
+    let mut settings = app.settings.clone();
+    settings.extend(POLICY.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    app.twin_with(&settings).await
+}
+
+async fn a_policy_of_n_lets_exactly_n_of_10n_concurrent_requests_through(app: &TestApp) {
+    let a = with_policy(app).await;
+    let counts = burst(&[&a], 50).await;
+    assert_eq!(counts.get(&202), Some(&5), "{counts:?}");
+    assert_eq!(counts.get(&429), Some(&45), "{counts:?}");
+    a.stop().await;
+    if app.is_postgres() {
+        // Two instances sharing Redis share the buckets.
+        let mut settings = app.settings.clone();
+        settings.extend(POLICY.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        settings.push((
+            "redis_key_prefix".into(),
+            format!("t{}:", uuid::Uuid::new_v4().simple()),
+        ));
+        let (x, y) = (app.twin_with(&settings).await, app.twin_with(&settings).await);
+        let counts = burst(&[&x, &y], 50).await;
+        assert_eq!(counts.get(&202), Some(&5), "two instances: {counts:?}");
+        x.stop().await;
+        y.stop().await;
+    }
+}
+
+async fn limited_answers_carry_retry_after_and_ratelimit_headers(app: &TestApp) {
+    let a = with_policy(app).await;
+    for i in 0..5 {
+        let r = a
+            .post("/auth/resend-otp", json!({"email": format!("h{i}@example.test")}))
+            .await;
+        assert_eq!(r.status(), 202);
+    }
+    let r = a
+        .post("/auth/resend-otp", json!({"email": "h9@example.test"}))
+        .await;
+    assert_eq!(r.status(), 429);
+    let h = |name: &str| r.headers()[name].to_str().unwrap().parse::<u64>().unwrap();
+    // 5 per 60 s: one token every 12 s.
+    assert!(
+        (11..=12).contains(&h("retry-after")),
+        "retry-after {}",
+        h("retry-after")
+    );
+    assert_eq!(h("ratelimit-limit"), 5);
+    assert_eq!(h("ratelimit-remaining"), 0);
+    assert!(
+        (58..=60).contains(&h("ratelimit-reset")),
+        "reset {}",
+        h("ratelimit-reset")
+    );
+    assert_eq!(r.json::<Value>().await.unwrap()["error"], "RATE_LIMITED");
+    a.stop().await;
+}
+
+async fn brute_force_delays_then_answers_the_same_for_unknown_accounts(app: &TestApp) {
+    let known = unique_email("bf");
+    app.register_verified(&known, PASSWORD).await;
+    let unknown = unique_email("bf-ghost");
+    for email in [&known, &unknown] {
+        for i in 0..5 {
+            let r = app.login(email, "wrong password").await;
+            assert_eq!(r.status(), 401, "failure {i}");
+        }
+        // The 6th try comes too soon, whatever the password.
+        let r = app.login(email, PASSWORD).await;
+        assert_eq!(r.status(), 429);
+        assert_eq!(r.headers()["retry-after"], "1");
+        assert_eq!(r.json::<Value>().await.unwrap()["error"], "TOO_MANY_ATTEMPTS");
+    }
+    // The delay ends on time.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    assert_eq!(app.login(&known, PASSWORD).await.status(), 200);
+}
+
+async fn a_success_resets_the_brute_force_count(app: &TestApp) {
+    let email = unique_email("bf-reset");
+    app.register_verified(&email, PASSWORD).await;
+    for _ in 0..4 {
+        assert_eq!(app.login(&email, "wrong password").await.status(), 401);
+    }
+    assert_eq!(app.login(&email, PASSWORD).await.status(), 200);
+    for _ in 0..4 {
+        assert_eq!(
+            app.login(&email, "wrong password").await.status(),
+            401,
+            "the count started over"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limit_off_turns_every_limit_and_delay_off() {
+    let app = TestApp::embedded(&[("rate_limit", "off"), ("rate_limit_resend_ip", "1/60")]).await;
+    let counts = burst(&[&app], 20).await;
+    assert_eq!(counts.get(&202), Some(&20), "{counts:?}");
+    let email = unique_email("off");
+    for _ in 0..8 {
+        assert_eq!(app.login(&email, "wrong password").await.status(), 401);
+    }
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_failure_falls_back_as_configured_and_never_500s() {
+    let mut redis = OwnRedis::start().await;
+    // resend per IP falls back to local buckets; register per IP fails open.
+    let app = TestApp::embedded(&[
+        ("redis_url", &redis.url()),
+        ("rate_limit_resend_ip", "5/60,local"),
+        ("rate_limit_resend_email", "off"),
+        ("rate_limit_register_ip", "1/60,open"),
+        ("rate_limit_register_email", "off"),
+    ])
+    .await;
+    assert_eq!(burst(&[&app], 3).await.get(&202), Some(&3));
+    redis.stop();
+    let counts = burst(&[&app], 20).await;
+    assert_eq!(
+        counts.get(&202),
+        Some(&5),
+        "local fallback enforces the limit per instance: {counts:?}"
+    );
+    assert!(!counts.keys().any(|s| *s >= 500), "{counts:?}");
+    for i in 0..3 {
+        let r = app
+            .post(
+                "/auth/register",
+                json!({"email": format!("open{i}@example.test"), "password": PASSWORD}),
+            )
+            .await;
+        assert_eq!(r.status(), 201, "register fails open while Redis is down");
+    }
+    let metrics = app.get("/metrics").await.text().await.unwrap();
+    assert!(
+        metrics.contains("latchkey_ratelimit_fallback_total"),
+        "fallbacks are counted"
+    );
+    app.stop().await;
+}

@@ -1,0 +1,172 @@
+//! Mail delivery through a real SMTP server (aiosmtpd) and the outbox's
+//! promises: an SMTP outage loses nothing, and neither does a SIGKILL.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::common::{code_in, free_port, parse_eml, unique_email, TestApp, PASSWORD, SECRET_KEY};
+
+struct SmtpSink {
+    child: Child,
+}
+
+impl SmtpSink {
+    fn start(dir: &Path, port: u16) -> SmtpSink {
+        let mut child = Command::new("python3")
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/smtp_sink.py"))
+            .arg(dir)
+            .arg(port.to_string())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 with aiosmtpd (pip install aiosmtpd)");
+        let mut line = String::new();
+        use std::io::BufRead;
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.starts_with("READY"), "smtp sink: {line}");
+        SmtpSink { child }
+    }
+}
+
+impl Drop for SmtpSink {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn mails_in(dir: &Path, to: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        let mut paths: Vec<_> = rd
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "eml"))
+            .collect();
+        paths.sort();
+        for p in paths {
+            if let Some((rcpt, _, body)) = std::fs::read_to_string(&p).ok().and_then(|t| parse_eml(&t)) {
+                if rcpt.eq_ignore_ascii_case(to) {
+                    out.push(body);
+                }
+            }
+        }
+    }
+    out
+}
+
+async fn wait_mail(dir: &Path, to: &str, within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(m) = mails_in(dir, to).pop() {
+            return m;
+        }
+        assert!(Instant::now() < deadline, "no mail to {to} in {}", dir.display());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smtp_delivery_and_an_outage_that_loses_nothing() {
+    let port = free_port();
+    let inbox = tempfile::tempdir().unwrap();
+    // The SMTP server is down when the mail is queued.
+    let app = TestApp::embedded(&[("mail", &format!("smtp://127.0.0.1:{port}"))]).await;
+    let email = unique_email("smtp");
+    let r = app
+        .post("/auth/register", json!({"email": email, "password": PASSWORD}))
+        .await;
+    assert_eq!(r.status(), 201, "a request never waits on mail");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(mails_in(inbox.path(), &email).is_empty());
+    let _smtp = SmtpSink::start(inbox.path(), port);
+    // Retried with backoff (1 s, 2 s, 4 s ...): it arrives.
+    let body = wait_mail(inbox.path(), &email, Duration::from_secs(15)).await;
+    let code = code_in(&body).expect("the code stands alone in the text body");
+    let r = app
+        .post("/auth/verify-otp", json!({"email": email, "code": code}))
+        .await;
+    assert_eq!(r.status(), 200);
+    // Delivered mail leaves the outbox.
+    let (backlog, _) = app.services.store.outbox_backlog().await.unwrap();
+    assert_eq!(backlog, 0);
+    app.stop().await;
+}
+
+struct Server {
+    child: Child,
+}
+
+impl Server {
+    fn spawn(dir: &Path, port: u16, mail: &str) -> Server {
+        let child = Command::new(env!("CARGO_BIN_EXE_latchkey"))
+            .arg("serve")
+            .current_dir(dir)
+            .env("LATCHKEY_LISTEN", format!("127.0.0.1:{port}"))
+            .env("LATCHKEY_MAIL", mail)
+            .env("LATCHKEY_SECRET_KEY", SECRET_KEY)
+            .env("LATCHKEY_LOG", "warn")
+            .env_remove("LATCHKEY_DATABASE_URL")
+            .env_remove("LATCHKEY_REDIS_URL")
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        Server { child }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn wait_ready(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(r) = reqwest::get(format!("http://127.0.0.1:{port}/health/ready")).await {
+            if r.status() == 200 {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "the server did not become ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_after_register_loses_neither_account_nor_mail() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    // Mail cannot go out yet (no SMTP server), so it waits in the outbox.
+    let dead = free_port();
+    let mut server = Server::spawn(dir.path(), port, &format!("smtp://127.0.0.1:{dead}"));
+    wait_ready(port).await;
+    let email = unique_email("kill");
+    let r = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/auth/register"))
+        .json(&json!({"email": email, "password": PASSWORD}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    server.child.kill().unwrap(); // SIGKILL
+    server.child.wait().unwrap();
+
+    let mail_dir = dir.path().join("mail");
+    let _server = Server::spawn(dir.path(), port, &format!("file:{}", mail_dir.display()));
+    wait_ready(port).await;
+    let body = wait_mail(&mail_dir, &email, Duration::from_secs(10)).await;
+    let code = code_in(&body).unwrap();
+    let r = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/auth/verify-otp"))
+        .json(&json!({"email": email, "code": code}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "the account survived too");
+}
