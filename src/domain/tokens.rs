@@ -87,7 +87,8 @@ impl Rejection {
 struct SigningKey {
     kid: String,
     alg: Algorithm,
-    encoding: EncodingKey,
+    /// `None` for keys known only from a JWKS (the gateway verifies, never signs).
+    encoding: Option<EncodingKey>,
     decoding: DecodingKey,
     jwk: serde_json::Value,
     activated_at: i64,
@@ -107,10 +108,16 @@ pub struct TokenSettings {
     pub cache_capacity: usize,
 }
 
+/// Where keys come from: our database (the service signs and verifies), or
+/// another service's JWKS (the gateway only verifies).
+enum KeySource {
+    Database { store: Store, sealer: Sealer },
+    Jwks { url: String },
+}
+
 pub struct Tokens {
     settings: TokenSettings,
-    store: Store,
-    sealer: Sealer,
+    source: KeySource,
     ring: RwLock<Arc<KeyRing>>,
     cache: Cache<[u8; 32], Arc<Verified>>,
     revocations: Arc<Revocations>,
@@ -125,11 +132,31 @@ impl Tokens {
         sealer: Sealer,
         revocations: Arc<Revocations>,
     ) -> anyhow::Result<Tokens> {
-        let tokens = Tokens {
+        let tokens = Tokens::new(settings, KeySource::Database { store, sealer }, revocations);
+        tokens.reload().await?;
+        if tokens.ring().signer.is_none() {
+            tokens.rotate().await?;
+        }
+        Ok(tokens)
+    }
+
+    /// A verifier whose keys come from the JWKS at `url` (fetched now, then on
+    /// every `reload` and on an unknown `kid`). Only `http://` URLs.
+    pub async fn from_jwks(
+        settings: TokenSettings,
+        url: String,
+        revocations: Arc<Revocations>,
+    ) -> anyhow::Result<Tokens> {
+        let tokens = Tokens::new(settings, KeySource::Jwks { url }, revocations);
+        tokens.reload().await?;
+        Ok(tokens)
+    }
+
+    fn new(settings: TokenSettings, source: KeySource, revocations: Arc<Revocations>) -> Tokens {
+        Tokens {
             cache: Cache::new(settings.cache_capacity),
             settings,
-            store,
-            sealer,
+            source,
             ring: RwLock::new(Arc::new(KeyRing {
                 signer: None,
                 by_kid: HashMap::new(),
@@ -137,12 +164,7 @@ impl Tokens {
             })),
             revocations,
             last_reload: Mutex::new(Instant::now()),
-        };
-        tokens.reload().await?;
-        if tokens.ring().signer.is_none() {
-            tokens.rotate().await?;
         }
-        Ok(tokens)
     }
 
     fn ring(&self) -> Arc<KeyRing> {
@@ -165,8 +187,11 @@ impl Tokens {
 
     /// Makes a new key the signer (`latchkey keys rotate`); others retire.
     pub async fn rotate(&self) -> anyhow::Result<String> {
-        let rec = generate_key(self.settings.algorithm, &self.sealer)?;
-        self.store.add_signing_key(&rec).await?;
+        let KeySource::Database { store, sealer } = &self.source else {
+            anyhow::bail!("keys from a JWKS cannot be rotated here");
+        };
+        let rec = generate_key(self.settings.algorithm, sealer)?;
+        store.add_signing_key(&rec).await?;
         self.reload().await?;
         Ok(rec.kid)
     }
@@ -174,16 +199,20 @@ impl Tokens {
     /// Rebuilds the key ring from the database (every instance does this
     /// periodically, so a rotation reaches all of them).
     pub async fn reload(&self) -> anyhow::Result<()> {
+        let (store, sealer) = match &self.source {
+            KeySource::Database { store, sealer } => (store, sealer),
+            KeySource::Jwks { url } => return self.reload_from_jwks(url).await,
+        };
         let now = now_ms();
         let retention = self.retention_ms();
-        let records = self.store.signing_keys().await?;
+        let records = store.signing_keys().await?;
         let mut by_kid = HashMap::new();
         let mut signer: Option<Arc<SigningKey>> = None;
         for rec in records {
             if matches!(rec.retired_at, Some(r) if r + retention < now) {
                 continue;
             }
-            let key = match open_key(&rec, &self.sealer) {
+            let key = match open_key(&rec, sealer) {
                 Ok(k) => Arc::new(k),
                 Err(e) => {
                     tracing::warn!(kid = %rec.kid, error = %e, "signing key unusable (wrong LATCHKEY_SECRET_KEY?)");
@@ -196,12 +225,20 @@ impl Tokens {
             }
             by_kid.insert(rec.kid.clone(), key);
         }
-        let mut keys: Vec<&Arc<SigningKey>> = by_kid.values().collect();
-        keys.sort_by(|a, b| b.activated_at.cmp(&a.activated_at).then(a.kid.cmp(&b.kid)));
-        let jwks = serde_json::json!({ "keys": keys.iter().map(|k| k.jwk.clone()).collect::<Vec<_>>() });
         if let Some(s) = &signer {
             metrics::gauge!("latchkey_signing_key_age_seconds").set(((now - s.activated_at) / 1000) as f64);
         }
+        self.install(signer, by_kid)
+    }
+
+    fn install(
+        &self,
+        signer: Option<Arc<SigningKey>>,
+        by_kid: HashMap<String, Arc<SigningKey>>,
+    ) -> anyhow::Result<()> {
+        let mut keys: Vec<&Arc<SigningKey>> = by_kid.values().collect();
+        keys.sort_by(|a, b| b.activated_at.cmp(&a.activated_at).then(a.kid.cmp(&b.kid)));
+        let jwks = serde_json::json!({ "keys": keys.iter().map(|k| k.jwk.clone()).collect::<Vec<_>>() });
         let ring = KeyRing {
             signer,
             by_kid,
@@ -212,12 +249,41 @@ impl Tokens {
         Ok(())
     }
 
+    async fn reload_from_jwks(&self, url: &str) -> anyhow::Result<()> {
+        let body = http_get(url).await?;
+        let doc: serde_json::Value = serde_json::from_slice(&body)?;
+        let mut by_kid = HashMap::new();
+        let keys = doc["keys"]
+            .as_array()
+            .ok_or_else(|| anyhow::anyhow!("{url}: no keys array"))?;
+        for jwk in keys {
+            let Some(kid) = jwk["kid"].as_str() else { continue };
+            match decoding_key(jwk) {
+                Ok((alg, decoding)) => {
+                    let key = SigningKey {
+                        kid: kid.to_string(),
+                        alg,
+                        encoding: None,
+                        decoding,
+                        jwk: jwk.clone(),
+                        activated_at: 0,
+                    };
+                    by_kid.insert(kid.to_string(), Arc::new(key));
+                }
+                Err(e) => tracing::warn!(kid, error = %e, "ignoring a JWK we cannot use"),
+            }
+        }
+        self.install(None, by_kid)
+    }
+
     /// Deletes keys whose tokens have all expired.
     pub async fn purge_retired(&self) -> anyhow::Result<u64> {
-        Ok(self
-            .store
-            .purge_signing_keys(now_ms() - self.retention_ms())
-            .await?)
+        match &self.source {
+            KeySource::Database { store, .. } => {
+                Ok(store.purge_signing_keys(now_ms() - self.retention_ms()).await?)
+            }
+            KeySource::Jwks { .. } => Ok(0),
+        }
     }
 
     pub fn jwks(&self) -> Bytes {
@@ -257,7 +323,11 @@ impl Tokens {
         let mut header = Header::new(key.alg);
         header.typ = Some("at+jwt".into());
         header.kid = Some(key.kid.clone());
-        let token = jsonwebtoken::encode(&header, &claims, &key.encoding)?;
+        let encoding = key
+            .encoding
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("this key cannot sign"))?;
+        let token = jsonwebtoken::encode(&header, &claims, encoding)?;
         metrics::counter!("latchkey_tokens_issued_total").increment(1);
         Ok(token)
     }
@@ -419,33 +489,58 @@ fn open_key(rec: &KeyRecord, sealer: &Sealer) -> anyhow::Result<SigningKey> {
         .open(&rec.private_key, rec.kid.as_bytes())
         .ok_or_else(|| anyhow::anyhow!("cannot unseal private key"))?;
     let jwk: serde_json::Value = serde_json::from_str(&rec.public_jwk)?;
-    let field = |name: &str| -> anyhow::Result<String> {
-        jwk[name]
-            .as_str()
-            .map(str::to_string)
-            .ok_or_else(|| anyhow::anyhow!("JWK lacks {name}"))
-    };
-    let (alg, encoding, decoding) = match rec.alg.as_str() {
-        "EdDSA" => (
-            Algorithm::EdDSA,
-            EncodingKey::from_ed_der(&pkcs8),
-            DecodingKey::from_ed_components(&field("x")?)?,
-        ),
-        "ES256" => (
-            Algorithm::ES256,
-            EncodingKey::from_ec_der(&pkcs8),
-            DecodingKey::from_ec_components(&field("x")?, &field("y")?)?,
-        ),
-        other => anyhow::bail!("unsupported algorithm {other}"),
+    let (alg, decoding) = decoding_key(&jwk)?;
+    let encoding = match alg {
+        Algorithm::EdDSA => EncodingKey::from_ed_der(&pkcs8),
+        _ => EncodingKey::from_ec_der(&pkcs8),
     };
     Ok(SigningKey {
         kid: rec.kid.clone(),
         alg,
-        encoding,
+        encoding: Some(encoding),
         decoding,
         jwk,
         activated_at: rec.activated_at,
     })
+}
+
+/// The verification key of a public JWK, pinned to the algorithm its type allows:
+/// OKP/Ed25519 is EdDSA, EC/P-256 is ES256; anything else is refused.
+fn decoding_key(jwk: &serde_json::Value) -> anyhow::Result<(Algorithm, DecodingKey)> {
+    let field = |name: &str| -> anyhow::Result<&str> {
+        jwk[name]
+            .as_str()
+            .ok_or_else(|| anyhow::anyhow!("JWK lacks {name}"))
+    };
+    match (field("kty")?, field("crv")?) {
+        ("OKP", "Ed25519") => Ok((Algorithm::EdDSA, DecodingKey::from_ed_components(field("x")?)?)),
+        ("EC", "P-256") => Ok((
+            Algorithm::ES256,
+            DecodingKey::from_ec_components(field("x")?, field("y")?)?,
+        )),
+        (kty, crv) => anyhow::bail!("unsupported key type {kty}/{crv}"),
+    }
+}
+
+/// GET over plain HTTP with a timeout (a JWKS from a service on the same network).
+async fn http_get(url: &str) -> anyhow::Result<Bytes> {
+    use http_body_util::{BodyExt, Empty};
+    let uri: hyper::Uri = url.parse()?;
+    if uri.scheme_str() != Some("http") {
+        anyhow::bail!("{url}: only http:// JWKS URLs are supported");
+    }
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Empty<Bytes>>();
+    let fetch = async {
+        let resp = client.get(uri).await?;
+        if !resp.status().is_success() {
+            anyhow::bail!("{url}: HTTP {}", resp.status());
+        }
+        Ok(resp.into_body().collect().await?.to_bytes())
+    };
+    tokio::time::timeout(Duration::from_secs(5), fetch)
+        .await
+        .map_err(|_| anyhow::anyhow!("{url}: timed out"))?
 }
 
 /// Extracts the token from an `Authorization` header value: `Bearer <t>`

@@ -214,15 +214,23 @@ impl Limiter {
         let Some(p) = self.policies.get(policy) else {
             return Ok(());
         };
+        self.check_policy(policy.as_str(), p, key).await
+    }
+
+    /// Takes one token from the bucket of (`name`, `key`) under policy `p`
+    /// (the gateway's per-route policies use this directly).
+    pub async fn check_policy(&self, name: &'static str, p: Policy, key: &str) -> Result<(), Limited> {
+        if !self.enabled {
+            return Ok(());
+        }
+        let policy = name;
         let window_ms = p.window.as_millis() as i64;
         let interval_ms = (window_ms / p.limit as i64).max(1);
         let outcome = match &self.redis {
-            None => self
-                .local
-                .take(policy.as_str(), key, now_ms(), interval_ms, window_ms),
+            None => self.local.take(policy, key, now_ms(), interval_ms, window_ms),
             Some(r) => {
                 // `{...}` is a hash tag: the bucket's slot is fixed on Redis Cluster.
-                let bucket = r.key(&format!("rl:{{{}:{}}}", policy.as_str(), key));
+                let bucket = r.key(&format!("rl:{{{}:{}}}", policy, key));
                 let script = &self.script;
                 let res = r
                     .run("ratelimit", |mut c| async move {
@@ -241,27 +249,24 @@ impl Limiter {
                         reset_ms,
                     },
                     Err(e) => {
-                        metrics::counter!("latchkey_ratelimit_fallback_total", "policy" => policy.as_str(),
+                        metrics::counter!("latchkey_ratelimit_fallback_total", "policy" => policy,
                             "mode" => match p.fallback { Fallback::Local => "local", Fallback::Open => "open" })
                         .increment(1);
-                        tracing::warn!(policy = policy.as_str(), error = %e, fallback = ?p.fallback,
+                        tracing::warn!(policy = policy, error = %e, fallback = ?p.fallback,
                             "rate limit store unavailable");
                         match p.fallback {
                             Fallback::Open => return Ok(()),
-                            Fallback::Local => {
-                                self.local
-                                    .take(policy.as_str(), key, now_ms(), interval_ms, window_ms)
-                            }
+                            Fallback::Local => self.local.take(policy, key, now_ms(), interval_ms, window_ms),
                         }
                     }
                 }
             }
         };
         if outcome.allowed {
-            metrics::counter!("latchkey_ratelimit_allowed_total", "policy" => policy.as_str()).increment(1);
+            metrics::counter!("latchkey_ratelimit_allowed_total", "policy" => policy).increment(1);
             Ok(())
         } else {
-            metrics::counter!("latchkey_ratelimit_limited_total", "policy" => policy.as_str()).increment(1);
+            metrics::counter!("latchkey_ratelimit_limited_total", "policy" => policy).increment(1);
             let remaining = ((window_ms - outcome.reset_ms).max(0) / interval_ms) as u32;
             Err(Limited {
                 limit: p.limit,
