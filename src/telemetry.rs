@@ -49,12 +49,197 @@ pub fn metrics_handle() -> PrometheusHandle {
             if metrics::set_global_recorder(recorder).is_err() {
                 tracing::warn!("a metrics recorder was already installed");
             }
+            describe();
             metrics::gauge!("latchkey_build_info", "version" => env!("CARGO_PKG_VERSION"),
                 "revision" => option_env!("LATCHKEY_GIT_REVISION").unwrap_or("unknown"))
             .set(1.0);
             handle
         })
         .clone()
+}
+
+/// Describes every metric and registers the unlabelled ones, so that they
+/// appear in `/metrics` (and on dashboards) from the first scrape.
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    let counters: &[(&'static str, &'static str)] = &[
+        (
+            "latchkey_http_requests_total",
+            "HTTP requests by route template, method and status class",
+        ),
+        ("latchkey_http_shed_total", "Requests answered 503 OVERLOADED"),
+        (
+            "latchkey_http_deadline_exceeded_total",
+            "Requests that hit the request deadline",
+        ),
+        (
+            "latchkey_hash_shed_total",
+            "Password hashes refused by admission control, by reason",
+        ),
+        (
+            "latchkey_credential_cache_hits_total",
+            "Logins that skipped argon2 thanks to the verified-credential cache",
+        ),
+        (
+            "latchkey_credential_cache_misses_total",
+            "Logins that paid a full argon2 verification",
+        ),
+        (
+            "latchkey_token_cache_hits_total",
+            "Validations answered from the verified-token cache",
+        ),
+        (
+            "latchkey_token_cache_misses_total",
+            "Validations that verified a signature",
+        ),
+        (
+            "latchkey_user_cache_hits_total",
+            "User lookups answered from memory",
+        ),
+        (
+            "latchkey_user_cache_misses_total",
+            "User lookups that went to the database",
+        ),
+        (
+            "latchkey_cache_evictions_total",
+            "Entries evicted from a bounded cache, by cache",
+        ),
+        (
+            "latchkey_db_acquire_timeouts_total",
+            "Requests refused because no database connection was free in time",
+        ),
+        (
+            "latchkey_redis_errors_total",
+            "Redis commands that failed or timed out, by operation",
+        ),
+        (
+            "latchkey_redis_resubscribes_total",
+            "Times the Redis event subscription was re-established",
+        ),
+        (
+            "latchkey_ratelimit_allowed_total",
+            "Requests a rate-limit policy let through",
+        ),
+        (
+            "latchkey_ratelimit_limited_total",
+            "Requests a rate-limit policy refused",
+        ),
+        (
+            "latchkey_ratelimit_fallback_total",
+            "Rate-limit checks that could not ask Redis, by policy and fallback",
+        ),
+        (
+            "latchkey_bruteforce_locks_total",
+            "Accounts locked after repeated failed logins",
+        ),
+        ("latchkey_outbox_deliveries_total", "Mail delivered, by sink"),
+        (
+            "latchkey_outbox_failures_total",
+            "Mail delivery attempts that failed, by sink",
+        ),
+        ("latchkey_tokens_issued_total", "Access tokens signed"),
+        (
+            "latchkey_tokens_validated_total",
+            "Access-token validations, by result (ok or the reason for refusal)",
+        ),
+        ("latchkey_revocations_total", "Sessions revoked"),
+        (
+            "latchkey_refresh_reuse_total",
+            "Refresh tokens re-presented after the grace window (session revoked)",
+        ),
+    ];
+    for (name, help) in counters {
+        describe_counter!(*name, *help);
+    }
+    for name in [
+        "latchkey_http_shed_total",
+        "latchkey_http_deadline_exceeded_total",
+        "latchkey_credential_cache_hits_total",
+        "latchkey_credential_cache_misses_total",
+        "latchkey_token_cache_hits_total",
+        "latchkey_token_cache_misses_total",
+        "latchkey_user_cache_hits_total",
+        "latchkey_user_cache_misses_total",
+        "latchkey_db_acquire_timeouts_total",
+        "latchkey_redis_resubscribes_total",
+        "latchkey_bruteforce_locks_total",
+        "latchkey_tokens_issued_total",
+        "latchkey_revocations_total",
+        "latchkey_refresh_reuse_total",
+    ] {
+        metrics::counter!(name).increment(0);
+    }
+    for cache in ["tokens", "users", "credentials"] {
+        metrics::counter!("latchkey_cache_evictions_total", "cache" => cache).increment(0);
+    }
+    for reason in ["queue_full", "budget"] {
+        metrics::counter!("latchkey_hash_shed_total", "reason" => reason).increment(0);
+    }
+    let gauges: &[(&'static str, &'static str)] = &[
+        ("latchkey_http_requests_in_flight", "Requests being served"),
+        (
+            "latchkey_hash_queue_depth",
+            "Password hashes waiting for a hashing thread",
+        ),
+        (
+            "latchkey_credential_cache_size",
+            "Entries in the verified-credential cache",
+        ),
+        ("latchkey_token_cache_size", "Entries in the verified-token cache"),
+        ("latchkey_user_cache_size", "Entries in the user cache"),
+        (
+            "latchkey_revocations_size",
+            "Revoked sessions whose tokens may still be presented",
+        ),
+        ("latchkey_db_pool_connections", "Open database connections"),
+        ("latchkey_db_pool_idle", "Idle database connections"),
+        (
+            "latchkey_db_pool_max",
+            "Configured maximum of database connections",
+        ),
+        ("latchkey_outbox_backlog", "Mail waiting in the outbox"),
+        (
+            "latchkey_outbox_oldest_age_seconds",
+            "Age of the oldest mail in the outbox",
+        ),
+        (
+            "latchkey_signing_key_age_seconds",
+            "Age of the active signing key",
+        ),
+        ("process_resident_memory_bytes", "Resident memory"),
+        ("process_cpu_seconds_total", "CPU time used by the process"),
+        ("process_open_fds", "Open file descriptors"),
+        ("process_threads", "OS threads"),
+    ];
+    for (name, help) in gauges {
+        describe_gauge!(*name, *help);
+        metrics::gauge!(*name).increment(0.0);
+    }
+    describe_gauge!("latchkey_build_info", "Version and git revision of this binary");
+    let histograms: &[(&'static str, &'static str)] = &[
+        (
+            "latchkey_http_request_duration_seconds",
+            "HTTP latency by route template, method and status class",
+        ),
+        (
+            "latchkey_hash_wait_seconds",
+            "Time a password hash waited for a hashing thread",
+        ),
+        ("latchkey_hash_seconds", "Time of one argon2 hash or verification"),
+        (
+            "latchkey_db_query_seconds",
+            "Database operation latency, by operation",
+        ),
+        (
+            "latchkey_redis_command_seconds",
+            "Redis command latency, by operation",
+        ),
+    ];
+    for (name, help) in histograms {
+        describe_histogram!(*name, Unit::Seconds, *help);
+    }
+    let _ = metrics::histogram!("latchkey_hash_wait_seconds");
+    let _ = metrics::histogram!("latchkey_hash_seconds");
 }
 
 /// Gauges read at scrape time: pools, caches, process.

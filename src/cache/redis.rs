@@ -44,6 +44,7 @@ impl RedisHandle {
         .await
         .map_err(|_| anyhow::anyhow!("connecting to Redis timed out"))?
         .context("connecting to Redis (LATCHKEY_REDIS_URL)")?;
+        metrics::counter!("latchkey_redis_errors_total", "op" => "ping").increment(0);
         Ok(RedisHandle {
             client,
             conn,

@@ -5,19 +5,19 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quick_cache::sync::Cache;
+use super::{bounded_cache, BoundedCache};
 
 use crate::store::UserRecord;
 
 pub struct UserCache {
-    entries: Cache<String, (Arc<UserRecord>, Instant)>,
+    entries: BoundedCache<String, (Arc<UserRecord>, Instant)>,
     ttl: Duration,
 }
 
 impl UserCache {
     pub fn new(capacity: usize, ttl: Duration) -> Self {
         UserCache {
-            entries: Cache::new(capacity),
+            entries: bounded_cache(capacity, "users"),
             ttl,
         }
     }

@@ -11,13 +11,13 @@
 
 use std::time::{Duration, Instant};
 
-use quick_cache::sync::Cache;
+use crate::cache::{bounded_cache, BoundedCache};
 
 use crate::crypto::{ct_eq, MacKey};
 
 pub struct CredentialCache {
     key: MacKey,
-    entries: Cache<String, ([u8; 32], Instant)>,
+    entries: BoundedCache<String, ([u8; 32], Instant)>,
     ttl: Duration,
 }
 
@@ -25,7 +25,7 @@ impl CredentialCache {
     pub fn new(capacity: usize, ttl: Duration) -> Self {
         CredentialCache {
             key: MacKey::random(),
-            entries: Cache::new(capacity),
+            entries: bounded_cache(capacity, "credentials"),
             ttl,
         }
     }

@@ -13,9 +13,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use crate::cache::{bounded_cache, BoundedCache};
 use bytes::Bytes;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
-use quick_cache::sync::Cache;
 use ring::rand::SystemRandom;
 use ring::signature::{EcdsaKeyPair, Ed25519KeyPair, KeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
 use serde::{Deserialize, Serialize};
@@ -119,9 +119,11 @@ pub struct Tokens {
     settings: TokenSettings,
     source: KeySource,
     ring: RwLock<Arc<KeyRing>>,
-    cache: Cache<[u8; 32], Arc<Verified>>,
+    cache: BoundedCache<[u8; 32], Arc<Verified>>,
     revocations: Arc<Revocations>,
     last_reload: Mutex<Instant>,
+    /// Accepted `aud` values: `settings.audience`, or the gateway's list.
+    audiences: Vec<String>,
 }
 
 impl Tokens {
@@ -154,7 +156,8 @@ impl Tokens {
 
     fn new(settings: TokenSettings, source: KeySource, revocations: Arc<Revocations>) -> Tokens {
         Tokens {
-            cache: Cache::new(settings.cache_capacity),
+            audiences: vec![settings.audience.clone()],
+            cache: bounded_cache(settings.cache_capacity, "tokens"),
             settings,
             source,
             ring: RwLock::new(Arc::new(KeyRing {
@@ -169,6 +172,19 @@ impl Tokens {
 
     fn ring(&self) -> Arc<KeyRing> {
         self.ring.read().expect("key ring lock").clone()
+    }
+
+    /// Accepts tokens whose `aud` is any of `audiences` (the gateway: the
+    /// union of its routes' lists; each route then checks its own).
+    pub fn accept_audiences(&mut self, audiences: Vec<String>) {
+        if !audiences.is_empty() {
+            self.audiences = audiences;
+        }
+    }
+
+    /// How many verification keys are loaded (the gateway's readiness).
+    pub fn key_count(&self) -> usize {
+        self.ring().by_kid.len()
     }
 
     pub fn issuer(&self) -> &str {
@@ -409,7 +425,7 @@ impl Tokens {
         v.leeway = LEEWAY_SECS as u64;
         v.validate_nbf = true;
         v.set_issuer(&[&self.settings.issuer]);
-        v.set_audience(&[&self.settings.audience]);
+        v.set_audience(&self.audiences);
         v.set_required_spec_claims(&["exp", "iat", "iss", "aud", "sub"]);
         let data = jsonwebtoken::decode::<AccessClaims>(token, &key.decoding, &v).map_err(|e| {
             use jsonwebtoken::errors::ErrorKind::*;

@@ -193,6 +193,22 @@ pub struct Limiter {
 
 impl Limiter {
     pub fn new(enabled: bool, policies: Policies, redis: Option<RedisHandle>) -> Self {
+        // Register the per-policy series so that they show from the first scrape.
+        for name in PolicyName::ALL {
+            if let Some(p) = policies.get(name) {
+                let policy = name.as_str();
+                metrics::counter!("latchkey_ratelimit_allowed_total", "policy" => policy).increment(0);
+                metrics::counter!("latchkey_ratelimit_limited_total", "policy" => policy).increment(0);
+                if redis.is_some() {
+                    let mode = match p.fallback {
+                        Fallback::Local => "local",
+                        Fallback::Open => "open",
+                    };
+                    metrics::counter!("latchkey_ratelimit_fallback_total", "policy" => policy, "mode" => mode)
+                        .increment(0);
+                }
+            }
+        }
         Limiter {
             enabled,
             policies,

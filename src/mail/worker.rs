@@ -38,6 +38,8 @@ impl OutboxWorker {
 
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
         tracing::debug!(sink = self.sink.kind(), "outbox worker started");
+        metrics::counter!("latchkey_outbox_deliveries_total", "sink" => self.sink.kind()).increment(0);
+        metrics::counter!("latchkey_outbox_failures_total", "sink" => self.sink.kind()).increment(0);
         loop {
             let delivered = match self.deliver_batch().await {
                 Ok(n) => n,

@@ -8,5 +8,6 @@ mod dump;
 mod limits;
 mod mail;
 mod oauth;
+mod observability;
 mod ops;
 mod tokens;

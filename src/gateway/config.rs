@@ -1,0 +1,769 @@
+//! The gateway's configuration: one TOML file (`latchkey gateway --config
+//! FILE`), validated entirely at start. Any mistake stops start-up (or a
+//! SIGHUP reload) with one line that names the field, e.g.
+//! `invalid setting routes[2].rate_limit.key: expected "sub", "client_id" or "ip"`.
+//! Unknown keys are errors too, so that a typo cannot silently turn a
+//! protection off. `redis_url` may hold a password: it is never printed.
+//!
+//! The reference for every key is `deploy/gateway.example.toml` and
+//! `docs/gateway.md`.
+
+use std::collections::HashSet;
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::time::Duration;
+
+use axum::http::{HeaderName, Uri};
+
+use crate::config::{ConfigError, LogFormat, RedisConfig, Secret};
+use crate::limits::{Fallback, Policy};
+
+/// What a route's rate limit counts by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LimitKey {
+    /// The token's subject (one bucket per user).
+    Subject,
+    /// The token's `client_id` (one bucket per OAuth client).
+    ClientId,
+    /// The client address (trusted proxies' `X-Forwarded-For` believed).
+    Ip,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct RateLimitConfig {
+    pub policy: Policy,
+    pub key: LimitKey,
+}
+
+/// Which hosts a route serves: one name, or `*.example.com` (any subdomain).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostMatch {
+    Exact(String),
+    /// The suffix with its leading dot: `.example.com`.
+    Subdomains(String),
+}
+
+impl HostMatch {
+    pub fn matches(&self, host: &str) -> bool {
+        match self {
+            HostMatch::Exact(h) => host.eq_ignore_ascii_case(h),
+            HostMatch::Subdomains(suffix) => {
+                host.len() > suffix.len()
+                    && host.is_char_boundary(host.len() - suffix.len())
+                    && host[host.len() - suffix.len()..].eq_ignore_ascii_case(suffix)
+            }
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouteConfig {
+    pub name: String,
+    pub host: Option<HostMatch>,
+    pub path_prefix: String,
+    /// `http://host:port`, without a trailing slash.
+    pub upstream_origin: String,
+    /// The upstream URL's path without a trailing slash ("" for none).
+    pub upstream_path: String,
+    pub strip_prefix: bool,
+    pub preserve_host: bool,
+    pub auth: bool,
+    pub audiences: Vec<String>,
+    pub forward_authorization: bool,
+    pub timeout: Duration,
+    pub rate_limit: Option<RateLimitConfig>,
+}
+
+/// Names of the identity headers sent upstream (and always stripped from clients).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdentityHeaders {
+    pub subject: HeaderName,
+    pub email: HeaderName,
+    pub session: HeaderName,
+    pub client_id: HeaderName,
+}
+
+impl Default for IdentityHeaders {
+    fn default() -> Self {
+        IdentityHeaders {
+            subject: HeaderName::from_static("x-auth-subject"),
+            email: HeaderName::from_static("x-auth-email"),
+            session: HeaderName::from_static("x-auth-session"),
+            client_id: HeaderName::from_static("x-auth-client-id"),
+        }
+    }
+}
+
+impl IdentityHeaders {
+    pub fn all(&self) -> [&HeaderName; 4] {
+        [&self.subject, &self.email, &self.session, &self.client_id]
+    }
+}
+
+/// The upstream connection pool (shared by every route).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UpstreamSettings {
+    pub connect_timeout: Duration,
+    /// Default of `routes[].timeout_ms`: time until the upstream's response headers.
+    pub timeout: Duration,
+    pub pool_idle_timeout: Duration,
+    pub pool_max_idle_per_host: usize,
+}
+
+/// Where rate-limit buckets live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LimiterStore {
+    /// In this process (a limit holds per gateway instance).
+    Local,
+    /// In Redis (shared by every instance; one EVALSHA per check).
+    Redis,
+}
+
+#[derive(Clone, Debug)]
+pub struct GatewayConfig {
+    pub listen: SocketAddr,
+    /// `/metrics` and `/health/*` on their own address; unset: on `listen`.
+    pub admin_listen: Option<SocketAddr>,
+    pub jwks_url: String,
+    pub issuer: String,
+    pub audiences: Vec<String>,
+    pub jwks_refresh: Duration,
+    pub access_token_ttl: Duration,
+    pub token_cache_capacity: usize,
+    pub redis: Option<RedisConfig>,
+    pub limiter: LimiterStore,
+    pub trusted_proxies: Vec<IpAddr>,
+    pub identity: IdentityHeaders,
+    pub upstream: UpstreamSettings,
+    pub shutdown_timeout: Duration,
+    pub log_level: String,
+    pub log_format: LogFormat,
+    pub routes: Vec<RouteConfig>,
+}
+
+type Result<T> = std::result::Result<T, ConfigError>;
+
+/// A TOML table being read, with the dotted path used in error messages.
+struct Fields<'a> {
+    path: String,
+    table: &'a toml::Table,
+}
+
+impl<'a> Fields<'a> {
+    fn new(path: impl Into<String>, table: &'a toml::Table, allowed: &[&str]) -> Result<Fields<'a>> {
+        let f = Fields {
+            path: path.into(),
+            table,
+        };
+        for key in table.keys() {
+            if !allowed.contains(&key.as_str()) {
+                return Err(f.err(key, "unknown setting (check the spelling)"));
+            }
+        }
+        Ok(f)
+    }
+
+    fn name(&self, key: &str) -> String {
+        if self.path.is_empty() {
+            key.to_string()
+        } else {
+            format!("{}.{key}", self.path)
+        }
+    }
+
+    fn err(&self, key: &str, message: impl Into<String>) -> ConfigError {
+        ConfigError::new(self.name(key), message)
+    }
+
+    fn string(&self, key: &str) -> Result<Option<&'a str>> {
+        match self.table.get(key) {
+            None => Ok(None),
+            Some(toml::Value::String(s)) => Ok(Some(s.trim())),
+            Some(_) => Err(self.err(key, "expected a string")),
+        }
+    }
+
+    fn required(&self, key: &str) -> Result<&'a str> {
+        match self.string(key)? {
+            Some(s) if !s.is_empty() => Ok(s),
+            _ => Err(self.err(key, "is required")),
+        }
+    }
+
+    fn boolean(&self, key: &str, default: bool) -> Result<bool> {
+        match self.table.get(key) {
+            None => Ok(default),
+            Some(toml::Value::Boolean(b)) => Ok(*b),
+            Some(_) => Err(self.err(key, "expected true or false")),
+        }
+    }
+
+    fn number(&self, key: &str, default: u64, min: u64, max: u64) -> Result<u64> {
+        match self.table.get(key) {
+            None => Ok(default),
+            Some(toml::Value::Integer(i)) if (min as i128..=max as i128).contains(&(*i as i128)) => {
+                Ok(*i as u64)
+            }
+            Some(toml::Value::Integer(_)) => Err(self.err(key, format!("must be between {min} and {max}"))),
+            Some(_) => Err(self.err(key, "expected a whole number")),
+        }
+    }
+
+    fn strings(&self, key: &str) -> Result<Option<Vec<&'a str>>> {
+        match self.table.get(key) {
+            None => Ok(None),
+            Some(toml::Value::Array(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    v.as_str()
+                        .map(str::trim)
+                        .ok_or_else(|| ConfigError::new(format!("{}[{i}]", self.name(key)), "expected a string"))
+                })
+                .collect::<Result<Vec<_>>>()
+                .map(Some),
+            Some(_) => Err(self.err(key, "expected a list of strings, e.g. [\"a\", \"b\"]")),
+        }
+    }
+
+    fn table(&self, key: &str) -> Result<Option<&'a toml::Table>> {
+        match self.table.get(key) {
+            None => Ok(None),
+            Some(toml::Value::Table(t)) => Ok(Some(t)),
+            Some(_) => Err(self.err(key, "expected a table")),
+        }
+    }
+
+    fn socket_addr(&self, key: &str) -> Result<Option<SocketAddr>> {
+        self.string(key)?
+            .map(|s| {
+                s.parse()
+                    .map_err(|_| self.err(key, format!("expected host:port such as 127.0.0.1:8000, got {s:?}")))
+            })
+            .transpose()
+    }
+}
+
+const TOP_KEYS: &[&str] = &[
+    "listen",
+    "admin_listen",
+    "jwks_url",
+    "issuer",
+    "audiences",
+    "jwks_refresh_secs",
+    "access_token_ttl_secs",
+    "token_cache_capacity",
+    "redis_url",
+    "redis_key_prefix",
+    "rate_limit_store",
+    "trusted_proxies",
+    "shutdown_timeout_secs",
+    "log",
+    "log_format",
+    "identity_headers",
+    "upstream",
+    "routes",
+];
+
+const ROUTE_KEYS: &[&str] = &[
+    "name",
+    "host",
+    "path_prefix",
+    "upstream",
+    "strip_prefix",
+    "preserve_host",
+    "auth",
+    "audiences",
+    "forward_authorization",
+    "timeout_ms",
+    "rate_limit",
+];
+
+impl GatewayConfig {
+    /// Reads and validates the file at `path`.
+    pub fn load(path: &Path) -> Result<GatewayConfig> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new("--config", format!("cannot read {}: {e}", path.display())))?;
+        GatewayConfig::from_toml(&text).map_err(|mut e| {
+            if e.name == "--config" {
+                e.message = format!("{}: {}", path.display(), e.message);
+            }
+            e
+        })
+    }
+
+    /// Parses and validates a configuration given as TOML text.
+    pub fn from_toml(text: &str) -> Result<GatewayConfig> {
+        let table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| ConfigError::new("--config", e.message().replace('\n', " ")))?;
+        GatewayConfig::from_table(&table)
+    }
+
+    fn from_table(t: &toml::Table) -> Result<GatewayConfig> {
+        let f = Fields::new("", t, TOP_KEYS)?;
+        let listen = f
+            .socket_addr("listen")?
+            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8000)));
+        let admin_listen = f.socket_addr("admin_listen")?;
+        let jwks_url = f.required("jwks_url")?;
+        let jwks: Uri = jwks_url
+            .parse()
+            .map_err(|_| f.err("jwks_url", "not a URL"))?;
+        if jwks.scheme_str() != Some("http") || jwks.host().is_none() {
+            return Err(f.err(
+                "jwks_url",
+                "expected an http:// URL such as http://127.0.0.1:8080/.well-known/jwks.json",
+            ));
+        }
+        let issuer = f.required("issuer")?;
+        url::Url::parse(issuer).map_err(|e| f.err("issuer", format!("not a URL: {e}")))?;
+        let issuer = issuer.trim_end_matches('/').to_string();
+        let audiences = match f.strings("audiences")? {
+            None => vec!["latchkey".to_string()],
+            Some(v) if v.is_empty() || v.iter().any(|a| a.is_empty()) => {
+                return Err(f.err("audiences", "must be a non-empty list of non-empty strings"))
+            }
+            Some(v) => v.into_iter().map(String::from).collect(),
+        };
+        let redis_url = match f.string("redis_url")? {
+            None | Some("") => None,
+            Some(s) => {
+                let u = url::Url::parse(s).map_err(|_| f.err("redis_url", "not a valid URL"))?;
+                if !matches!(u.scheme(), "redis" | "rediss") {
+                    return Err(f.err("redis_url", "expected redis://host:port"));
+                }
+                Some(Secret(s.to_string()))
+            }
+        };
+        let key_prefix = match f.string("redis_key_prefix")? {
+            None => "latchkey:".to_string(),
+            Some(s) if s.is_empty() || s.len() > 64 => {
+                return Err(f.err("redis_key_prefix", "must be 1..=64 characters"))
+            }
+            Some(s) if s.ends_with(':') => s.to_string(),
+            Some(s) => format!("{s}:"),
+        };
+        let redis = redis_url.map(|url| RedisConfig { url, key_prefix });
+        let limiter = match f.string("rate_limit_store")? {
+            None if redis.is_some() => LimiterStore::Redis,
+            None | Some("local") => LimiterStore::Local,
+            Some("redis") if redis.is_some() => LimiterStore::Redis,
+            Some("redis") => return Err(f.err("rate_limit_store", "redis needs redis_url")),
+            Some(_) => return Err(f.err("rate_limit_store", "expected \"local\" or \"redis\"")),
+        };
+        let trusted_proxies = f
+            .strings("trusted_proxies")?
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                p.parse::<IpAddr>().map_err(|_| {
+                    ConfigError::new(format!("trusted_proxies[{i}]"), format!("{p:?} is not an IP address"))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let log_level = match f.string("log")? {
+            None => "info".to_string(),
+            Some(s) => tracing_subscriber::EnvFilter::try_new(s)
+                .map(|_| s.to_string())
+                .map_err(|e| f.err("log", format!("not a log filter: {e}")))?,
+        };
+        let log_format = match f.string("log_format")? {
+            None | Some("human") | Some("text") => LogFormat::Human,
+            Some("json") => LogFormat::Json,
+            Some(_) => return Err(f.err("log_format", "expected human or json")),
+        };
+        let identity = match f.table("identity_headers")? {
+            None => IdentityHeaders::default(),
+            Some(t) => identity_headers(t)?,
+        };
+        let upstream = match f.table("upstream")? {
+            None => upstream_settings(&toml::Table::new())?,
+            Some(t) => upstream_settings(t)?,
+        };
+        let routes = match t.get("routes") {
+            None => return Err(f.err("routes", "at least one [[routes]] table is required")),
+            Some(toml::Value::Array(items)) if !items.is_empty() => items,
+            Some(_) => return Err(f.err("routes", "expected one or more [[routes]] tables")),
+        };
+        let mut parsed = Vec::with_capacity(routes.len());
+        for (i, item) in routes.iter().enumerate() {
+            let path = format!("routes[{i}]");
+            let table = item
+                .as_table()
+                .ok_or_else(|| ConfigError::new(&path, "expected a table ([[routes]])"))?;
+            parsed.push(route(i, path, table, &audiences, &upstream)?);
+        }
+        let mut names = HashSet::new();
+        let mut matchers = HashSet::new();
+        for (i, r) in parsed.iter().enumerate() {
+            if !names.insert(r.name.as_str()) {
+                return Err(ConfigError::new(
+                    format!("routes[{i}].name"),
+                    format!("{:?} is used by an earlier route", r.name),
+                ));
+            }
+            if !matchers.insert((r.host.clone(), r.path_prefix.as_str())) {
+                return Err(ConfigError::new(
+                    format!("routes[{i}].path_prefix"),
+                    "an earlier route has the same host and path_prefix",
+                ));
+            }
+        }
+        Ok(GatewayConfig {
+            listen,
+            admin_listen,
+            jwks_url: jwks_url.to_string(),
+            issuer,
+            audiences,
+            jwks_refresh: Duration::from_secs(f.number("jwks_refresh_secs", 60, 1, 86_400)?),
+            access_token_ttl: Duration::from_secs(f.number("access_token_ttl_secs", 900, 30, 86_400)?),
+            token_cache_capacity: f.number("token_cache_capacity", 100_000, 1, 10_000_000)? as usize,
+            redis,
+            limiter,
+            trusted_proxies,
+            identity,
+            upstream,
+            shutdown_timeout: Duration::from_secs(f.number("shutdown_timeout_secs", 10, 0, 600)?),
+            log_level,
+            log_format,
+            routes: parsed,
+        })
+    }
+
+    /// Every audience any route accepts (what the token verifier allows).
+    pub fn all_audiences(&self) -> Vec<String> {
+        let mut all: Vec<String> = self.audiences.clone();
+        for r in &self.routes {
+            for a in &r.audiences {
+                if !all.contains(a) {
+                    all.push(a.clone());
+                }
+            }
+        }
+        all
+    }
+}
+
+fn identity_headers(t: &toml::Table) -> Result<IdentityHeaders> {
+    let f = Fields::new("identity_headers", t, &["subject", "email", "session", "client_id"])?;
+    let d = IdentityHeaders::default();
+    let name = |key: &str, default: HeaderName| -> Result<HeaderName> {
+        match f.string(key)? {
+            None => Ok(default),
+            Some(s) => {
+                let h = HeaderName::from_bytes(s.as_bytes())
+                    .map_err(|_| f.err(key, format!("{s:?} is not a valid header name")))?;
+                if super::headers::is_hop_by_hop(&h) || h == axum::http::header::HOST {
+                    return Err(f.err(key, format!("{s:?} is a hop-by-hop or reserved header")));
+                }
+                Ok(h)
+            }
+        }
+    };
+    let h = IdentityHeaders {
+        subject: name("subject", d.subject)?,
+        email: name("email", d.email)?,
+        session: name("session", d.session)?,
+        client_id: name("client_id", d.client_id)?,
+    };
+    let distinct: HashSet<&HeaderName> = h.all().into_iter().collect();
+    if distinct.len() != 4 {
+        return Err(f.err("subject", "the four identity headers must have different names"));
+    }
+    Ok(h)
+}
+
+fn upstream_settings(t: &toml::Table) -> Result<UpstreamSettings> {
+    let f = Fields::new(
+        "upstream",
+        t,
+        &[
+            "connect_timeout_ms",
+            "timeout_ms",
+            "pool_idle_timeout_secs",
+            "pool_max_idle_per_host",
+        ],
+    )?;
+    Ok(UpstreamSettings {
+        connect_timeout: Duration::from_millis(f.number("connect_timeout_ms", 1000, 1, 60_000)?),
+        timeout: Duration::from_millis(f.number("timeout_ms", 30_000, 1, 3_600_000)?),
+        pool_idle_timeout: Duration::from_secs(f.number("pool_idle_timeout_secs", 90, 1, 3600)?),
+        pool_max_idle_per_host: f.number("pool_max_idle_per_host", 1024, 0, 100_000)? as usize,
+    })
+}
+
+fn route(
+    index: usize,
+    path: String,
+    t: &toml::Table,
+    default_audiences: &[String],
+    upstream: &UpstreamSettings,
+) -> Result<RouteConfig> {
+    let f = Fields::new(path, t, ROUTE_KEYS)?;
+    let name = match f.string("name")? {
+        None => format!("route{index}"),
+        Some(n)
+            if !n.is_empty()
+                && n.len() <= 64
+                && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) =>
+        {
+            n.to_string()
+        }
+        Some(_) => return Err(f.err("name", "1..=64 characters among a-z, A-Z, 0-9, '-', '_', '.'")),
+    };
+    let host = match f.string("host")? {
+        None | Some("") | Some("*") => None,
+        Some(h) => {
+            let bare = h.strip_prefix("*.").unwrap_or(h);
+            let valid = !bare.is_empty()
+                && bare
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-.".contains(&b))
+                && !bare.starts_with('.')
+                && !bare.ends_with('.');
+            if !valid {
+                return Err(f.err("host", format!("{h:?} is not a host name (or *.domain)")));
+            }
+            Some(if h.starts_with("*.") {
+                HostMatch::Subdomains(format!(".{}", bare.to_ascii_lowercase()))
+            } else {
+                HostMatch::Exact(bare.to_ascii_lowercase())
+            })
+        }
+    };
+    let path_prefix = f.string("path_prefix")?.unwrap_or("/").to_string();
+    if !path_prefix.starts_with('/') || path_prefix.contains(['?', '#', ' ']) {
+        return Err(f.err("path_prefix", "must start with / and hold no ?, # or space"));
+    }
+    let upstream_url = f.required("upstream")?;
+    let u = url::Url::parse(upstream_url).map_err(|e| f.err("upstream", format!("not a URL: {e}")))?;
+    if u.scheme() != "http" {
+        return Err(f.err(
+            "upstream",
+            "expected an http:// URL (TLS to upstreams is not supported; terminate it in front)",
+        ));
+    }
+    let Some(host_str) = u.host_str() else {
+        return Err(f.err("upstream", "the URL needs a host"));
+    };
+    if u.query().is_some() || u.fragment().is_some() || !u.username().is_empty() {
+        return Err(f.err("upstream", "the URL must not hold a query, fragment or credentials"));
+    }
+    let upstream_origin = match u.port() {
+        Some(p) => format!("http://{host_str}:{p}"),
+        None => format!("http://{host_str}"),
+    };
+    let upstream_path = u.path().trim_end_matches('/').to_string();
+    let auth = f.boolean("auth", true)?;
+    let audiences = match f.strings("audiences")? {
+        None => default_audiences.to_vec(),
+        Some(v) if v.is_empty() || v.iter().any(|a| a.is_empty()) => {
+            return Err(f.err("audiences", "must be a non-empty list of non-empty strings"))
+        }
+        Some(v) => v.into_iter().map(String::from).collect(),
+    };
+    if !auth && t.contains_key("audiences") {
+        return Err(f.err("audiences", "only meaningful with auth = true"));
+    }
+    let timeout = match t.get("timeout_ms") {
+        None => upstream.timeout,
+        Some(_) => Duration::from_millis(f.number("timeout_ms", 0, 1, 3_600_000)?),
+    };
+    let rate_limit = match f.table("rate_limit")? {
+        None => None,
+        Some(rt) => Some(rate_limit(&f.name("rate_limit"), rt, auth)?),
+    };
+    Ok(RouteConfig {
+        name,
+        host,
+        path_prefix,
+        upstream_origin,
+        upstream_path,
+        strip_prefix: f.boolean("strip_prefix", false)?,
+        preserve_host: f.boolean("preserve_host", false)?,
+        auth,
+        audiences,
+        forward_authorization: f.boolean("forward_authorization", true)?,
+        timeout,
+        rate_limit,
+    })
+}
+
+fn rate_limit(path: &str, t: &toml::Table, auth: bool) -> Result<RateLimitConfig> {
+    let f = Fields::new(path, t, &["limit", "window_secs", "key", "on_redis_failure"])?;
+    if !t.contains_key("limit") {
+        return Err(f.err("limit", "is required (requests per window)"));
+    }
+    if !t.contains_key("window_secs") {
+        return Err(f.err("window_secs", "is required"));
+    }
+    let limit = f.number("limit", 0, 1, u32::MAX as u64)? as u32;
+    let window = Duration::from_secs(f.number("window_secs", 0, 1, 7 * 86_400)?);
+    let key = match f.string("key")? {
+        None if auth => LimitKey::Subject,
+        None => LimitKey::Ip,
+        Some("sub") => LimitKey::Subject,
+        Some("client_id") => LimitKey::ClientId,
+        Some("ip") => LimitKey::Ip,
+        Some(_) => return Err(f.err("key", "expected \"sub\", \"client_id\" or \"ip\"")),
+    };
+    if !auth && key != LimitKey::Ip {
+        return Err(f.err("key", "sub and client_id need auth = true on the route; use \"ip\""));
+    }
+    let fallback = match f.string("on_redis_failure")? {
+        None | Some("local") => Fallback::Local,
+        Some("open") => Fallback::Open,
+        Some(_) => return Err(f.err("on_redis_failure", "expected \"local\" or \"open\"")),
+    };
+    Ok(RateLimitConfig {
+        policy: Policy {
+            limit,
+            window,
+            fallback,
+        },
+        key,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+jwks_url = "http://127.0.0.1:8080/.well-known/jwks.json"
+issuer = "http://127.0.0.1:8080"
+"#;
+
+    fn parse(extra: &str) -> Result<GatewayConfig> {
+        GatewayConfig::from_toml(&format!("{BASE}\n{extra}"))
+    }
+
+    fn error(extra: &str) -> String {
+        let e = parse(extra).expect_err("should be refused");
+        let line = e.to_string();
+        assert!(!line.contains('\n'), "one line: {line}");
+        line
+    }
+
+    #[test]
+    fn a_minimal_file_gets_safe_defaults() {
+        let c = parse("[[routes]]\nupstream = \"http://127.0.0.1:9000\"").unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:8000");
+        assert_eq!(c.audiences, vec!["latchkey"]);
+        assert_eq!(c.jwks_refresh, Duration::from_secs(60));
+        assert_eq!(c.limiter, LimiterStore::Local);
+        let r = &c.routes[0];
+        assert_eq!(r.name, "route0");
+        assert!(r.auth, "authentication is on unless turned off");
+        assert_eq!(r.path_prefix, "/");
+        assert_eq!(r.upstream_origin, "http://127.0.0.1:9000");
+        assert_eq!(r.upstream_path, "");
+        assert_eq!(r.timeout, Duration::from_secs(30));
+        assert_eq!(c.identity.subject.as_str(), "x-auth-subject");
+    }
+
+    #[test]
+    fn a_full_route_parses() {
+        let c = parse(
+            r#"
+redis_url = "redis://127.0.0.1:6379"
+redis_key_prefix = "lk"
+[identity_headers]
+subject = "X-User"
+[[routes]]
+name = "api"
+host = "*.Example.com"
+path_prefix = "/api"
+upstream = "http://10.0.0.5:8080/base/"
+strip_prefix = true
+audiences = ["orders", "latchkey"]
+timeout_ms = 2500
+[routes.rate_limit]
+limit = 100
+window_secs = 60
+key = "client_id"
+on_redis_failure = "open"
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.limiter, LimiterStore::Redis);
+        assert_eq!(c.redis.as_ref().unwrap().key_prefix, "lk:");
+        assert_eq!(c.identity.subject.as_str(), "x-user");
+        let r = &c.routes[0];
+        assert_eq!(r.host, Some(HostMatch::Subdomains(".example.com".into())));
+        assert_eq!(r.upstream_path, "/base");
+        assert_eq!(r.timeout, Duration::from_millis(2500));
+        let rl = r.rate_limit.as_ref().unwrap();
+        assert_eq!(rl.key, LimitKey::ClientId);
+        assert_eq!(rl.policy.fallback, Fallback::Open);
+        assert_eq!((rl.policy.limit, rl.policy.window.as_secs()), (100, 60));
+        assert_eq!(c.all_audiences(), vec!["latchkey", "orders"]);
+    }
+
+    #[test]
+    fn mistakes_name_the_field() {
+        let cases = [
+            ("", "routes"),
+            ("[[routes]]\nupstream = \"https://x\"", "routes[0].upstream"),
+            ("[[routes]]\nupstream = \"not a url\"", "routes[0].upstream"),
+            ("[[routes]]\nupstrem = \"http://x\"", "routes[0].upstrem"),
+            ("[[routes]]\nupstream = \"http://x\"\npath_prefix = \"api\"", "routes[0].path_prefix"),
+            ("[[routes]]\nupstream = \"http://x\"\ntimeout_ms = 0", "routes[0].timeout_ms"),
+            ("[[routes]]\nupstream = \"http://x\"\nauth = \"yes\"", "routes[0].auth"),
+            (
+                "[[routes]]\nupstream = \"http://x\"\n[routes.rate_limit]\nlimit = 5\nwindow_secs = 60\nkey = \"user\"",
+                "routes[0].rate_limit.key",
+            ),
+            (
+                "[[routes]]\nupstream = \"http://x\"\nauth = false\n[routes.rate_limit]\nlimit = 5\nwindow_secs = 60\nkey = \"sub\"",
+                "routes[0].rate_limit.key",
+            ),
+            (
+                "[[routes]]\nupstream = \"http://x\"\n[routes.rate_limit]\nwindow_secs = 60",
+                "routes[0].rate_limit.limit",
+            ),
+            (
+                "[[routes]]\nupstream = \"http://x\"\n[[routes]]\nupstream = \"http://y\"",
+                "routes[1].path_prefix",
+            ),
+            (
+                "[[routes]]\nname = \"a\"\nupstream = \"http://x\"\n[[routes]]\nname = \"a\"\npath_prefix = \"/b\"\nupstream = \"http://y\"",
+                "routes[1].name",
+            ),
+            ("listen = \"nowhere\"\n[[routes]]\nupstream = \"http://x\"", "listen"),
+            ("rate_limit_store = \"redis\"\n[[routes]]\nupstream = \"http://x\"", "rate_limit_store"),
+            ("trusted_proxies = [\"10.0.0.1\", \"proxy\"]\n[[routes]]\nupstream = \"http://x\"", "trusted_proxies[1]"),
+            ("[identity_headers]\nsubject = \"bad header\"\n[[routes]]\nupstream = \"http://x\"", "identity_headers.subject"),
+            ("[identity_headers]\nemail = \"Connection\"\n[[routes]]\nupstream = \"http://x\"", "identity_headers.email"),
+            ("[upstream]\nconnect_timeout_ms = -1\n[[routes]]\nupstream = \"http://x\"", "upstream.connect_timeout_ms"),
+        ];
+        for (extra, field) in cases {
+            let line = error(extra);
+            assert!(line.contains(&format!("invalid setting {field}:")), "{field}: {line}");
+        }
+        let no_jwks = GatewayConfig::from_toml("issuer = \"http://x\"\n[[routes]]\nupstream = \"http://x\"")
+            .unwrap_err()
+            .to_string();
+        assert!(no_jwks.contains("jwks_url"), "{no_jwks}");
+    }
+
+    #[test]
+    fn the_redis_password_is_never_printed() {
+        let c = parse("redis_url = \"redis://:hunter2@127.0.0.1:6379\"\n[[routes]]\nupstream = \"http://x\"").unwrap();
+        assert!(!format!("{c:?}").contains("hunter2"));
+        let e = error("redis_url = \"http://:hunter2@x\"\n[[routes]]\nupstream = \"http://x\"");
+        assert!(e.contains("redis_url") && !e.contains("hunter2"), "{e}");
+    }
+
+    #[test]
+    fn host_patterns() {
+        let sub = HostMatch::Subdomains(".example.com".into());
+        assert!(sub.matches("api.example.com"));
+        assert!(sub.matches("A.B.EXAMPLE.COM"));
+        assert!(!sub.matches("example.com"));
+        assert!(!sub.matches("evilexample.com"));
+        assert!(HostMatch::Exact("example.com".into()).matches("Example.COM"));
+    }
+}
