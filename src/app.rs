@@ -199,7 +199,8 @@ impl Application {
     }
 }
 
-async fn shutdown_signal() {
+/// SIGTERM or SIGINT (the gateway uses it too).
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

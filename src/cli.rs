@@ -1,4 +1,4 @@
-//! The command line: `serve`, `migrate`, `clients`, `keys`, `users`.
+//! The command line: `serve`, `migrate`, `clients`, `keys`, `users`, `gateway`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -40,6 +40,8 @@ pub enum Command {
         #[command(subcommand)]
         command: UsersCommand,
     },
+    /// Run the API gateway (`--config gateway.toml`; see deploy/gateway.example.toml).
+    Gateway,
 }
 
 #[derive(Subcommand)]
@@ -83,6 +85,10 @@ pub enum UsersCommand {
 pub fn main() -> ExitCode {
     let started = Instant::now();
     let cli = Cli::parse();
+    if let Command::Gateway = cli.command {
+        // The gateway's file is its own format, not the service's settings.
+        return crate::gateway::main(cli.config.as_deref(), started);
+    }
     let config = match Config::load(cli.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
@@ -179,6 +185,7 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
                 password,
             } => seed_users(config, count, &email, &password).await,
         },
+        Command::Gateway => unreachable!("handled before the service configuration is read"),
     }
 }
 

@@ -12,6 +12,7 @@ pub mod cli;
 pub mod config;
 pub mod crypto;
 pub mod domain;
+pub mod gateway;
 pub mod http;
 pub mod limits;
 pub mod mail;

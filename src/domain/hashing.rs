@@ -47,14 +47,17 @@ impl HashPool {
             let rx = rx.clone();
             std::thread::Builder::new()
                 .name(format!("latchkey-hash-{i}"))
-                .spawn(move || loop {
-                    let job = match rx.lock() {
-                        Ok(guard) => guard.recv(),
-                        Err(_) => return,
-                    };
-                    match job {
-                        Ok(job) => job(),
-                        Err(_) => return, // pool dropped
+                .spawn(move || {
+                    lower_priority();
+                    loop {
+                        let job = match rx.lock() {
+                            Ok(guard) => guard.recv(),
+                            Err(_) => return,
+                        };
+                        match job {
+                            Ok(job) => job(),
+                            Err(_) => return, // pool dropped
+                        }
                     }
                 })?;
         }
@@ -113,6 +116,18 @@ impl HashPool {
     fn shed(&self, why: &'static str) -> Overloaded {
         metrics::counter!("latchkey_hash_shed_total", "reason" => why).increment(1);
         Overloaded
+    }
+}
+
+/// Runs hashing threads at a lower scheduling priority (nice 10), so that when
+/// hashing saturates the CPU the async threads serving cheap requests
+/// (validation, refresh, health) still get the cores first. On Linux the
+/// nice value is per thread.
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: setpriority on the calling thread (who = 0) has no memory effects.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, 0, 10);
     }
 }
 

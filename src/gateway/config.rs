@@ -36,7 +36,7 @@ pub struct RateLimitConfig {
 }
 
 /// Which hosts a route serves: one name, or `*.example.com` (any subdomain).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum HostMatch {
     Exact(String),
     /// The suffix with its leading dot: `.example.com`.
@@ -216,9 +216,9 @@ impl<'a> Fields<'a> {
                 .iter()
                 .enumerate()
                 .map(|(i, v)| {
-                    v.as_str()
-                        .map(str::trim)
-                        .ok_or_else(|| ConfigError::new(format!("{}[{i}]", self.name(key)), "expected a string"))
+                    v.as_str().map(str::trim).ok_or_else(|| {
+                        ConfigError::new(format!("{}[{i}]", self.name(key)), "expected a string")
+                    })
                 })
                 .collect::<Result<Vec<_>>>()
                 .map(Some),
@@ -237,8 +237,12 @@ impl<'a> Fields<'a> {
     fn socket_addr(&self, key: &str) -> Result<Option<SocketAddr>> {
         self.string(key)?
             .map(|s| {
-                s.parse()
-                    .map_err(|_| self.err(key, format!("expected host:port such as 127.0.0.1:8000, got {s:?}")))
+                s.parse().map_err(|_| {
+                    self.err(
+                        key,
+                        format!("expected host:port such as 127.0.0.1:8000, got {s:?}"),
+                    )
+                })
             })
             .transpose()
     }
@@ -307,9 +311,7 @@ impl GatewayConfig {
             .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8000)));
         let admin_listen = f.socket_addr("admin_listen")?;
         let jwks_url = f.required("jwks_url")?;
-        let jwks: Uri = jwks_url
-            .parse()
-            .map_err(|_| f.err("jwks_url", "not a URL"))?;
+        let jwks: Uri = jwks_url.parse().map_err(|_| f.err("jwks_url", "not a URL"))?;
         if jwks.scheme_str() != Some("http") || jwks.host().is_none() {
             return Err(f.err(
                 "jwks_url",
@@ -359,7 +361,10 @@ impl GatewayConfig {
             .enumerate()
             .map(|(i, p)| {
                 p.parse::<IpAddr>().map_err(|_| {
-                    ConfigError::new(format!("trusted_proxies[{i}]"), format!("{p:?} is not an IP address"))
+                    ConfigError::new(
+                        format!("trusted_proxies[{i}]"),
+                        format!("{p:?} is not an IP address"),
+                    )
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -447,7 +452,11 @@ impl GatewayConfig {
 }
 
 fn identity_headers(t: &toml::Table) -> Result<IdentityHeaders> {
-    let f = Fields::new("identity_headers", t, &["subject", "email", "session", "client_id"])?;
+    let f = Fields::new(
+        "identity_headers",
+        t,
+        &["subject", "email", "session", "client_id"],
+    )?;
     let d = IdentityHeaders::default();
     let name = |key: &str, default: HeaderName| -> Result<HeaderName> {
         match f.string(key)? {
@@ -507,7 +516,8 @@ fn route(
         Some(n)
             if !n.is_empty()
                 && n.len() <= 64
-                && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) =>
+                && n.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) =>
         {
             n.to_string()
         }
@@ -549,7 +559,10 @@ fn route(
         return Err(f.err("upstream", "the URL needs a host"));
     };
     if u.query().is_some() || u.fragment().is_some() || !u.username().is_empty() {
-        return Err(f.err("upstream", "the URL must not hold a query, fragment or credentials"));
+        return Err(f.err(
+            "upstream",
+            "the URL must not hold a query, fragment or credentials",
+        ));
     }
     let upstream_origin = match u.port() {
         Some(p) => format!("http://{host_str}:{p}"),
@@ -610,7 +623,10 @@ fn rate_limit(path: &str, t: &toml::Table, auth: bool) -> Result<RateLimitConfig
         Some(_) => return Err(f.err("key", "expected \"sub\", \"client_id\" or \"ip\"")),
     };
     if !auth && key != LimitKey::Ip {
-        return Err(f.err("key", "sub and client_id need auth = true on the route; use \"ip\""));
+        return Err(f.err(
+            "key",
+            "sub and client_id need auth = true on the route; use \"ip\"",
+        ));
     }
     let fallback = match f.string("on_redis_failure")? {
         None | Some("local") => Fallback::Local,
@@ -741,7 +757,10 @@ on_redis_failure = "open"
         ];
         for (extra, field) in cases {
             let line = error(extra);
-            assert!(line.contains(&format!("invalid setting {field}:")), "{field}: {line}");
+            assert!(
+                line.contains(&format!("invalid setting {field}:")),
+                "{field}: {line}"
+            );
         }
         let no_jwks = GatewayConfig::from_toml("issuer = \"http://x\"\n[[routes]]\nupstream = \"http://x\"")
             .unwrap_err()
@@ -751,10 +770,18 @@ on_redis_failure = "open"
 
     #[test]
     fn the_redis_password_is_never_printed() {
-        let c = parse("redis_url = \"redis://:hunter2@127.0.0.1:6379\"\n[[routes]]\nupstream = \"http://x\"").unwrap();
+        let c = parse("redis_url = \"redis://:hunter2@127.0.0.1:6379\"\n[[routes]]\nupstream = \"http://x\"")
+            .unwrap();
         assert!(!format!("{c:?}").contains("hunter2"));
         let e = error("redis_url = \"http://:hunter2@x\"\n[[routes]]\nupstream = \"http://x\"");
         assert!(e.contains("redis_url") && !e.contains("hunter2"), "{e}");
+    }
+
+    #[test]
+    fn the_example_file_is_valid() {
+        let c = GatewayConfig::from_toml(include_str!("../../deploy/gateway.example.toml")).unwrap();
+        assert_eq!(c.routes.len(), 2);
+        assert_eq!(c.identity.subject.as_str(), "x-auth-subject");
     }
 
     #[test]

@@ -84,8 +84,20 @@ fn sane_request_id(v: &HeaderValue) -> bool {
 pub fn request_id(headers: &HeaderMap) -> HeaderValue {
     match headers.get("x-request-id") {
         Some(v) if sane_request_id(v) => v.clone(),
-        _ => HeaderValue::from_str(&uuid::Uuid::new_v4().simple().to_string()).expect("hex is a valid header"),
+        _ => new_request_id(),
     }
+}
+
+/// 32 hex digits: a random per-process prefix and a counter. Unique without
+/// a system call per request (ids are for correlation, not secrets).
+fn new_request_id() -> HeaderValue {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static PREFIX: OnceLock<u64> = OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let prefix = *PREFIX.get_or_init(|| uuid::Uuid::new_v4().as_u64_pair().0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    HeaderValue::from_str(&format!("{prefix:016x}{n:016x}")).expect("hex is a valid header")
 }
 
 /// The host a request is for, without port: the request target's authority
@@ -137,7 +149,14 @@ mod tests {
 
     #[test]
     fn paths_that_could_escape_a_route_are_unsafe() {
-        for p in ["/", "/api/v1/users", "/a.b/c.json", "/x%20y", "/..a/b..", "/.well-known/jwks.json"] {
+        for p in [
+            "/",
+            "/api/v1/users",
+            "/a.b/c.json",
+            "/x%20y",
+            "/..a/b..",
+            "/.well-known/jwks.json",
+        ] {
             assert!(is_safe_path(p), "{p}");
         }
         for p in [
@@ -161,7 +180,9 @@ mod tests {
         assert_eq!(request_id(&h), "abc-123");
         h.insert("x-request-id", HeaderValue::from_static("bad id<script>"));
         assert_eq!(request_id(&h).len(), 32);
-        assert_eq!(request_id(&HeaderMap::new()).len(), 32);
+        let (a, b) = (request_id(&HeaderMap::new()), request_id(&HeaderMap::new()));
+        assert_eq!(a.len(), 32);
+        assert_ne!(a, b);
     }
 
     #[test]

@@ -39,7 +39,13 @@ impl RouteMetrics {
         RouteMetrics {
             duration: metrics::histogram!("latchkey_gateway_request_duration_seconds", "route" => route),
             upstream: metrics::histogram!("latchkey_gateway_upstream_duration_seconds", "route" => route),
-            requests: [class("1xx"), class("2xx"), class("3xx"), class("4xx"), class("5xx")],
+            requests: [
+                class("1xx"),
+                class("2xx"),
+                class("3xx"),
+                class("4xx"),
+                class("5xx"),
+            ],
             rate_limited: metrics::counter!("latchkey_gateway_rate_limited_total", "route" => route),
         }
     }
@@ -144,7 +150,8 @@ pub fn upstream_path_and_query(route: &RouteConfig, path: &str, query: Option<&s
     } else {
         path
     };
-    let mut out = String::with_capacity(route.upstream_path.len() + rest.len() + 1 + query.map_or(0, |q| q.len() + 1));
+    let mut out =
+        String::with_capacity(route.upstream_path.len() + rest.len() + 1 + query.map_or(0, |q| q.len() + 1));
     out.push_str(&route.upstream_path);
     if !rest.starts_with('/') {
         out.push('/');
@@ -201,7 +208,11 @@ upstream = "http://u4"
         assert_eq!(name(None, "/api/x"), Some("api"));
         assert_eq!(name(None, "/apiary"), Some("all"));
         assert_eq!(name(None, "/api/admin/users"), Some("api-admin"));
-        assert_eq!(name(None, "/api/admin"), Some("api"), "/api/admin/ needs the slash");
+        assert_eq!(
+            name(None, "/api/admin"),
+            Some("api"),
+            "/api/admin/ needs the slash"
+        );
         assert_eq!(name(Some("shop.example.com"), "/api/x"), Some("host"));
         assert_eq!(name(Some("eu.example.com"), "/api/x"), Some("wild"));
         assert_eq!(name(Some("eu.example.com"), "/other"), Some("all"));
@@ -231,7 +242,10 @@ upstream = "http://u"
         )
         .unwrap();
         let (strip, keep) = (&cfg.routes[0], &cfg.routes[1]);
-        assert_eq!(upstream_path_and_query(strip, "/api/users", Some("a=1")), "/v2/users?a=1");
+        assert_eq!(
+            upstream_path_and_query(strip, "/api/users", Some("a=1")),
+            "/v2/users?a=1"
+        );
         assert_eq!(upstream_path_and_query(strip, "/api", None), "/v2/");
         assert_eq!(upstream_path_and_query(keep, "/keep/x", None), "/keep/x");
     }

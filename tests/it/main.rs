@@ -5,6 +5,7 @@ mod accounts;
 mod cli;
 mod common;
 mod dump;
+mod gateway;
 mod limits;
 mod mail;
 mod oauth;

@@ -170,3 +170,35 @@ async fn readiness_names_a_failing_redis_and_recovers_without_restart() {
     }
     app.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_pool_answers_503_quickly() {
+    let app = TestApp::embedded(&[("database_acquire_timeout_ms", "100")]).await;
+    let latchkey::store::Db::Sqlite(pool) = &app.services.store.db else {
+        unreachable!()
+    };
+    // The embedded pool has one connection: hold it.
+    let held = pool.acquire().await.unwrap();
+    let start = Instant::now();
+    let r = app
+        .post(
+            "/auth/resend-otp",
+            serde_json::json!({"email": "someone@example.test"}),
+        )
+        .await;
+    assert_eq!(r.status(), 503);
+    assert!(start.elapsed() < Duration::from_secs(1), "{:?}", start.elapsed());
+    assert!(r.headers().contains_key("retry-after"));
+    assert_eq!(r.json::<Value>().await.unwrap()["error"], "OVERLOADED");
+    // Validation does not need the database and keeps working.
+    assert_eq!(app.get("/health/live").await.status(), 200);
+    drop(held);
+    let r = app
+        .post(
+            "/auth/resend-otp",
+            serde_json::json!({"email": "someone@example.test"}),
+        )
+        .await;
+    assert_eq!(r.status(), 202);
+    app.stop().await;
+}

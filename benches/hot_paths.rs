@@ -1,0 +1,132 @@
+//! Criterion benchmarks of the hot paths: token signing and verification
+//! (EdDSA and ES256, uncached and cached), a rate-limit check on each
+//! backend, and one argon2id verification at the default parameters.
+//!
+//! `cargo bench --bench hot_paths` (set LATCHKEY_BENCH_REDIS_URL, or run
+//! under scripts/with-services, to include the Redis limiter).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use latchkey::cache::{RedisHandle, Revocations, UserCache};
+use latchkey::config::{
+    Argon2Config, DatabaseConfig, DatabaseUrl, RedisConfig, Secret, SigningAlgorithm, Sources,
+};
+use latchkey::crypto::Sealer;
+use latchkey::domain::hashing::Passwords;
+use latchkey::domain::tokens::{TokenSettings, Tokens};
+use latchkey::limits::{Limiter, Policies, PolicyName};
+use latchkey::store::Store;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn tokens(alg: SigningAlgorithm) -> Tokens {
+    let store = Store::connect(&DatabaseConfig {
+        url: DatabaseUrl::Sqlite("sqlite::memory:".into()),
+        max_connections: 1,
+        min_connections: 1,
+        acquire_timeout: Duration::from_secs(5),
+    })
+    .await
+    .unwrap();
+    store.migrate().await.unwrap();
+    let users = Arc::new(UserCache::new(10, Duration::from_secs(1)));
+    let revocations = Arc::new(Revocations::new(None, users, Duration::from_secs(960)));
+    let settings = TokenSettings {
+        issuer: "http://bench".into(),
+        audience: "latchkey".into(),
+        algorithm: alg,
+        access_ttl: Duration::from_secs(900),
+        cache_capacity: 100_000,
+    };
+    Tokens::load(settings, store, Sealer::new(&[7; 32]), revocations)
+        .await
+        .unwrap()
+}
+
+fn token_benches(c: &mut Criterion) {
+    let rt = runtime();
+    for (name, alg) in [
+        ("EdDSA", SigningAlgorithm::EdDsa),
+        ("ES256", SigningAlgorithm::Es256),
+    ] {
+        let t = rt.block_on(tokens(alg));
+        let token = t
+            .issue("user-1", "user@example.com", "session-1", "latchkey")
+            .unwrap();
+        c.bench_function(&format!("sign {name}"), |b| {
+            b.iter(|| {
+                t.issue("user-1", "user@example.com", "session-1", "latchkey")
+                    .unwrap()
+            })
+        });
+        c.bench_function(&format!("verify uncached {name}"), |b| {
+            b.iter(|| t.verify(&token).unwrap())
+        });
+        rt.block_on(t.validate(&token)).unwrap();
+        c.bench_function(&format!("validate cached {name}"), |b| {
+            b.iter(|| rt.block_on(t.validate(&token)).unwrap())
+        });
+    }
+}
+
+fn limiter_benches(c: &mut Criterion) {
+    let rt = runtime();
+    let src = Sources::from_pairs([("rate_limit_login_ip", "1000000000/60")]);
+    let local = Limiter::new(true, Policies::from_sources(&src).unwrap(), None);
+    let mut i = 0u64;
+    c.bench_function("rate limit check, in process", |b| {
+        b.iter(|| {
+            i += 1;
+            rt.block_on(local.check(
+                PolicyName::LoginIp,
+                if i % 2 == 0 { "10.0.0.1" } else { "10.0.0.2" },
+            ))
+        })
+    });
+    let url = std::env::var("LATCHKEY_BENCH_REDIS_URL").or_else(|_| std::env::var("LATCHKEY_TEST_REDIS_URL"));
+    match url {
+        Ok(url) => {
+            let redis = rt
+                .block_on(RedisHandle::connect(&RedisConfig {
+                    url: Secret(url),
+                    key_prefix: "bench:".into(),
+                }))
+                .unwrap();
+            let shared = Limiter::new(true, Policies::from_sources(&src).unwrap(), Some(redis));
+            c.bench_function("rate limit check, Redis (one EVALSHA round trip)", |b| {
+                b.iter(|| {
+                    rt.block_on(shared.check(PolicyName::LoginIp, "10.0.0.1"))
+                        .unwrap()
+                })
+            });
+        }
+        Err(_) => eprintln!("LATCHKEY_BENCH_REDIS_URL not set: skipping the Redis limiter"),
+    }
+}
+
+fn argon2_bench(c: &mut Criterion) {
+    let p = Passwords::new(&Argon2Config {
+        memory_kib: 19_456,
+        iterations: 2,
+        parallelism: 1,
+    })
+    .unwrap();
+    let hash = p.hash("correct horse battery");
+    let mut g = c.benchmark_group("argon2id m=19456 t=2 p=1");
+    g.sample_size(20);
+    g.bench_function("verify", |b| {
+        b.iter(|| assert!(p.verify("correct horse battery", &hash)))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, token_benches, limiter_benches, argon2_bench);
+criterion_main!(benches);

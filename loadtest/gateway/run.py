@@ -1,0 +1,463 @@
+#!/usr/bin/env python3
+"""Gateway benchmark (issue 9, seed 002): the upstream direct, latchkey's
+gateway (in-process and Redis rate limiter) and HAProxy doing the same job
+(jwt_verify + a stick-table limit), on this machine, in one run.
+
+Usage (from the repository root):
+  cargo build --release && cargo build --release --example bench_upstream
+  loadtest/gateway/run.py [--wrk-secs 15] [--k6-secs 30] [--rate 5000]
+                          [--targets upstream,gateway-local,gateway-redis,haproxy]
+                          [--conns 50,100] [--no-k6] [--no-wrk]
+
+What it does, in a temporary directory removed at the end:
+- starts redis-server and a latchkey service (embedded, ES256 keys, rate
+  limits off, issuer http://latchkey.bench), seeds 100 accounts, logs each in:
+  100 access tokens (tokens.txt);
+- writes the service's ES256 key as a PEM for HAProxy's jwt_verify;
+- starts the upstream (target/release/examples/bench_upstream);
+- for each target: starts it, checks that a valid token gets 200 and a
+  forged one 401, then wrk (keep-alive, 2 threads, cycling through the
+  tokens) at each connection count, then k6 constant-arrival-rate at RATE/s;
+  each process's CPU time over each run gives CPU per request;
+- prints a Markdown report and writes it, with the raw outputs, to
+  loadtest/results/<UTC date-time>-gateway/.
+
+Every route checks the token (signature, iss, aud, exp) and applies a
+per-subject limit high enough never to refuse (10,000,000 per 60 s), so the
+cost of the limiter is measured without 429s. Before every load run the
+script waits while another k6, wrk or haproxy runs on the machine.
+"""
+
+import argparse
+import base64
+import datetime as dt
+import json
+import os
+import platform
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.join(ROOT, "loadtest", "gateway")
+LATCHKEY = os.path.join(ROOT, "target", "release", "latchkey")
+UPSTREAM = os.path.join(ROOT, "target", "release", "examples", "bench_upstream")
+ISSUER = "http://latchkey.bench"
+LIMIT = 10_000_000
+
+
+def say(msg):
+    print(f"[gateway-bench] {msg}", file=sys.stderr, flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, timeout=20):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"nothing listens on {port}")
+
+
+def http(method, url, body=None, headers=None):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    if data is not None:
+        req.add_header("content-type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def cpu_seconds(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            rest = f.read().rsplit(")", 1)[1].split()
+        return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return 0.0
+
+
+def others_running(own):
+    out = subprocess.run(["pgrep", "-a", "k6|wrk|haproxy"], capture_output=True, text=True).stdout
+    return [l for l in out.splitlines() if l and int(l.split()[0]) not in own]
+
+
+def wait_for_quiet(own):
+    while True:
+        busy = others_running(own)
+        if not busy:
+            return
+        say(f"another load generator runs ({busy[0]}); waiting")
+        time.sleep(10)
+
+
+class Procs:
+    def __init__(self):
+        self.items = {}
+
+    def start(self, name, args, log, env=None, cwd=None):
+        f = open(log, "w")
+        p = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        self.items[name] = p
+        return p
+
+    def stop(self, name):
+        p = self.items.pop(name, None)
+        if p and p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def stop_all(self):
+        for name in list(self.items):
+            self.stop(name)
+
+    def pids(self):
+        return {p.pid for p in self.items.values()}
+
+
+def jwk_to_pem(jwk):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    def num(s):
+        return int.from_bytes(base64.urlsafe_b64decode(s + "=" * (-len(s) % 4)), "big")
+
+    key = ec.EllipticCurvePublicNumbers(num(jwk["x"]), num(jwk["y"]), ec.SECP256R1()).public_key()
+    return key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def gateway_toml(port, upstream, jwks, redis_url, store):
+    return f"""
+listen = "127.0.0.1:{port}"
+jwks_url = "{jwks}"
+issuer = "{ISSUER}"
+audiences = ["latchkey"]
+log = "warn"
+redis_url = "{redis_url}"
+rate_limit_store = "{store}"
+
+[[routes]]
+name = "bench"
+path_prefix = "/"
+upstream = "http://127.0.0.1:{upstream}"
+[routes.rate_limit]
+limit = {LIMIT}
+window_secs = 60
+key = "sub"
+"""
+
+
+def haproxy_cfg(port, upstream, pem):
+    return f"""
+global
+    nbthread 2
+    maxconn 20000
+
+defaults
+    mode http
+    timeout connect 1s
+    timeout client 30s
+    timeout server 30s
+    option http-keep-alive
+    option forwardfor
+
+backend per_sub
+    stick-table type string len 64 size 100k expire 60s store http_req_rate(60s)
+
+frontend gateway
+    bind 127.0.0.1:{port}
+    http-request deny deny_status 401 unless {{ http_auth_bearer -m found }}
+    http-request set-var(txn.bearer) http_auth_bearer
+    http-request set-var(txn.alg) var(txn.bearer),jwt_header_query('$.alg')
+    http-request set-var(txn.iss) var(txn.bearer),jwt_payload_query('$.iss')
+    http-request set-var(txn.aud) var(txn.bearer),jwt_payload_query('$.aud')
+    http-request set-var(txn.exp) var(txn.bearer),jwt_payload_query('$.exp','int')
+    http-request set-var(txn.sub) var(txn.bearer),jwt_payload_query('$.sub')
+    http-request deny deny_status 401 unless {{ var(txn.alg) -m str ES256 }}
+    http-request deny deny_status 401 unless {{ var(txn.iss) -m str {ISSUER} }}
+    http-request deny deny_status 401 unless {{ var(txn.aud) -m str latchkey }}
+    http-request deny deny_status 401 unless {{ var(txn.bearer),jwt_verify(txn.alg,"{pem}") -m int 1 }}
+    http-request set-var(txn.now) date()
+    http-request deny deny_status 401 if {{ var(txn.exp),sub(txn.now) -m int lt 0 }}
+    http-request track-sc0 var(txn.sub) table per_sub
+    http-request deny deny_status 429 if {{ sc_http_req_rate(0) gt {LIMIT} }}
+    http-request del-header X-Auth-Subject
+    http-request del-header X-Auth-Email
+    http-request del-header X-Auth-Session
+    http-request set-header X-Auth-Subject %[var(txn.sub)]
+    http-request set-header X-Auth-Email %[var(txn.bearer),jwt_payload_query('$.email')]
+    http-request set-header X-Auth-Session %[var(txn.bearer),jwt_payload_query('$.sid')]
+    http-request set-header X-Request-Id %[uuid] unless {{ req.hdr(x-request-id) -m found }}
+    default_backend upstream
+
+backend upstream
+    http-reuse always
+    server up1 127.0.0.1:{upstream}
+"""
+
+
+def run_wrk(url, conns, secs, tokens, raw, label):
+    out = subprocess.run(
+        ["wrk", "-t2", f"-c{conns}", f"-d{secs}s", "--latency", "-s", os.path.join(HERE, "tokens.lua"), url],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TOKENS_FILE": tokens},
+    )
+    with open(os.path.join(raw, f"wrk-{label}-c{conns}.txt"), "w") as f:
+        f.write(out.stdout + out.stderr)
+    m = re.search(r"^WRKJSON (.*)$", out.stdout, re.M)
+    if not m:
+        raise SystemExit(f"wrk printed no summary: {out.stdout} {out.stderr}")
+    j = json.loads(m.group(1))
+    j["rps"] = j["requests"] / (j["duration_us"] / 1e6)
+    return j
+
+
+def run_k6(url, rate, secs, tokens, raw, label):
+    summary = os.path.join(raw, f"k6-{label}.json")
+    out = subprocess.run(
+        [
+            "k6", "run", "--quiet", "--no-usage-report", "--summary-export", summary,
+            "-e", f"URL={url}", "-e", f"TOKENS_FILE={tokens}", "-e", f"RATE={rate}", "-e", f"DURATION={secs}",
+            os.path.join(HERE, "rate.js"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    with open(os.path.join(raw, f"k6-{label}.log"), "w") as f:
+        f.write(out.stdout + out.stderr)
+    with open(summary) as f:
+        m = json.load(f)["metrics"]
+    d = m["http_req_duration"]
+    return {
+        "requests": m["http_reqs"]["count"],
+        "rps": m["http_reqs"]["rate"],
+        "failed": m.get("http_req_failed", {}).get("value", 0.0),
+        "dropped": m.get("dropped_iterations", {}).get("count", 0),
+        "p50": d["med"],
+        "p90": d["p(90)"],
+        "p99": d["p(99)"],
+        "p999": d["p(99.9)"],
+        "max": d["max"],
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--wrk-secs", type=int, default=15)
+    ap.add_argument("--k6-secs", type=int, default=30)
+    ap.add_argument("--rate", type=int, default=5000)
+    ap.add_argument("--conns", default="50,100")
+    ap.add_argument("--targets", default="upstream,gateway-local,gateway-redis,haproxy")
+    ap.add_argument("--no-k6", action="store_true")
+    ap.add_argument("--no-wrk", action="store_true")
+    args = ap.parse_args()
+    for b in (LATCHKEY, UPSTREAM):
+        if not os.path.exists(b):
+            raise SystemExit(f"{b} missing: cargo build --release && cargo build --release --example bench_upstream")
+    for tool in ("wrk", "k6", "haproxy", "redis-server"):
+        if not shutil.which(tool):
+            raise SystemExit(f"{tool} is not installed")
+
+    started = dt.datetime.now(dt.timezone.utc)
+    out_dir = os.path.join(ROOT, "loadtest", "results", started.strftime("%Y-%m-%d-%H%M") + "-gateway")
+    raw = os.path.join(out_dir, "raw")
+    os.makedirs(raw, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="latchkey-gwbench-")
+    procs = Procs()
+    results = {}
+    try:
+        redis_port, svc_port, up_port = free_port(), free_port(), free_port()
+        procs.start("redis", ["redis-server", "--bind", "127.0.0.1", "--port", str(redis_port), "--save", "",
+                              "--appendonly", "no"], os.path.join(raw, "redis.log"))
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("LATCHKEY_")},
+            "LATCHKEY_LISTEN": f"127.0.0.1:{svc_port}",
+            "LATCHKEY_DATA_DIR": os.path.join(tmp, "data"),
+            "LATCHKEY_SECRET_KEY": base64.b64encode(secrets.token_bytes(32)).decode(),
+            "LATCHKEY_SIGNING_ALGORITHM": "ES256",
+            "LATCHKEY_RATE_LIMIT": "off",
+            "LATCHKEY_LOG": "warn",
+            "LATCHKEY_ISSUER": ISSUER,
+            "LATCHKEY_ACCESS_TOKEN_TTL_SECS": "7200",
+        }
+        say("seeding 100 accounts")
+        subprocess.run([LATCHKEY, "users", "seed", "--count", "100", "--password", "loadtest-password"],
+                       env=env, check=True, capture_output=True)
+        procs.start("service", [LATCHKEY, "serve"], os.path.join(raw, "service.log"), env=env)
+        wait_port(svc_port)
+        wait_port(redis_port)
+        base = f"http://127.0.0.1:{svc_port}"
+        tokens = []
+        for i in range(1, 101):
+            status, body = http("POST", f"{base}/auth/login",
+                                {"email": f"user{i}@loadtest.latchkey", "password": "loadtest-password"})
+            if status != 200:
+                raise SystemExit(f"login failed: {status} {body[:200]}")
+            tokens.append(json.loads(body)["access_token"])
+        tokens_file = os.path.join(tmp, "tokens.txt")
+        with open(tokens_file, "w") as f:
+            f.write("\n".join(tokens) + "\n")
+        _, jwks = http("GET", f"{base}/.well-known/jwks.json")
+        jwk = json.loads(jwks)["keys"][0]
+        assert jwk["alg"] == "ES256", jwk
+        pem = os.path.join(tmp, "latchkey-es256.pem")
+        with open(pem, "wb") as f:
+            f.write(jwk_to_pem(jwk))
+        header, payload, sig = tokens[0].split(".")
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        claims["sub"] = "someone-else"
+        forged_payload = base64.urlsafe_b64encode(json.dumps(claims).encode()).decode().rstrip("=")
+        forged = f"{header}.{forged_payload}.{sig}"
+
+        procs.start("upstream", [UPSTREAM, f"127.0.0.1:{up_port}"], os.path.join(raw, "upstream.log"))
+        wait_port(up_port)
+
+        for target in args.targets.split(","):
+            port = up_port
+            if target.startswith("gateway-"):
+                port = free_port()
+                cfg = os.path.join(tmp, f"{target}.toml")
+                with open(cfg, "w") as f:
+                    f.write(gateway_toml(port, up_port, f"{base}/.well-known/jwks.json",
+                                         f"redis://127.0.0.1:{redis_port}", target.split("-")[1]))
+                procs.start(target, [LATCHKEY, "gateway", "--config", cfg], os.path.join(raw, f"{target}.log"))
+            elif target == "haproxy":
+                port = free_port()
+                cfg = os.path.join(tmp, "haproxy.cfg")
+                with open(cfg, "w") as f:
+                    f.write(haproxy_cfg(port, up_port, pem))
+                shutil.copy(cfg, os.path.join(raw, "haproxy.cfg"))
+                wait_for_quiet(procs.pids())
+                procs.start(target, ["haproxy", "-db", "-f", cfg], os.path.join(raw, "haproxy.log"))
+            elif target != "upstream":
+                raise SystemExit(f"unknown target {target}")
+            wait_port(port)
+            url = f"http://127.0.0.1:{port}/bench"
+            ok, _ = http("GET", url, headers={"Authorization": f"Bearer {tokens[0]}"})
+            bad, _ = http("GET", url, headers={"Authorization": f"Bearer {forged}"})
+            say(f"{target}: valid token {ok}, forged token {bad}")
+            if ok != 200 or (target != "upstream" and bad != 401):
+                raise SystemExit(f"{target} does not do the job (valid {ok}, forged {bad})")
+            pid = procs.items[target if target != "upstream" else "upstream"].pid
+            res = {"wrk": {}, "k6": None}
+            wait_for_quiet(procs.pids())
+            run_wrk(url, 50, 3, tokens_file, raw, f"{target}-warmup")
+            if not args.no_wrk:
+                for conns in [int(c) for c in args.conns.split(",")]:
+                    wait_for_quiet(procs.pids())
+                    c0, r0 = cpu_seconds(pid), cpu_seconds(procs.items["redis"].pid)
+                    w = run_wrk(url, conns, args.wrk_secs, tokens_file, raw, target)
+                    w["cpu_us_per_req"] = (cpu_seconds(pid) - c0) * 1e6 / max(w["requests"], 1)
+                    w["redis_cpu_us_per_req"] = (cpu_seconds(procs.items["redis"].pid) - r0) * 1e6 / max(w["requests"], 1)
+                    res["wrk"][conns] = w
+                    say(f"{target} wrk c{conns}: {w['rps']:.0f} req/s, p99 {w['latency_us']['p99'] / 1000:.2f} ms, "
+                        f"non-2xx {w['errors']['status']}, {w['cpu_us_per_req']:.1f} us CPU/req")
+            if not args.no_k6:
+                wait_for_quiet(procs.pids())
+                c0 = cpu_seconds(pid)
+                k = run_k6(url, args.rate, args.k6_secs, tokens_file, raw, target)
+                k["cpu_share"] = (cpu_seconds(pid) - c0) / args.k6_secs
+                res["k6"] = k
+                say(f"{target} k6 {args.rate}/s: p50 {k['p50']:.2f} ms, p99 {k['p99']:.2f} ms, max {k['max']:.1f} ms, "
+                    f"failed {k['failed']:.4f}, dropped {k['dropped']}")
+            results[target] = res
+            if target != "upstream":
+                procs.stop(target)
+    finally:
+        procs.stop_all()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    report = render(results, args, started)
+    with open(os.path.join(out_dir, "report.md"), "w") as f:
+        f.write(report)
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+        json.dump(results, f, indent=2, default=str)
+    print(report)
+
+
+def render(results, args, started):
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = re.search(r"model name\s*:\s*(.*)", f.read()).group(1)
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    lines = [
+        f"Run {started.strftime('%Y-%m-%d %H:%M')} UTC, git {rev} (+ working tree), {os.cpu_count()} cores "
+        f"({cpu}), {mem:.0f} GiB, Linux {platform.release()}; everything (load generator, upstream, "
+        "gateway or HAProxy, Redis, latchkey) on the same machine.",
+        f"Command: `loadtest/gateway/run.py --wrk-secs {args.wrk_secs} --k6-secs {args.k6_secs} --rate {args.rate}`",
+        "",
+    ]
+    conns = [int(c) for c in args.conns.split(",")]
+    if not args.no_wrk:
+        lines += [
+            "Maximum throughput (wrk -t2, keep-alive, 100 ES256 tokens in rotation):",
+            "",
+            "| target | " + " | ".join(f"c{c} req/s | c{c} P50 / P99 ms" for c in conns) + " | CPU us/req (c%d) |" % conns[-1],
+            "|---|" + "---|---|" * len(conns) + "---|",
+        ]
+        for t, r in results.items():
+            cells = []
+            for c in conns:
+                w = r["wrk"].get(c)
+                if w is None:
+                    cells += ["", ""]
+                    continue
+                err = w["errors"]["status"] + w["errors"]["timeout"]
+                cells += [f"{w['rps']:,.0f}" + (f" ({err} errors)" if err else ""),
+                          f"{w['latency_us']['p50'] / 1000:.2f} / {w['latency_us']['p99'] / 1000:.2f}"]
+            last = r["wrk"].get(conns[-1], {})
+            cpu_req = f"{last.get('cpu_us_per_req', 0):.1f}"
+            if t == "gateway-redis" and last:
+                cpu_req += f" (+ Redis {last['redis_cpu_us_per_req']:.1f})"
+            lines.append(f"| {t} | " + " | ".join(cells) + f" | {cpu_req} |")
+        lines.append("")
+    if not args.no_k6:
+        base = results.get("upstream", {}).get("k6")
+        lines += [
+            f"Open model, k6 constant-arrival-rate {args.rate}/s for {args.k6_secs} s:",
+            "",
+            "| target | achieved req/s | P50 ms | P90 ms | P99 ms | P99.9 ms | max ms | failed | dropped | P99 added vs direct | target CPU (cores) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for t, r in results.items():
+            k = r.get("k6")
+            if not k:
+                continue
+            added = f"{k['p99'] - base['p99']:+.2f} ms" if base and t != "upstream" else ""
+            lines.append(
+                f"| {t} | {k['rps']:,.0f} | {k['p50']:.2f} | {k['p90']:.2f} | {k['p99']:.2f} | {k['p999']:.2f} | "
+                f"{k['max']:.1f} | {k['failed'] * 100:.2f} % | {k['dropped']} | {added} | {k['cpu_share']:.2f} |"
+            )
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

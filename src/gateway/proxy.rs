@@ -1,0 +1,357 @@
+//! The request path through the gateway:
+//!
+//! ```text
+//! request ─► safe path? ──no──► 400
+//!            route found? ─no─► 404
+//!            strip hop-by-hop, Expect and client-sent identity headers
+//!            limit by ip? ──over──► 429            (before any token work)
+//!            auth route: bearer token valid, audience accepted? ─no─► 401
+//!            limit by sub / client_id? ──over──► 429
+//!            identity headers, X-Forwarded-*, X-Request-Id, Host
+//!            upstream (pooled keep-alive connection), bodies streamed both ways
+//!              connect/IO error ─► 502 BAD_GATEWAY
+//!              no response headers within the route's timeout ─► 504 GATEWAY_TIMEOUT
+//!            response: hop-by-hop headers stripped, X-Request-Id added
+//! ```
+//!
+//! A refused request never reaches the upstream.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use axum::http::{StatusCode, Uri, Version};
+use axum::response::Response;
+
+use super::config::LimitKey;
+use super::headers::{is_safe_path, request_host, request_id, strip_hop_by_hop};
+use super::routes::{upstream_path_and_query, Route, RouteTable};
+use super::GatewayState;
+use crate::domain::tokens::{bearer_token, Verified};
+use crate::http::error::{error_response, invalid_token, rate_limited};
+use crate::http::extract::client_ip;
+
+const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
+struct Outcome<'t> {
+    response: Response,
+    route: Option<&'t Route>,
+    upstream: Option<Duration>,
+}
+
+impl<'t> Outcome<'t> {
+    fn refused(route: Option<&'t Route>, response: Response) -> Self {
+        Outcome {
+            response,
+            route,
+            upstream: None,
+        }
+    }
+}
+
+/// Keeps the in-flight gauge right even when the client goes away mid-request.
+struct InFlight<'a>(&'a metrics::Gauge);
+
+impl<'a> InFlight<'a> {
+    fn enter(g: &'a metrics::Gauge) -> Self {
+        g.increment(1.0);
+        InFlight(g)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
+}
+
+/// Every request that is not one of the gateway's own endpoints.
+pub async fn handle(
+    State(st): State<Arc<GatewayState>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    req: Request,
+) -> Response {
+    let start = Instant::now();
+    let table = st.table();
+    let _in_flight = InFlight::enter(&table.in_flight);
+    let id = request_id(req.headers());
+    let method = req.method().clone();
+    let uri = req.uri().clone();
+    let Outcome {
+        mut response,
+        route,
+        upstream,
+    } = forward(&st, &table, peer.ip(), req, &id).await;
+    response.headers_mut().insert(X_REQUEST_ID, id.clone());
+    let elapsed = start.elapsed();
+    let status = response.status().as_u16();
+    let metrics = route.map_or(&table.unmatched, |r| &r.metrics);
+    metrics.duration.record(elapsed.as_secs_f64());
+    metrics.count(status);
+    tracing::info!(
+        target: "latchkey::gateway::access",
+        request_id = id.to_str().unwrap_or(""),
+        route = route.map_or("unmatched", |r| r.name),
+        method = %method,
+        path = uri.path(),
+        status,
+        latency_ms = elapsed.as_secs_f64() * 1000.0,
+        upstream_ms = upstream.map(|d| d.as_secs_f64() * 1000.0),
+        "request"
+    );
+    response
+}
+
+async fn forward<'t>(
+    st: &GatewayState,
+    table: &'t RouteTable,
+    peer: IpAddr,
+    req: Request,
+    id: &HeaderValue,
+) -> Outcome<'t> {
+    let (mut parts, body) = req.into_parts();
+    if !is_safe_path(parts.uri.path()) {
+        return Outcome::refused(
+            None,
+            error_response(
+                StatusCode::BAD_REQUEST,
+                "INVALID_REQUEST",
+                "path: dot-segments and encoded slashes are not allowed",
+            ),
+        );
+    }
+    let host = request_host(&parts.uri, &parts.headers);
+    let Some(route) = table.find(host, parts.uri.path()) else {
+        return Outcome::refused(
+            None,
+            error_response(
+                StatusCode::NOT_FOUND,
+                "NOT_FOUND",
+                "no route for this host and path",
+            ),
+        );
+    };
+    let rc = &route.config;
+    let client = client_ip(peer, &parts.headers, &table.trusted_proxies);
+    let headers = &mut parts.headers;
+    strip_hop_by_hop(headers);
+    headers.remove(header::EXPECT); // answered by our server already
+    for name in table.identity.all() {
+        headers.remove(name);
+    }
+
+    // Limits by address come first: a flood of forged tokens costs no signature check.
+    if let Some(rl) = rc.rate_limit.as_ref().filter(|rl| rl.key == LimitKey::Ip) {
+        if let Err(l) = st
+            .limiter
+            .check_policy(route.policy_name, rl.policy, &client.to_string())
+            .await
+        {
+            route.metrics.rate_limited.increment(1);
+            return Outcome::refused(Some(route), rate_limited(&l));
+        }
+    }
+    let verified = if rc.auth {
+        match authenticate(st, route, headers).await {
+            Ok(v) => Some(v),
+            Err(reason) => {
+                metrics::counter!("latchkey_gateway_auth_failures_total", "route" => route.name, "reason" => reason)
+                    .increment(1);
+                return Outcome::refused(Some(route), invalid_token());
+            }
+        }
+    } else {
+        None
+    };
+    if let (Some(rl), Some(v)) = (&rc.rate_limit, &verified) {
+        let key = match rl.key {
+            LimitKey::Subject => Some(v.claims.sub.as_str()),
+            LimitKey::ClientId => Some(v.claims.client_id.as_str()),
+            LimitKey::Ip => None,
+        };
+        if let Some(key) = key {
+            if let Err(l) = st.limiter.check_policy(route.policy_name, rl.policy, key).await {
+                route.metrics.rate_limited.increment(1);
+                return Outcome::refused(Some(route), rate_limited(&l));
+            }
+        }
+    }
+
+    if let Some(v) = &verified {
+        let c = &v.claims;
+        let id_headers = &table.identity;
+        for (name, value) in [
+            (&id_headers.subject, &c.sub),
+            (&id_headers.email, &c.email),
+            (&id_headers.session, &c.sid),
+            (&id_headers.client_id, &c.client_id),
+        ] {
+            if let Ok(v) = HeaderValue::from_str(value) {
+                headers.insert(name.clone(), v);
+            }
+        }
+    }
+    if !rc.forward_authorization {
+        headers.remove(header::AUTHORIZATION);
+    }
+    forwarded_headers(headers, peer, &table.trusted_proxies);
+    headers.insert(X_REQUEST_ID, id.clone());
+    let original_host = headers.remove(header::HOST);
+    if let Some(h) = original_host {
+        if rc.preserve_host {
+            headers.insert(header::HOST, h.clone());
+        }
+        headers.insert(X_FORWARDED_HOST, h);
+    }
+
+    let target = upstream_path_and_query(rc, parts.uri.path(), parts.uri.query());
+    let uri = match Uri::try_from(format!("{}{target}", rc.upstream_origin)) {
+        Ok(u) => u,
+        Err(_) => {
+            return Outcome::refused(
+                Some(route),
+                error_response(
+                    StatusCode::BAD_REQUEST,
+                    "INVALID_REQUEST",
+                    "path: not a valid request target",
+                ),
+            )
+        }
+    };
+    parts.uri = uri;
+    parts.version = Version::HTTP_11;
+    let upstream_req = Request::from_parts(parts, body);
+
+    let sent = Instant::now();
+    let result = tokio::time::timeout(rc.timeout, st.client.request(upstream_req)).await;
+    let took = sent.elapsed();
+    route.metrics.upstream.record(took.as_secs_f64());
+    let response = match result {
+        Ok(Ok(resp)) => {
+            let (mut p, body) = resp.into_parts();
+            strip_hop_by_hop(&mut p.headers);
+            Response::from_parts(p, Body::new(body))
+        }
+        Ok(Err(e)) => {
+            let kind = if e.is_connect() { "connect" } else { "io" };
+            metrics::counter!("latchkey_gateway_upstream_errors_total", "route" => route.name, "kind" => kind)
+                .increment(1);
+            tracing::warn!(route = route.name, upstream = %rc.upstream_origin, error = %error_chain(&e),
+                "upstream request failed");
+            error_response(
+                StatusCode::BAD_GATEWAY,
+                "BAD_GATEWAY",
+                "the upstream service could not be reached or broke the connection",
+            )
+        }
+        Err(_) => {
+            metrics::counter!("latchkey_gateway_upstream_errors_total", "route" => route.name, "kind" => "timeout")
+                .increment(1);
+            tracing::warn!(route = route.name, upstream = %rc.upstream_origin, timeout_ms = rc.timeout.as_millis() as u64,
+                "upstream did not answer in time");
+            error_response(
+                StatusCode::GATEWAY_TIMEOUT,
+                "GATEWAY_TIMEOUT",
+                "the upstream service did not answer in time",
+            )
+        }
+    };
+    Outcome {
+        response,
+        route: Some(route),
+        upstream: Some(took),
+    }
+}
+
+/// The verified token of an authenticated route, or why not (a metric label).
+async fn authenticate(
+    st: &GatewayState,
+    route: &Route,
+    headers: &HeaderMap,
+) -> Result<Arc<Verified>, &'static str> {
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer_token)
+        .ok_or("missing")?;
+    let v = st.tokens.validate(token).await.map_err(|r| r.as_str())?;
+    if !route.config.audiences.contains(&v.claims.aud) {
+        return Err("audience");
+    }
+    Ok(v)
+}
+
+/// `X-Forwarded-For` gains the peer; from an untrusted peer, whatever the
+/// client claimed before is dropped (the gateway is then the edge, and an
+/// upstream must be able to believe the whole chain).
+fn forwarded_headers(headers: &mut HeaderMap, peer: IpAddr, trusted: &[IpAddr]) {
+    let from_trusted = trusted.contains(&peer);
+    let prior = if from_trusted {
+        headers
+            .get_all(&X_FORWARDED_FOR)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect::<Vec<_>>()
+            .join(", ")
+    } else {
+        String::new()
+    };
+    let chain = if prior.is_empty() {
+        peer.to_string()
+    } else {
+        format!("{prior}, {peer}")
+    };
+    if let Ok(v) = HeaderValue::from_str(&chain) {
+        headers.insert(X_FORWARDED_FOR, v);
+    }
+    if !from_trusted {
+        headers.remove(header::FORWARDED);
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    } else if !headers.contains_key(&X_FORWARDED_PROTO) {
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    }
+}
+
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forwarded_for_trusts_only_trusted_peers() {
+        let proxy: IpAddr = "10.0.0.1".parse().unwrap();
+        let stranger: IpAddr = "198.51.100.7".parse().unwrap();
+        let spoofed = || {
+            let mut h = HeaderMap::new();
+            h.insert(X_FORWARDED_FOR, HeaderValue::from_static("1.2.3.4"));
+            h.insert(header::FORWARDED, HeaderValue::from_static("for=1.2.3.4"));
+            h.insert(X_FORWARDED_PROTO, HeaderValue::from_static("https"));
+            h
+        };
+        let mut h = spoofed();
+        forwarded_headers(&mut h, stranger, &[proxy]);
+        assert_eq!(h[&X_FORWARDED_FOR], "198.51.100.7");
+        assert_eq!(h[&X_FORWARDED_PROTO], "http");
+        assert!(h.get(header::FORWARDED).is_none());
+        let mut h = spoofed();
+        forwarded_headers(&mut h, proxy, &[proxy]);
+        assert_eq!(h[&X_FORWARDED_FOR], "1.2.3.4, 10.0.0.1");
+        assert_eq!(h[&X_FORWARDED_PROTO], "https");
+    }
+}
