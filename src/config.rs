@@ -206,7 +206,11 @@ impl Sources {
         if let Some(v) = self.env.get(&env_name) {
             return Some((v.clone(), env_name));
         }
-        let v = self.file.get(key)?;
+        // In the file, `listen` and `LATCHKEY_LISTEN` are both accepted.
+        let (file_key, v) = match self.file.get(key) {
+            Some(v) => (key.to_string(), v),
+            None => (env_name.clone(), self.file.get(&env_name)?),
+        };
         let s = match v {
             toml::Value::String(s) => s.clone(),
             toml::Value::Integer(i) => i.to_string(),
@@ -214,7 +218,7 @@ impl Sources {
             toml::Value::Boolean(b) => b.to_string(),
             other => format!("{other:?}"),
         };
-        Some((s, format!("{key} (in --config file)")))
+        Some((s, format!("{file_key} (in the --config file)")))
     }
 
     /// Setting `key` parsed by `parse`, or `default` when it is not set.
@@ -596,6 +600,32 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(parse_mail("carrier-pigeon").is_err());
+    }
+
+    #[test]
+    fn toml_file_takes_both_key_forms_and_the_environment_wins() {
+        let dir = std::env::temp_dir().join(format!("latchkey-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.toml");
+        std::fs::write(
+            &path,
+            "listen = \"127.0.0.1:9999\"\nLATCHKEY_MAIL = \"file:/tmp/m\"\nhash_threads = 3\n",
+        )
+        .unwrap();
+        let mut src = Sources::load(Some(&path)).unwrap();
+        src.env.clear();
+        let c = Config::from_sources(&src).unwrap();
+        assert_eq!(c.listen.port(), 9999);
+        assert_eq!(c.mail, MailConfig::File("/tmp/m".into()));
+        assert_eq!(c.hash_threads, 3);
+        src.set("listen", "127.0.0.1:7777");
+        assert_eq!(Config::from_sources(&src).unwrap().listen.port(), 7777);
+        std::fs::write(&path, "hash_threads = \"many\"\n").unwrap();
+        let mut src = Sources::load(Some(&path)).unwrap();
+        src.env.clear();
+        let err = Config::from_sources(&src).unwrap_err().to_string();
+        assert!(err.contains("hash_threads") && err.contains("--config"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -146,6 +146,10 @@ fn required<'a>(form: &'a Form, name: &str) -> Result<&'a str, OAuthError> {
         .ok_or_else(|| OAuthError::invalid_request(format!("{name}: is required")))
 }
 
+fn has_client_credentials(headers: &HeaderMap, form: &Form) -> bool {
+    headers.contains_key(header::AUTHORIZATION) || form.contains_key("client_id")
+}
+
 /// Client authentication: HTTP Basic (RFC 6749 §2.3.1) or body parameters.
 async fn authenticate_client(
     st: &AppState,
@@ -307,7 +311,12 @@ pub async fn introspect(State(st): State<AppState>, headers: HeaderMap, body: By
 pub async fn revoke(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     let result = async {
         let form = parse_form(&headers, &body)?;
-        authenticate_client(&st, &headers, &form).await?;
+        // API.md: "200 always". Whoever holds a token may end its session (as
+        // /auth/logout allows), so client credentials are optional here; when
+        // given, they must be right (RFC 7009 §2.1).
+        if has_client_credentials(&headers, &form) {
+            authenticate_client(&st, &headers, &form).await?;
+        }
         let token = required(&form, "token")?;
         // A refresh token ends its session; so does an access token (RFC 7009 §2, optional).
         if let Ok(t) = parse_opaque("token", token) {

@@ -248,7 +248,8 @@ async fn revocation(app: &TestApp) {
         200
     );
     assert_eq!(app.validate(at).await, 401);
-    // Unknown tokens: 200 all the same; no client: 401.
+    // Unknown tokens: 200 all the same; without client credentials too (API.md:
+    // "200 always"); wrong credentials: 401.
     assert_eq!(
         form(
             app,
@@ -262,6 +263,35 @@ async fn revocation(app: &TestApp) {
     );
     assert_eq!(
         form(app, "/oauth/revoke", None, &[("token", "unknown")])
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(
+        form(
+            app,
+            "/oauth/revoke",
+            Some(("rv", "wrong")),
+            &[("token", "unknown")]
+        )
+        .await
+        .status(),
+        401
+    );
+    let third: Value = app.login(&email, PASSWORD).await.json().await.unwrap();
+    assert_eq!(
+        form(
+            app,
+            "/oauth/revoke",
+            None,
+            &[("token", third["refresh_token"].as_str().unwrap())]
+        )
+        .await
+        .status(),
+        200
+    );
+    assert_eq!(
+        app.post("/auth/refresh", json!({"refresh_token": third["refresh_token"]}))
             .await
             .status(),
         401
