@@ -170,3 +170,31 @@ async fn sigkill_after_register_loses_neither_account_nor_mail() {
         .unwrap();
     assert_eq!(r.status(), 200, "the account survived too");
 }
+
+/// Two instances share the outbox: every message goes out once.
+#[sqlx::test(migrations = false)]
+async fn two_instances_deliver_each_message_once(
+    _: sqlx::postgres::PgPoolOptions,
+    opts: sqlx::postgres::PgConnectOptions,
+) {
+    let a = TestApp::postgres(opts, &[("rate_limit", "off")]).await;
+    let b = a.twin().await;
+    let emails: Vec<String> = (0..12).map(|i| unique_email(&format!("once{i}"))).collect();
+    for (i, e) in emails.iter().enumerate() {
+        let app = if i % 2 == 0 { &a } else { &b };
+        let r = app
+            .post("/auth/register", json!({"email": e, "password": PASSWORD}))
+            .await;
+        assert_eq!(r.status(), 201);
+    }
+    for e in &emails {
+        a.wait_for_mail(e, 1).await;
+    }
+    // Give a duplicate time to show up, then count.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for e in &emails {
+        assert_eq!(a.mails_to(e).len(), 1, "{e} got a duplicate");
+    }
+    b.stop().await;
+    a.stop().await;
+}

@@ -202,3 +202,25 @@ async fn an_exhausted_pool_answers_503_quickly() {
     assert_eq!(r.status(), 202);
     app.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_past_its_deadline_is_answered_503() {
+    // 10 ms is less than one argon2id hash (about 16 ms): register cannot finish in time.
+    let app = TestApp::embedded(&[("request_timeout_ms", "10")]).await;
+    let start = Instant::now();
+    let r = app
+        .post(
+            "/auth/register",
+            serde_json::json!({"email": "late@example.test", "password": "long enough"}),
+        )
+        .await;
+    assert_eq!(r.status(), 503);
+    assert!(
+        start.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(r.json::<Value>().await.unwrap()["error"], "OVERLOADED");
+    assert_eq!(app.get("/health/live").await.status(), 200);
+    app.stop().await;
+}
