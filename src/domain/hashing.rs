@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use argon2::password_hash::{Output, ParamsString, PasswordHash, SaltString};
 use argon2::{Algorithm, Argon2, Params, Version};
 use tokio::sync::{oneshot, Semaphore};
 
@@ -119,6 +119,24 @@ impl HashPool {
     }
 }
 
+thread_local! {
+    /// The argon2 memory of this thread, reused from one hash to the next:
+    /// 19 MiB allocated once per hashing thread instead of per hash (which
+    /// costs page faults, and leaves freed blocks in the allocator's arenas).
+    static BLOCKS: std::cell::RefCell<Vec<argon2::Block>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn with_blocks<R>(params: &Params, f: impl FnOnce(&mut [argon2::Block]) -> R) -> R {
+    BLOCKS.with(|cell| {
+        let mut blocks = cell.borrow_mut();
+        let need = params.block_count();
+        if blocks.len() != need {
+            *blocks = vec![argon2::Block::default(); need];
+        }
+        f(&mut blocks[..])
+    })
+}
+
 /// Runs hashing threads at a lower scheduling priority (nice 10), so that when
 /// hashing saturates the CPU the async threads serving cheap requests
 /// (validation, refresh, health) still get the cores first. On Linux the
@@ -152,18 +170,49 @@ impl Passwords {
     /// A PHC string (`$argon2id$v=19$m=...`) with a fresh random salt.
     pub fn hash(&self, password: &str) -> String {
         let salt = SaltString::encode_b64(&crate::crypto::random_bytes::<16>()).expect("16-byte salt");
-        self.argon2
-            .hash_password(password.as_bytes(), &salt)
-            .expect("argon2 with valid parameters cannot fail")
-            .to_string()
+        let mut raw_salt = [0u8; 16];
+        let salt_bytes = salt.decode_b64(&mut raw_salt).expect("a salt we just encoded");
+        let mut out = [0u8; Params::DEFAULT_OUTPUT_LEN];
+        with_blocks(&self.params, |blocks| {
+            self.argon2
+                .hash_password_into_with_memory(password.as_bytes(), salt_bytes, &mut out, blocks)
+        })
+        .expect("argon2 with valid parameters cannot fail");
+        PasswordHash {
+            algorithm: Algorithm::Argon2id.ident(),
+            version: Some(Version::V0x13.into()),
+            params: ParamsString::try_from(&self.params).expect("valid parameters"),
+            salt: Some(salt.as_salt()),
+            hash: Some(Output::new(&out).expect("32-byte output")),
+        }
+        .to_string()
     }
 
-    /// Verifies with the parameters recorded in the PHC string.
+    /// Verifies with the algorithm and parameters recorded in the PHC string.
     pub fn verify(&self, password: &str, phc: &str) -> bool {
-        match PasswordHash::new(phc) {
-            Ok(h) => self.argon2.verify_password(password.as_bytes(), &h).is_ok(),
-            Err(_) => false,
-        }
+        self.try_verify(password, phc).unwrap_or(false)
+    }
+
+    fn try_verify(&self, password: &str, phc: &str) -> Option<bool> {
+        let h = PasswordHash::new(phc).ok()?;
+        let algorithm = Algorithm::try_from(h.algorithm).ok()?;
+        let version = h
+            .version
+            .map(Version::try_from)
+            .transpose()
+            .ok()?
+            .unwrap_or_default();
+        let params = Params::try_from(&h).ok()?;
+        let expected = h.hash?;
+        let mut raw_salt = [0u8; 64];
+        let salt = h.salt?.decode_b64(&mut raw_salt).ok()?;
+        let mut out = vec![0u8; expected.len()];
+        let argon2 = Argon2::new(algorithm, version, params.clone());
+        with_blocks(&params, |blocks| {
+            argon2.hash_password_into_with_memory(password.as_bytes(), salt, &mut out, blocks)
+        })
+        .ok()?;
+        Some(crate::crypto::ct_eq(&out, expected.as_bytes()))
     }
 
     /// Costs what a real verification costs, and always fails: for unknown users.
@@ -226,6 +275,34 @@ mod tests {
             "old parameters still verify"
         );
         assert!(!p.verify_dummy("anything"));
+    }
+
+    #[test]
+    fn phc_strings_interoperate_with_the_reference_implementation() {
+        use argon2::password_hash::{PasswordHasher, PasswordVerifier};
+        let p = Passwords::new(&cheap()).unwrap();
+        let ours = p.hash("pw-123456");
+        let reference = Argon2::new(
+            Algorithm::Argon2id,
+            Version::V0x13,
+            Params::new(64, 1, 1, None).unwrap(),
+        );
+        assert!(reference
+            .verify_password(b"pw-123456", &PasswordHash::new(&ours).unwrap())
+            .is_ok());
+        let salt = SaltString::encode_b64(b"0123456789abcdef").unwrap();
+        let theirs = reference.hash_password(b"pw-123456", &salt).unwrap().to_string();
+        assert!(p.verify("pw-123456", &theirs));
+        assert!(!p.verify("pw-654321", &theirs));
+        // Another variant and other parameters verify too (older hashes).
+        let argon2i = Argon2::new(
+            Algorithm::Argon2i,
+            Version::V0x13,
+            Params::new(32, 2, 1, None).unwrap(),
+        );
+        let old = argon2i.hash_password(b"pw-123456", &salt).unwrap().to_string();
+        assert!(p.verify("pw-123456", &old));
+        assert!(p.needs_rehash(&old));
     }
 
     #[tokio::test]
