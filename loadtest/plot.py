@@ -58,7 +58,7 @@ def plot_k6(d, title):
     ax2.plot(x, [int(r["requests"]) for r in ts], label="requests/s", color="tab:blue", linewidth=1.2)
     errs = [int(r["errors"]) for r in ts]
     if any(errs):
-        ax2.plot(x, errs, label="unexpected responses/s", color="tab:red", linewidth=1.2)
+        ax2.plot(x, errs, label="failed responses/s (incl. 429 / 503)", color="tab:red", linewidth=1.2)
     ax2.set_ylabel("throughput (1/s)")
     ax2.grid(True, alpha=0.3)
     ax2.legend(loc="upper left")

@@ -173,7 +173,7 @@ def haproxy_cfg(port, upstream, pem):
     return f"""
 global
     nbthread 2
-    maxconn 20000
+    maxconn 4000
 
 defaults
     mode http
