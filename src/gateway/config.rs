@@ -122,6 +122,9 @@ pub enum LimiterStore {
 #[derive(Clone, Debug)]
 pub struct GatewayConfig {
     pub listen: SocketAddr,
+    /// Serving threads, each with its own runtime, listener (SO_REUSEPORT)
+    /// and upstream pool. Default: the number of cores.
+    pub workers: usize,
     /// `/metrics` and `/health/*` on their own address; unset: on `listen`.
     pub admin_listen: Option<SocketAddr>,
     pub jwks_url: String,
@@ -250,6 +253,7 @@ impl<'a> Fields<'a> {
 
 const TOP_KEYS: &[&str] = &[
     "listen",
+    "workers",
     "admin_listen",
     "jwks_url",
     "issuer",
@@ -416,8 +420,10 @@ impl GatewayConfig {
                 ));
             }
         }
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
         Ok(GatewayConfig {
             listen,
+            workers: f.number("workers", cores as u64, 1, 256)? as usize,
             admin_listen,
             jwks_url: jwks_url.to_string(),
             issuer,

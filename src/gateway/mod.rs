@@ -10,8 +10,11 @@
 //!   service instance.
 //! - Rate limits are the service's GCRA limiter, per route, keyed by subject,
 //!   client id or address, in process or in Redis.
-//! - Upstream connections come from one keep-alive pool (hyper); bodies are
-//!   streamed both ways, never buffered.
+//! - Requests are served by `workers` threads (default: one per core), each
+//!   with its own single-threaded runtime, its own listening socket on the
+//!   same address (SO_REUSEPORT) and its own keep-alive pool of upstream
+//!   connections (hyper), so that a request and its upstream exchange stay
+//!   on one thread. Bodies are streamed both ways, never buffered.
 //! - `/metrics` and `/health/{live,ready}` are served on `admin_listen`, or on
 //!   the main address when that is unset.
 //! - SIGHUP re-reads the file and swaps the route table (routes, limits,
@@ -25,7 +28,7 @@ pub mod headers;
 mod proxy;
 pub mod routes;
 
-use std::future::Future;
+use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -68,7 +71,6 @@ pub struct GatewayState {
     pub limiter: Arc<Limiter>,
     pub revocations: Arc<Revocations>,
     pub redis: Option<RedisHandle>,
-    client: UpstreamClient,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
     jwks_loaded_at_ms: AtomicI64,
 }
@@ -100,6 +102,13 @@ impl GatewayState {
     }
 }
 
+/// What one serving thread's handlers see: the shared state and this
+/// thread's own upstream pool (connections stay on the thread that made them).
+pub(crate) struct Worker {
+    pub gw: Arc<GatewayState>,
+    pub client: UpstreamClient,
+}
+
 /// Settings a reload cannot change (they shape listeners, pools and the verifier).
 fn restart_only_changes(old: &GatewayConfig, new: &GatewayConfig) -> Vec<&'static str> {
     let mut changed = Vec::new();
@@ -108,8 +117,9 @@ fn restart_only_changes(old: &GatewayConfig, new: &GatewayConfig) -> Vec<&'stati
             .as_ref()
             .map(|r| (r.url.expose().clone(), r.key_prefix.clone()))
     };
-    let checks: [(&'static str, bool); 12] = [
+    let checks: [(&'static str, bool); 13] = [
         ("listen", old.listen != new.listen),
+        ("workers", old.workers != new.workers),
         ("admin_listen", old.admin_listen != new.admin_listen),
         ("jwks_url", old.jwks_url != new.jwks_url),
         ("issuer", old.issuer != new.issuer),
@@ -143,7 +153,9 @@ fn restart_only_changes(old: &GatewayConfig, new: &GatewayConfig) -> Vec<&'stati
 
 /// Bound listeners and the state behind them, ready to run.
 pub struct Gateway {
-    listener: TcpListener,
+    /// One per serving thread, all bound to `listen` with SO_REUSEPORT.
+    listeners: Vec<std::net::TcpListener>,
+    local_addr: SocketAddr,
     admin: Option<TcpListener>,
     state: Arc<GatewayState>,
 }
@@ -176,9 +188,7 @@ impl Gateway {
         // The service's named policies do not apply here; routes carry their own.
         let policies = Policies::from_sources(&Sources::from_pairs([]))?;
         let limiter = Arc::new(Limiter::new(true, policies, limiter_redis));
-        let client = upstream_client(&config);
-        let listener = TcpListener::bind(config.listen)
-            .await
+        let (listeners, local_addr) = bind_per_worker(config.listen, config.workers)
             .with_context(|| format!("binding listen = {}", config.listen))?;
         let admin = match config.admin_listen {
             Some(a) => Some(
@@ -196,21 +206,19 @@ impl Gateway {
             limiter,
             revocations,
             redis,
-            client,
             metrics,
             jwks_loaded_at_ms: AtomicI64::new(now_ms()),
         });
         Ok(Gateway {
-            listener,
+            listeners,
+            local_addr,
             admin,
             state,
         })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener
-            .local_addr()
-            .expect("a bound listener has an address")
+        self.local_addr
     }
 
     pub fn admin_addr(&self) -> Option<SocketAddr> {
@@ -241,34 +249,56 @@ impl Gateway {
             tokio::spawn(st.revocations.clone().listen(bg_rx.clone())),
             tokio::spawn(housekeeping(st.clone(), bg_rx)),
         ];
-        let ops = Router::new()
-            .route("/health/live", get(live))
-            .route("/health/ready", get(ready))
-            .route("/metrics", get(metrics));
-        let (main, admin) = match self.admin {
-            Some(admin) => (Router::new(), Some((admin, ops.with_state(st.clone())))),
-            None => (ops, None),
-        };
-        let main = main.fallback(proxy::handle).with_state(st.clone());
         let (stop_tx, stop_rx) = watch::channel(false);
-        let mut servers = vec![serve(self.listener, main, stop_rx.clone())];
-        if let Some((listener, router)) = admin {
-            servers.push(serve(listener, router, stop_rx));
+        let (kill_tx, kill_rx) = watch::channel(false);
+        let with_ops = self.admin.is_none();
+        let mut workers = Vec::new();
+        for (i, listener) in self.listeners.into_iter().enumerate() {
+            workers.push(spawn_worker(
+                i,
+                listener,
+                st.clone(),
+                with_ops,
+                stop_rx.clone(),
+                kill_rx.clone(),
+            )?);
         }
+        let admin = self.admin.map(|listener| {
+            let worker = Arc::new(Worker {
+                gw: st.clone(),
+                client: upstream_client(&st.config.read().expect("config lock")),
+            });
+            let router = ops_routes().with_state(worker);
+            let mut stop = stop_rx.clone();
+            tokio::spawn(async move {
+                axum::serve(
+                    listener,
+                    router.into_make_service_with_connect_info::<SocketAddr>(),
+                )
+                .with_graceful_shutdown(async move {
+                    let _ = stop.changed().await;
+                })
+                .await
+            })
+        });
         stop.await;
         tracing::info!("gateway shutting down: no new connections, finishing in-flight requests");
         let _ = stop_tx.send(true);
         let drained = async {
-            for s in servers {
-                match s.await {
+            for w in &mut workers {
+                match w.await {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => tracing::warn!(error = %e, "server error during shutdown"),
-                    Err(e) => tracing::warn!(error = %e, "server task failed"),
+                    Err(_) => tracing::warn!("a serving thread ended abnormally"),
                 }
+            }
+            if let Some(a) = admin {
+                let _ = a.await;
             }
         };
         if tokio::time::timeout(shutdown_timeout, drained).await.is_err() {
             tracing::warn!("in-flight requests did not finish within the shutdown timeout");
+            let _ = kill_tx.send(true);
         }
         let _ = bg_tx.send(true);
         for t in tasks {
@@ -279,24 +309,93 @@ impl Gateway {
     }
 }
 
-fn serve(
-    listener: TcpListener,
-    router: Router,
+fn ops_routes() -> Router<Arc<Worker>> {
+    Router::new()
+        .route("/health/live", get(live))
+        .route("/health/ready", get(ready))
+        .route("/metrics", get(metrics))
+}
+
+/// `workers` listening sockets on `addr` (SO_REUSEPORT: the kernel spreads
+/// connections over them). With port 0, the first socket picks the port.
+fn bind_per_worker(
+    addr: SocketAddr,
+    workers: usize,
+) -> std::io::Result<(Vec<std::net::TcpListener>, SocketAddr)> {
+    let mut listeners = Vec::with_capacity(workers);
+    let mut bound = addr;
+    let reuseport = cfg!(unix) && workers > 1;
+    for _ in 0..(if reuseport { workers } else { 1 }) {
+        let socket = if bound.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        #[cfg(unix)]
+        if reuseport {
+            socket.set_reuseport(true)?;
+        }
+        socket.set_nodelay(true)?;
+        socket.bind(bound)?;
+        let listener = socket.listen(1024)?.into_std()?;
+        bound = listener.local_addr()?;
+        listeners.push(listener);
+    }
+    Ok((listeners, bound))
+}
+
+/// One serving thread: its own single-threaded runtime, listener and
+/// upstream pool, so that a request and its upstream exchange never wake
+/// another thread (the shared state is the route table, the token cache,
+/// the limiter and the revocation set). Ends when `stop` is sent and its
+/// connections have finished, or at once on `kill`.
+fn spawn_worker(
+    index: usize,
+    listener: std::net::TcpListener,
+    st: Arc<GatewayState>,
+    with_ops: bool,
     mut stop: watch::Receiver<bool>,
-) -> JoinHandle<std::io::Result<()>> {
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            router.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(async move {
-            let _ = stop.changed().await;
+    mut kill: watch::Receiver<bool>,
+) -> anyhow::Result<tokio::sync::oneshot::Receiver<std::io::Result<()>>> {
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let client_config = st.config.read().expect("config lock").clone();
+    std::thread::Builder::new()
+        .name(format!("gateway-{index}"))
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = done_tx.send(Err(e));
+                    return;
+                }
+            };
+            let result = rt.block_on(async move {
+                let listener = TcpListener::from_std(listener)?.tap_io(|tcp| {
+                    let _ = tcp.set_nodelay(true);
+                });
+                let worker = Arc::new(Worker {
+                    gw: st,
+                    client: upstream_client(&client_config),
+                });
+                let routes = if with_ops { ops_routes() } else { Router::new() };
+                let router = routes.fallback(proxy::handle).with_state(worker);
+                let server = axum::serve(
+                    listener,
+                    router.into_make_service_with_connect_info::<SocketAddr>(),
+                )
+                .with_graceful_shutdown(async move {
+                    let _ = stop.changed().await;
+                });
+                tokio::select! {
+                    r = server.into_future() => r,
+                    _ = kill.changed() => Ok(()),
+                }
+            });
+            let _ = done_tx.send(result);
         })
-        .await
-    })
+        .context("starting a serving thread")?;
+    Ok(done_rx)
 }
 
 async fn fetch_keys(config: &GatewayConfig, revocations: &Arc<Revocations>) -> anyhow::Result<Tokens> {
@@ -406,7 +505,8 @@ async fn live() -> Response {
 }
 
 /// Ready when verification keys are loaded and Redis (if configured) answers.
-async fn ready(State(st): State<Arc<GatewayState>>) -> Response {
+async fn ready(State(w): State<Arc<Worker>>) -> Response {
+    let st = &w.gw;
     let keys = st.tokens.key_count();
     let redis_ok = match &st.redis {
         None => None,
@@ -444,7 +544,8 @@ async fn ready(State(st): State<Arc<GatewayState>>) -> Response {
     }
 }
 
-async fn metrics(State(st): State<Arc<GatewayState>>) -> Response {
+async fn metrics(State(w): State<Arc<Worker>>) -> Response {
+    let st = &w.gw;
     metrics::gauge!("latchkey_token_cache_size").set(st.tokens.cache_len() as f64);
     metrics::gauge!("latchkey_revocations_size").set(st.revocations.len() as f64);
     metrics::gauge!("latchkey_gateway_routes").set(st.table().routes().count() as f64);
@@ -504,7 +605,14 @@ pub fn main(config_path: Option<&Path>, started: Instant) -> ExitCode {
         }
     };
     crate::telemetry::init_logging(config.log_format, &config.log_level);
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // This runtime runs only start-up, the background tasks, the admin
+    // endpoints and the Redis connection; requests are served by the
+    // `workers` threads, each with its own runtime.
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("latchkey gateway: cannot start the runtime: {e}");

@@ -29,7 +29,7 @@ use axum::response::Response;
 use super::config::LimitKey;
 use super::headers::{is_safe_path, request_host, request_id, strip_hop_by_hop};
 use super::routes::{upstream_path_and_query, Route, RouteTable};
-use super::GatewayState;
+use super::{GatewayState, Worker};
 use crate::domain::tokens::{bearer_token, Verified};
 use crate::http::error::{error_response, invalid_token, rate_limited};
 use crate::http::extract::client_ip;
@@ -73,11 +73,12 @@ impl Drop for InFlight<'_> {
 
 /// Every request that is not one of the gateway's own endpoints.
 pub async fn handle(
-    State(st): State<Arc<GatewayState>>,
+    State(w): State<Arc<Worker>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     req: Request,
 ) -> Response {
     let start = Instant::now();
+    let st = &w.gw;
     let table = st.table();
     let _in_flight = InFlight::enter(&table.in_flight);
     let id = request_id(req.headers());
@@ -87,7 +88,7 @@ pub async fn handle(
         mut response,
         route,
         upstream,
-    } = forward(&st, &table, peer.ip(), req, &id).await;
+    } = forward(st, &w.client, &table, peer.ip(), req, &id).await;
     response.headers_mut().insert(X_REQUEST_ID, id.clone());
     let elapsed = start.elapsed();
     let status = response.status().as_u16();
@@ -110,6 +111,7 @@ pub async fn handle(
 
 async fn forward<'t>(
     st: &GatewayState,
+    client: &super::UpstreamClient,
     table: &'t RouteTable,
     peer: IpAddr,
     req: Request,
@@ -138,7 +140,7 @@ async fn forward<'t>(
         );
     };
     let rc = &route.config;
-    let client = client_ip(peer, &parts.headers, &table.trusted_proxies);
+    let client_addr = client_ip(peer, &parts.headers, &table.trusted_proxies);
     let headers = &mut parts.headers;
     strip_hop_by_hop(headers);
     headers.remove(header::EXPECT); // answered by our server already
@@ -150,7 +152,7 @@ async fn forward<'t>(
     if let Some(rl) = rc.rate_limit.as_ref().filter(|rl| rl.key == LimitKey::Ip) {
         if let Err(l) = st
             .limiter
-            .check_policy(route.policy_name, rl.policy, &client.to_string())
+            .check_policy(route.policy_name, rl.policy, &client_addr.to_string())
             .await
         {
             route.metrics.rate_limited.increment(1);
@@ -229,7 +231,7 @@ async fn forward<'t>(
     let upstream_req = Request::from_parts(parts, body);
 
     let sent = Instant::now();
-    let result = tokio::time::timeout(rc.timeout, st.client.request(upstream_req)).await;
+    let result = tokio::time::timeout(rc.timeout, client.request(upstream_req)).await;
     let took = sent.elapsed();
     route.metrics.upstream.record(took.as_secs_f64());
     let response = match result {

@@ -6,15 +6,23 @@ use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use super::error::{invalid_token, ErrorBody};
+use super::error::{invalid_token, rate_limited, ErrorBody};
+use super::extract::ClientIp;
 use super::AppState;
 use crate::domain::tokens::{bearer_token, AccessClaims};
+use crate::limits::PolicyName;
 
 /// The hot path: a cache hit costs a hash, a lookup and a revocation check.
 #[utoipa::path(get, path = "/auth/validate", tag = "tokens", security(("bearer" = [])),
     responses((status = 200, body = AccessClaims, description = "The token's claims"),
               (status = 401, body = ErrorBody, description = "INVALID_TOKEN, with WWW-Authenticate")))]
-pub async fn validate(State(st): State<AppState>, headers: HeaderMap) -> Response {
+pub async fn validate(State(st): State<AppState>, ClientIp(ip): ClientIp, headers: HeaderMap) -> Response {
+    // Unlimited by default; `rate_limit_validate` turns a per-IP limit on.
+    if st.limiter.is_active(PolicyName::Validate) {
+        if let Err(l) = st.limiter.check(PolicyName::Validate, &ip.to_string()).await {
+            return rate_limited(&l);
+        }
+    }
     let Some(token) = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())

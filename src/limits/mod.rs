@@ -222,6 +222,11 @@ impl Limiter {
         self.enabled
     }
 
+    /// Whether `policy` limits anything (limits on and the policy configured).
+    pub fn is_active(&self, policy: PolicyName) -> bool {
+        self.enabled && self.policies.get(policy).is_some()
+    }
+
     /// Takes one token from the bucket of (`policy`, `key`).
     pub async fn check(&self, policy: PolicyName, key: &str) -> Result<(), Limited> {
         if !self.enabled {

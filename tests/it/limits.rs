@@ -185,3 +185,21 @@ async fn redis_failure_falls_back_as_configured_and_never_500s() {
     );
     app.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validation_is_unlimited_by_default_and_limitable() {
+    let app = TestApp::embedded(&[]).await;
+    let pair = app.register_verified(&unique_email("v"), PASSWORD).await;
+    let at = pair["access_token"].as_str().unwrap().to_string();
+    for _ in 0..50 {
+        assert_eq!(app.validate(&at).await, 200);
+    }
+    app.stop().await;
+    let app = TestApp::embedded(&[("rate_limit_validate", "3/60")]).await;
+    let pair = app.register_verified(&unique_email("v"), PASSWORD).await;
+    let at = pair["access_token"].as_str().unwrap().to_string();
+    let statuses: Vec<u16> = futures_util::future::join_all((0..10).map(|_| app.validate(&at))).await;
+    assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 3, "{statuses:?}");
+    assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 7, "{statuses:?}");
+    app.stop().await;
+}
