@@ -270,6 +270,9 @@ async fn housekeeping(st: Arc<Services>, mut shutdown: watch::Receiver<bool>) {
                 Ok(()) => resync_from = now - 10_000, // overlap absorbs commit delays
                 Err(e) => tracing::warn!(error = %e, "revocation resync failed"),
             }
+            // Histogram samples wait in lock-free buckets until drained: drain
+            // them even when nothing scrapes /metrics, or they pile up.
+            st.metrics.run_upkeep();
             if let Ok((backlog, oldest)) = st.store.outbox_backlog().await {
                 metrics::gauge!("latchkey_outbox_backlog").set(backlog as f64);
                 let age = oldest.map(|t| (now - t).max(0) as f64 / 1000.0).unwrap_or(0.0);

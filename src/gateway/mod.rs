@@ -107,6 +107,14 @@ impl GatewayState {
 pub(crate) struct Worker {
     pub gw: Arc<GatewayState>,
     pub client: UpstreamClient,
+    /// With Redis buckets: the shared limiter over this thread's own Redis connection.
+    pub limiter: Option<Limiter>,
+}
+
+impl Worker {
+    pub fn limiter(&self) -> &Limiter {
+        self.limiter.as_ref().unwrap_or(&self.gw.limiter)
+    }
 }
 
 /// Settings a reload cannot change (they shape listeners, pools and the verifier).
@@ -267,6 +275,7 @@ impl Gateway {
             let worker = Arc::new(Worker {
                 gw: st.clone(),
                 client: upstream_client(&st.config.read().expect("config lock")),
+                limiter: None,
             });
             let router = ops_routes().with_state(worker);
             let mut stop = stop_rx.clone();
@@ -374,9 +383,22 @@ fn spawn_worker(
                 let listener = TcpListener::from_std(listener)?.tap_io(|tcp| {
                     let _ = tcp.set_nodelay(true);
                 });
+                // Redis buckets: this thread's own connection (falls back to
+                // the shared one, on the background runtime, if it cannot connect).
+                let limiter = match (&client_config.redis, client_config.limiter) {
+                    (Some(r), LimiterStore::Redis) => match RedisHandle::connect(r).await {
+                        Ok(conn) => Some(st.limiter.with_redis_connection(conn)),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "a serving thread could not open its own Redis connection");
+                            None
+                        }
+                    },
+                    _ => None,
+                };
                 let worker = Arc::new(Worker {
                     gw: st,
                     client: upstream_client(&client_config),
+                    limiter,
                 });
                 let routes = if with_ops { ops_routes() } else { Router::new() };
                 let router = routes.fallback(proxy::handle).with_state(worker);

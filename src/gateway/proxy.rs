@@ -88,7 +88,7 @@ pub async fn handle(
         mut response,
         route,
         upstream,
-    } = forward(st, &w.client, &table, peer.ip(), req, &id).await;
+    } = forward(st, &w, &table, peer.ip(), req, &id).await;
     response.headers_mut().insert(X_REQUEST_ID, id.clone());
     let elapsed = start.elapsed();
     let status = response.status().as_u16();
@@ -111,12 +111,13 @@ pub async fn handle(
 
 async fn forward<'t>(
     st: &GatewayState,
-    client: &super::UpstreamClient,
+    w: &Worker,
     table: &'t RouteTable,
     peer: IpAddr,
     req: Request,
     id: &HeaderValue,
 ) -> Outcome<'t> {
+    let limiter = w.limiter();
     let (mut parts, body) = req.into_parts();
     if !is_safe_path(parts.uri.path()) {
         return Outcome::refused(
@@ -150,8 +151,7 @@ async fn forward<'t>(
 
     // Limits by address come first: a flood of forged tokens costs no signature check.
     if let Some(rl) = rc.rate_limit.as_ref().filter(|rl| rl.key == LimitKey::Ip) {
-        if let Err(l) = st
-            .limiter
+        if let Err(l) = limiter
             .check_policy(route.policy_name, rl.policy, &client_addr.to_string())
             .await
         {
@@ -178,7 +178,7 @@ async fn forward<'t>(
             LimitKey::Ip => None,
         };
         if let Some(key) = key {
-            if let Err(l) = st.limiter.check_policy(route.policy_name, rl.policy, key).await {
+            if let Err(l) = limiter.check_policy(route.policy_name, rl.policy, key).await {
                 route.metrics.rate_limited.increment(1);
                 return Outcome::refused(Some(route), rate_limited(&l));
             }
@@ -231,7 +231,7 @@ async fn forward<'t>(
     let upstream_req = Request::from_parts(parts, body);
 
     let sent = Instant::now();
-    let result = tokio::time::timeout(rc.timeout, client.request(upstream_req)).await;
+    let result = tokio::time::timeout(rc.timeout, w.client.request(upstream_req)).await;
     let took = sent.elapsed();
     route.metrics.upstream.record(took.as_secs_f64());
     let response = match result {

@@ -8,11 +8,12 @@ use std::sync::Mutex;
 const SHARDS: usize = 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Times are in the caller's unit (the limiter uses microseconds).
 pub struct Outcome {
     pub allowed: bool,
-    pub retry_after_ms: i64,
+    pub retry_after: i64,
     /// Time until the bucket is full again.
-    pub reset_ms: i64,
+    pub reset: i64,
 }
 
 /// GCRA step: `tat` the stored arrival time (or none), `interval` = window /
@@ -25,8 +26,8 @@ pub fn step(tat: Option<i64>, now: i64, interval: i64, window: i64) -> (Outcome,
         (
             Outcome {
                 allowed: false,
-                retry_after_ms: allow_at - now,
-                reset_ms: tat - now,
+                retry_after: allow_at - now,
+                reset: tat - now,
             },
             None,
         )
@@ -34,8 +35,8 @@ pub fn step(tat: Option<i64>, now: i64, interval: i64, window: i64) -> (Outcome,
         (
             Outcome {
                 allowed: true,
-                retry_after_ms: 0,
-                reset_ms: new_tat - now,
+                retry_after: 0,
+                reset: new_tat - now,
             },
             Some(new_tat),
         )
@@ -98,8 +99,8 @@ mod tests {
         }
         let (o, t) = step(tat, 0, 1000, 3000);
         assert!(!o.allowed);
-        assert_eq!(o.retry_after_ms, 1000);
-        assert_eq!(o.reset_ms, 3000);
+        assert_eq!(o.retry_after, 1000);
+        assert_eq!(o.reset, 3000);
         assert!(t.is_none());
         // One token back after one interval.
         let (o, t) = step(tat, 1000, 1000, 3000);

@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use crate::cache::RedisHandle;
 use crate::config::{ConfigError, Sources};
-use crate::store::now_ms;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PolicyName {
@@ -165,11 +164,12 @@ pub struct Limited {
 }
 
 /// GCRA in Redis, with Redis's clock so that instances agree. Returns
-/// `{allowed, retry_after_ms, reset_ms}`. KEYS[1] the bucket; ARGV[1] the
-/// emission interval (window / limit) and ARGV[2] the window, in ms.
+/// `{allowed, retry_after_us, reset_us}`. KEYS[1] the bucket; ARGV[1] the
+/// emission interval (window / limit) and ARGV[2] the window, in microseconds
+/// (so that limits above 1,000 per second per key stay exact).
 const GCRA_SCRIPT: &str = r#"
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local interval = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
 local tat = tonumber(redis.call('GET', KEYS[1]) or now)
@@ -179,14 +179,14 @@ local allow_at = new_tat - window
 if now < allow_at then
   return {0, allow_at - now, tat - now}
 end
-redis.call('SET', KEYS[1], new_tat, 'PX', math.max(1, math.ceil(new_tat - now)))
+redis.call('SET', KEYS[1], new_tat, 'PX', math.max(1, math.ceil((new_tat - now) / 1000)))
 return {1, 0, new_tat - now}
 "#;
 
 pub struct Limiter {
     enabled: bool,
     policies: Policies,
-    local: LocalBuckets,
+    local: std::sync::Arc<LocalBuckets>,
     redis: Option<RedisHandle>,
     script: redis::Script,
 }
@@ -212,8 +212,21 @@ impl Limiter {
         Limiter {
             enabled,
             policies,
-            local: LocalBuckets::new(),
+            local: std::sync::Arc::new(LocalBuckets::new()),
             redis,
+            script: redis::Script::new(GCRA_SCRIPT),
+        }
+    }
+
+    /// The same policies and in-process buckets (the fallback), asking Redis
+    /// over another connection: the gateway gives each serving thread one on
+    /// its own runtime, so that a check does not wake another thread.
+    pub fn with_redis_connection(&self, redis: RedisHandle) -> Limiter {
+        Limiter {
+            enabled: self.enabled,
+            policies: self.policies.clone(),
+            local: self.local.clone(),
+            redis: Some(redis),
             script: redis::Script::new(GCRA_SCRIPT),
         }
     }
@@ -245,10 +258,10 @@ impl Limiter {
             return Ok(());
         }
         let policy = name;
-        let window_ms = p.window.as_millis() as i64;
-        let interval_ms = (window_ms / p.limit as i64).max(1);
+        let window_us = p.window.as_micros() as i64;
+        let interval_us = (window_us / p.limit as i64).max(1);
         let outcome = match &self.redis {
-            None => self.local.take(policy, key, now_ms(), interval_ms, window_ms),
+            None => self.local.take(policy, key, now_us(), interval_us, window_us),
             Some(r) => {
                 // `{...}` is a hash tag: the bucket's slot is fixed on Redis Cluster.
                 let bucket = r.key(&format!("rl:{{{}:{}}}", policy, key));
@@ -257,17 +270,17 @@ impl Limiter {
                     .run("ratelimit", |mut c| async move {
                         script
                             .key(bucket)
-                            .arg(interval_ms)
-                            .arg(window_ms)
+                            .arg(interval_us)
+                            .arg(window_us)
                             .invoke_async::<(i64, i64, i64)>(&mut c)
                             .await
                     })
                     .await;
                 match res {
-                    Ok((allowed, retry_ms, reset_ms)) => gcra::Outcome {
+                    Ok((allowed, retry_us, reset_us)) => gcra::Outcome {
                         allowed: allowed == 1,
-                        retry_after_ms: retry_ms,
-                        reset_ms,
+                        retry_after: retry_us,
+                        reset: reset_us,
                     },
                     Err(e) => {
                         metrics::counter!("latchkey_ratelimit_fallback_total", "policy" => policy,
@@ -277,7 +290,7 @@ impl Limiter {
                             "rate limit store unavailable");
                         match p.fallback {
                             Fallback::Open => return Ok(()),
-                            Fallback::Local => self.local.take(policy, key, now_ms(), interval_ms, window_ms),
+                            Fallback::Local => self.local.take(policy, key, now_us(), interval_us, window_us),
                         }
                     }
                 }
@@ -288,24 +301,31 @@ impl Limiter {
             Ok(())
         } else {
             metrics::counter!("latchkey_ratelimit_limited_total", "policy" => policy).increment(1);
-            let remaining = ((window_ms - outcome.reset_ms).max(0) / interval_ms) as u32;
+            let remaining = ((window_us - outcome.reset).max(0) / interval_us) as u32;
             Err(Limited {
                 limit: p.limit,
                 remaining: remaining.min(p.limit),
-                reset_secs: ceil_secs(outcome.reset_ms),
-                retry_after_secs: ceil_secs(outcome.retry_after_ms).max(1),
+                reset_secs: ceil_secs(outcome.reset),
+                retry_after_secs: ceil_secs(outcome.retry_after).max(1),
             })
         }
     }
 
     /// Drops local buckets that are full again (housekeeping).
     pub fn purge(&self) {
-        self.local.purge(now_ms());
+        self.local.purge(now_us());
     }
 }
 
-fn ceil_secs(ms: i64) -> u64 {
-    (ms.max(0) as u64).div_ceil(1000)
+fn ceil_secs(us: i64) -> u64 {
+    (us.max(0) as u64).div_ceil(1_000_000)
+}
+
+fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -344,6 +364,18 @@ mod tests {
         assert!((59..=60).contains(&l.reset_secs), "{l:?}");
         // Another key has its own bucket.
         assert!(limiter.check(PolicyName::LoginIp, "5.6.7.8").await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn rates_above_one_per_millisecond_are_exact() {
+        let src = Sources::from_pairs([("rate_limit_login_ip", "5000/1")]);
+        let limiter = Limiter::new(true, Policies::from_sources(&src).unwrap(), None);
+        let mut allowed = 0;
+        for _ in 0..6000 {
+            allowed += limiter.check(PolicyName::LoginIp, "k").await.is_ok() as u32;
+        }
+        // A burst of 5000, plus what refills while the loop runs (200 us per token).
+        assert!((5000..5100).contains(&allowed), "{allowed}");
     }
 
     #[tokio::test]
