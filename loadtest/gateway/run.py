@@ -22,6 +22,8 @@ What it does, in a temporary directory removed at the end:
   forged one 401, then wrk (keep-alive, 2 threads, cycling through the
   tokens) at each connection count, then k6 constant-arrival-rate at RATE/s;
   each process's CPU time over each run gives CPU per request;
+- a measurement during which another k6, wrk, haproxy, cargo or rustc
+  appeared is repeated (up to 3 times; a last disturbed one is marked);
 - prints a Markdown report and writes it, with the raw outputs, to
   loadtest/results/<UTC date-time>-gateway/.
 
@@ -47,6 +49,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -100,11 +103,23 @@ def cpu_seconds(pid):
         return 0.0
 
 
+def parent_of(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def others_running(own):
+    """Other k6, wrk, haproxy, cargo or rustc processes than ours (`own`, or our children)."""
     found = []
     for name in ("k6", "wrk", "haproxy", "cargo", "rustc"):
         out = subprocess.run(["pgrep", "-a", "-x", name], capture_output=True, text=True).stdout
-        found += [l for l in out.splitlines() if l and int(l.split()[0]) not in own]
+        for line in out.splitlines():
+            pid = int(line.split()[0])
+            if pid not in own and parent_of(pid) != os.getpid():
+                found.append(line)
     return found
 
 
@@ -134,6 +149,42 @@ def wait_for_quiet(own):
             time.sleep(10)
             continue
         return
+
+
+class Watch:
+    """Notes any other load generator or build that runs during a measurement."""
+
+    def __init__(self, own):
+        self.own, self.seen, self.stop = own, [], threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        while not self.stop.wait(0.5):
+            self.seen += others_running(self.own)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+
+def measure(procs, label, fn, attempts=3):
+    """Runs `fn` on a quiet machine; again (up to `attempts`) if something else
+    started meanwhile. The result says how many tries it took and whether the
+    last one was still disturbed."""
+    for attempt in range(1, attempts + 1):
+        wait_for_quiet(procs.pids())
+        with Watch(procs.pids()) as w:
+            result = fn()
+        result["attempts"] = attempt
+        result["disturbed"] = bool(w.seen)
+        if not w.seen:
+            return result
+        say(f"{label}: disturbed by {w.seen[0][:80]}; measuring again")
+    return result
 
 
 class Procs:
@@ -432,19 +483,24 @@ def main():
             run_wrk(url, 50, 3, tokens_file, raw, f"{target}-warmup")
             if not args.no_wrk:
                 for conns in [int(c) for c in args.conns.split(",")]:
-                    wait_for_quiet(procs.pids())
-                    c0, r0 = cpu_seconds(pid), cpu_seconds(procs.items["redis"].pid)
-                    w = run_wrk(url, conns, args.wrk_secs, tokens_file, raw, target)
-                    w["cpu_us_per_req"] = (cpu_seconds(pid) - c0) * 1e6 / max(w["requests"], 1)
-                    w["redis_cpu_us_per_req"] = (cpu_seconds(procs.items["redis"].pid) - r0) * 1e6 / max(w["requests"], 1)
+                    def one_wrk():
+                        c0, r0 = cpu_seconds(pid), cpu_seconds(procs.items["redis"].pid)
+                        w = run_wrk(url, conns, args.wrk_secs, tokens_file, raw, target)
+                        w["cpu_us_per_req"] = (cpu_seconds(pid) - c0) * 1e6 / max(w["requests"], 1)
+                        w["redis_cpu_us_per_req"] = (
+                            (cpu_seconds(procs.items["redis"].pid) - r0) * 1e6 / max(w["requests"], 1))
+                        return w
+                    w = measure(procs, f"{target} wrk c{conns}", one_wrk)
                     res["wrk"][conns] = w
                     say(f"{target} wrk c{conns}: {w['rps']:.0f} req/s, p99 {w['latency_us']['p99'] / 1000:.2f} ms, "
                         f"non-2xx {w['errors']['status']}, {w['cpu_us_per_req']:.1f} us CPU/req")
             if not args.no_k6 and target in args.k6_targets.split(","):
-                wait_for_quiet(procs.pids())
-                c0 = cpu_seconds(pid)
-                k = run_k6(url, args.rate, args.k6_secs, tokens_file, raw, target)
-                k["cpu_share"] = (cpu_seconds(pid) - c0) / args.k6_secs
+                def one_k6():
+                    c0 = cpu_seconds(pid)
+                    k = run_k6(url, args.rate, args.k6_secs, tokens_file, raw, target)
+                    k["cpu_share"] = (cpu_seconds(pid) - c0) / args.k6_secs
+                    return k
+                k = measure(procs, f"{target} k6", one_k6)
                 res["k6"] = k
                 say(f"{target} k6 {args.rate}/s: p50 {k['p50']:.2f} ms, p99 {k['p99']:.2f} ms, max {k['max']:.1f} ms, "
                     f"failed {k['failed']:.4f}, dropped {k['dropped']}")
@@ -476,7 +532,7 @@ def render(results, args, started):
         f"Run {started.strftime('%Y-%m-%d %H:%M')} UTC, git {rev} (+ working tree), {os.cpu_count()} cores "
         f"({cpu}), {mem:.0f} GiB, Linux {platform.release()}; everything (load generator, upstream, "
         "gateway or HAProxy, Redis, latchkey) on the same machine.",
-        f"Command: `loadtest/gateway/run.py --wrk-secs {args.wrk_secs} --k6-secs {args.k6_secs} --rate {args.rate}`",
+        "Command: `loadtest/gateway/run.py " + " ".join(sys.argv[1:]) + "`",
         "",
     ]
     conns = [int(c) for c in args.conns.split(",")]
@@ -496,7 +552,7 @@ def render(results, args, started):
                     cells += ["", ""]
                     continue
                 err = w["errors"]["status"] + w["errors"]["timeout"]
-                cells += [f"{w['rps']:,.0f}" + (f" ({err} errors)" if err else ""),
+                cells += [f"{w['rps']:,.0f}" + (f" ({err} errors)" if err else "") + (" (disturbed)" if w.get("disturbed") else ""),
                           f"{w['latency_us']['p50'] / 1000:.2f} / {w['latency_us']['p99'] / 1000:.2f}"]
             last = r["wrk"].get(conns[-1], {})
             cpu_req = f"{last.get('cpu_us_per_req', 0):.1f}"
@@ -517,8 +573,9 @@ def render(results, args, started):
             if not k:
                 continue
             added = f"{k['p99'] - base['p99']:+.2f} ms" if base and t != "upstream" else ""
+            mark = " (disturbed)" if k.get("disturbed") else ""
             lines.append(
-                f"| {t} | {k['rps']:,.0f} | {k['p50']:.2f} | {k['p90']:.2f} | {k['p99']:.2f} | {k['p999']:.2f} | "
+                f"| {t}{mark} | {k['rps']:,.0f} | {k['p50']:.2f} | {k['p90']:.2f} | {k['p99']:.2f} | {k['p999']:.2f} | "
                 f"{k['max']:.1f} | {k['failed'] * 100:.2f} % | {k['dropped']} | {added} | {k['cpu_share']:.2f} | "
                 f"{k['generator_cores']:.2f} |"
             )
