@@ -5,7 +5,7 @@ gateway (in-process and Redis rate limiter) and HAProxy doing the same job
 
 Usage (from the repository root):
   cargo build --release && cargo build --release --example bench_upstream
-  loadtest/gateway/run.py [--wrk-secs 15] [--k6-secs 30] [--rate 5000]
+  loadtest/gateway/run.py [--wrk-secs 15] [--k6-secs 20] [--k6-rounds 3] [--rate 5000]
                           [--targets upstream,gateway-local,gateway-redis,haproxy,haproxy-plain]
                           [--conns 50,100] [--no-k6] [--no-wrk]
 
@@ -14,14 +14,18 @@ What it does, in a temporary directory removed at the end:
   limits off, issuer http://latchkey.bench), seeds 100 accounts, logs each in:
   100 access tokens (tokens.txt);
 - writes the service's ES256 key as a PEM for HAProxy's jwt_verify;
-- starts the upstream (target/release/examples/bench_upstream);
-- targets: the upstream alone; the gateway with the in-process and with the
-  Redis limiter; HAProxy with jwt_verify (ES256) and a stick-table limit;
-  HAProxy proxying only (no JWT: the scale of proxying itself);
-- for each target: starts it, checks that a valid token gets 200 and a
-  forged one 401, then wrk (keep-alive, 2 threads, cycling through the
-  tokens) at each connection count, then k6 constant-arrival-rate at RATE/s;
-  each process's CPU time over each run gives CPU per request;
+- starts the upstream (target/release/examples/bench_upstream) and every
+  target, and checks that each gives 200 to a valid token and 401 to a
+  forged one. Targets: the upstream alone; the gateway with the in-process
+  and with the Redis limiter; HAProxy with jwt_verify (ES256) and a
+  stick-table limit; HAProxy proxying only (no JWT: the scale of proxying);
+- wrk (keep-alive, 2 threads, cycling through the tokens) at each
+  connection count, target after target; each process's CPU time over each
+  run gives CPU per request;
+- k6 constant-arrival-rate at RATE/s (GOGC=off, see rate.js) in rounds,
+  the targets interleaved within each round, so that noise on the machine
+  hits all of them alike; the report gives medians over the rounds and the
+  P99 added over the direct upstream of the same round;
 - a measurement during which another k6, wrk, haproxy, cargo or rustc
   appeared is repeated (up to 3 times; a last disturbed one is marked);
 - prints a Markdown report and writes it, with the raw outputs, to
@@ -177,8 +181,11 @@ def measure(procs, label, fn, attempts=3):
     last one was still disturbed."""
     for attempt in range(1, attempts + 1):
         wait_for_quiet(procs.pids())
+        t0, s0 = cpu_ticks()
         with Watch(procs.pids()) as w:
             result = fn()
+        t1, s1 = cpu_ticks()
+        result["steal"] = (s1 - s0) / max(t1 - t0, 1)
         result["attempts"] = attempt
         result["disturbed"] = bool(w.seen)
         if not w.seen:
@@ -226,9 +233,10 @@ def jwk_to_pem(jwk):
     return key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
-def gateway_toml(port, upstream, jwks, redis_url, store):
+def gateway_toml(port, upstream, jwks, redis_url, store, runtime):
     return f"""
 listen = "127.0.0.1:{port}"
+runtime = "{runtime}"
 jwks_url = "{jwks}"
 issuer = "{ISSUER}"
 audiences = ["latchkey"]
@@ -321,6 +329,13 @@ backend upstream
 """
 
 
+def cpu_ticks():
+    """(total, steal) jiffies of all cores: steal is time the hypervisor gave to others."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return sum(v[:8]), v[7]
+
+
 def children_cpu():
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
@@ -382,7 +397,8 @@ def run_k6(url, rate, secs, tokens, raw, label):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--wrk-secs", type=int, default=15)
-    ap.add_argument("--k6-secs", type=int, default=30)
+    ap.add_argument("--k6-secs", type=int, default=20)
+    ap.add_argument("--k6-rounds", type=int, default=3)
     ap.add_argument("--rate", type=int, default=5000)
     ap.add_argument("--conns", default="50,100")
     ap.add_argument("--targets", default="upstream,gateway-local,gateway-redis,haproxy,haproxy-plain")
@@ -396,6 +412,11 @@ def main():
     for tool in ("wrk", "k6", "haproxy", "redis-server"):
         if not shutil.which(tool):
             raise SystemExit(f"{tool} is not installed")
+    targets = args.targets.split(",")
+    for t in targets:
+        if t not in ("upstream", "gateway-local", "gateway-redis", "gateway-local-ws", "gateway-redis-ws",
+                     "haproxy", "haproxy-plain"):
+            raise SystemExit(f"unknown target {t}")
 
     started = dt.datetime.now(dt.timezone.utc)
     out_dir = os.path.join(ROOT, "loadtest", "results", started.strftime("%Y-%m-%d-%H%M") + "-gateway")
@@ -403,7 +424,7 @@ def main():
     os.makedirs(raw, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="latchkey-gwbench-")
     procs = Procs()
-    results = {}
+    results = {t: {"wrk": {}, "k6": []} for t in targets}
     try:
         redis_port, svc_port, up_port = free_port(), free_port(), free_port()
         procs.start("redis", ["redis-server", "--bind", "127.0.0.1", "--port", str(redis_port), "--save", "",
@@ -448,28 +469,29 @@ def main():
         forged_payload = base64.urlsafe_b64encode(json.dumps(claims).encode()).decode().rstrip("=")
         forged = f"{header}.{forged_payload}.{sig}"
 
+        # Every target runs from here on (idle ones cost nothing), so that the
+        # k6 rounds can interleave them: noise on the machine then hits all alike.
         procs.start("upstream", [UPSTREAM, f"127.0.0.1:{up_port}"], os.path.join(raw, "upstream.log"))
         wait_port(up_port)
-
-        for target in args.targets.split(","):
+        urls = {}
+        for target in targets:
             port = up_port
             if target.startswith("gateway-"):
                 port = free_port()
                 cfg = os.path.join(tmp, f"{target}.toml")
                 with open(cfg, "w") as f:
                     f.write(gateway_toml(port, up_port, f"{base}/.well-known/jwks.json",
-                                         f"redis://127.0.0.1:{redis_port}", target.split("-")[1]))
+                                         f"redis://127.0.0.1:{redis_port}", target.split("-")[1],
+                                         "work-stealing" if target.endswith("-ws") else "per-core"))
+                shutil.copy(cfg, os.path.join(raw, f"{target}.toml"))
                 procs.start(target, [LATCHKEY, "gateway", "--config", cfg], os.path.join(raw, f"{target}.log"))
-            elif target in ("haproxy", "haproxy-plain"):
+            elif target.startswith("haproxy"):
                 port = free_port()
                 cfg = os.path.join(tmp, f"{target}.cfg")
                 with open(cfg, "w") as f:
                     f.write(haproxy_cfg(port, up_port, pem) if target == "haproxy" else haproxy_plain_cfg(port, up_port))
                 shutil.copy(cfg, os.path.join(raw, f"{target}.cfg"))
-                wait_for_quiet(procs.pids())
                 procs.start(target, ["haproxy", "-db", "-f", cfg], os.path.join(raw, f"{target}.log"))
-            elif target != "upstream":
-                raise SystemExit(f"unknown target {target}")
             wait_port(port)
             url = f"http://127.0.0.1:{port}/bench"
             ok, _ = http("GET", url, headers={"Authorization": f"Bearer {tokens[0]}"})
@@ -477,36 +499,38 @@ def main():
             say(f"{target}: valid token {ok}, forged token {bad}")
             if ok != 200 or (target not in ("upstream", "haproxy-plain") and bad != 401):
                 raise SystemExit(f"{target} does not do the job (valid {ok}, forged {bad})")
-            pid = procs.items[target if target != "upstream" else "upstream"].pid
-            res = {"wrk": {}, "k6": None}
-            wait_for_quiet(procs.pids())
+            urls[target] = url
+        pid_of = {t: procs.items[t].pid for t in targets}
+        redis_pid = procs.items["redis"].pid
+
+        for target in targets if not args.no_wrk else []:
+            url, pid = urls[target], pid_of[target]
             run_wrk(url, 50, 3, tokens_file, raw, f"{target}-warmup")
-            if not args.no_wrk:
-                for conns in [int(c) for c in args.conns.split(",")]:
-                    def one_wrk():
-                        c0, r0 = cpu_seconds(pid), cpu_seconds(procs.items["redis"].pid)
-                        w = run_wrk(url, conns, args.wrk_secs, tokens_file, raw, target)
-                        w["cpu_us_per_req"] = (cpu_seconds(pid) - c0) * 1e6 / max(w["requests"], 1)
-                        w["redis_cpu_us_per_req"] = (
-                            (cpu_seconds(procs.items["redis"].pid) - r0) * 1e6 / max(w["requests"], 1))
-                        return w
-                    w = measure(procs, f"{target} wrk c{conns}", one_wrk)
-                    res["wrk"][conns] = w
-                    say(f"{target} wrk c{conns}: {w['rps']:.0f} req/s, p99 {w['latency_us']['p99'] / 1000:.2f} ms, "
-                        f"non-2xx {w['errors']['status']}, {w['cpu_us_per_req']:.1f} us CPU/req")
-            if not args.no_k6 and target in args.k6_targets.split(","):
+            for conns in [int(c) for c in args.conns.split(",")]:
+                def one_wrk():
+                    c0, r0 = cpu_seconds(pid), cpu_seconds(redis_pid)
+                    w = run_wrk(url, conns, args.wrk_secs, tokens_file, raw, target)
+                    w["cpu_us_per_req"] = (cpu_seconds(pid) - c0) * 1e6 / max(w["requests"], 1)
+                    w["redis_cpu_us_per_req"] = (cpu_seconds(redis_pid) - r0) * 1e6 / max(w["requests"], 1)
+                    return w
+                w = measure(procs, f"{target} wrk c{conns}", one_wrk)
+                results[target]["wrk"][conns] = w
+                say(f"{target} wrk c{conns}: {w['rps']:.0f} req/s, p99 {w['latency_us']['p99'] / 1000:.2f} ms, "
+                    f"non-2xx {w['errors']['status']}, {w['cpu_us_per_req']:.1f} us CPU/req")
+
+        k6_targets = [t for t in args.k6_targets.split(",") if t in targets] if not args.no_k6 else []
+        for rnd in range(1, args.k6_rounds + 1):
+            for target in k6_targets:
+                url, pid = urls[target], pid_of[target]
                 def one_k6():
                     c0 = cpu_seconds(pid)
-                    k = run_k6(url, args.rate, args.k6_secs, tokens_file, raw, target)
+                    k = run_k6(url, args.rate, args.k6_secs, tokens_file, raw, f"{target}-r{rnd}")
                     k["cpu_share"] = (cpu_seconds(pid) - c0) / args.k6_secs
                     return k
-                k = measure(procs, f"{target} k6", one_k6)
-                res["k6"] = k
-                say(f"{target} k6 {args.rate}/s: p50 {k['p50']:.2f} ms, p99 {k['p99']:.2f} ms, max {k['max']:.1f} ms, "
-                    f"failed {k['failed']:.4f}, dropped {k['dropped']}")
-            results[target] = res
-            if target != "upstream":
-                procs.stop(target)
+                k = measure(procs, f"{target} k6 round {rnd}", one_k6)
+                results[target]["k6"].append(k)
+                say(f"{target} k6 {args.rate}/s round {rnd}: p50 {k['p50']:.2f} ms, p99 {k['p99']:.2f} ms, "
+                    f"max {k['max']:.1f} ms, dropped {k['dropped']}, steal {k['steal']:.0%}")
     finally:
         procs.stop_all()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -517,6 +541,12 @@ def main():
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(results, f, indent=2, default=str)
     print(report)
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return (xs[n // 2] + xs[(n - 1) // 2]) / 2 if xs else float("nan")
 
 
 def render(results, args, started):
@@ -538,11 +568,12 @@ def render(results, args, started):
     conns = [int(c) for c in args.conns.split(",")]
     if not args.no_wrk:
         lines += [
-            "Maximum throughput (wrk -t2, keep-alive, 100 ES256 tokens in rotation):",
+            "Maximum throughput (wrk -t2, keep-alive, 100 ES256 tokens in rotation, "
+            f"{args.wrk_secs} s per cell):",
             "",
             "| target | " + " | ".join(f"c{c} req/s | c{c} P50 / P99 ms" for c in conns)
-            + " | CPU us/req (c%d) | wrk CPU (cores) |" % conns[-1],
-            "|---|" + "---|---|" * len(conns) + "---|---|",
+            + " | CPU us/req (c%d) | wrk CPU (cores) | steal |" % conns[-1],
+            "|---|" + "---|---|" * len(conns) + "---|---|---|",
         ]
         for t, r in results.items():
             cells = []
@@ -552,33 +583,48 @@ def render(results, args, started):
                     cells += ["", ""]
                     continue
                 err = w["errors"]["status"] + w["errors"]["timeout"]
-                cells += [f"{w['rps']:,.0f}" + (f" ({err} errors)" if err else "") + (" (disturbed)" if w.get("disturbed") else ""),
+                cells += [f"{w['rps']:,.0f}" + (f" ({err} errors)" if err else "")
+                          + (" (disturbed)" if w.get("disturbed") else ""),
                           f"{w['latency_us']['p50'] / 1000:.2f} / {w['latency_us']['p99'] / 1000:.2f}"]
             last = r["wrk"].get(conns[-1], {})
             cpu_req = f"{last.get('cpu_us_per_req', 0):.1f}"
             if t == "gateway-redis" and last:
                 cpu_req += f" (+ Redis {last['redis_cpu_us_per_req']:.1f})"
-            lines.append(f"| {t} | " + " | ".join(cells) + f" | {cpu_req} | {last.get('generator_cores', 0):.2f} |")
+            steal = max((w.get("steal", 0) for w in r["wrk"].values()), default=0)
+            lines.append(f"| {t} | " + " | ".join(cells)
+                         + f" | {cpu_req} | {last.get('generator_cores', 0):.2f} | {steal:.0%} |")
         lines.append("")
-    if not args.no_k6:
-        base = results.get("upstream", {}).get("k6")
+    base = results.get("upstream", {}).get("k6") or []
+    if any(r["k6"] for r in results.values()):
         lines += [
-            f"Open model, k6 constant-arrival-rate {args.rate}/s for {args.k6_secs} s:",
+            f"Open model, k6 constant-arrival-rate {args.rate}/s, {args.k6_secs} s per run, "
+            f"{args.k6_rounds} rounds with the targets interleaved; medians over the rounds "
+            "(P99 of each round in brackets):",
             "",
-            "| target | achieved req/s | P50 ms | P90 ms | P99 ms | P99.9 ms | max ms | failed | dropped | P99 added vs direct | target CPU (cores) | k6 CPU (cores) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| target | achieved req/s | P50 ms | P90 ms | P99 ms | P99.9 ms | max ms | failed | dropped | "
+            "P99 added vs direct | target CPU (cores) | k6 CPU (cores) | steal |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for t, r in results.items():
-            k = r.get("k6")
-            if not k:
+            ks = r["k6"]
+            if not ks:
                 continue
-            added = f"{k['p99'] - base['p99']:+.2f} ms" if base and t != "upstream" else ""
-            mark = " (disturbed)" if k.get("disturbed") else ""
+            m = {key: median([k[key] for k in ks]) for key in
+                 ("rps", "p50", "p90", "p99", "p999", "max", "failed", "cpu_share", "generator_cores", "steal")}
+            dropped = sum(k["dropped"] for k in ks)
+            added = ""
+            if base and t != "upstream":
+                diffs = [k["p99"] - b["p99"] for k, b in zip(ks, base)]
+                added = f"{median(diffs):+.2f} ms"
+            per_round = ", ".join(f"{k['p99']:.1f}" + ("*" if k.get("disturbed") else "") for k in ks)
             lines.append(
-                f"| {t}{mark} | {k['rps']:,.0f} | {k['p50']:.2f} | {k['p90']:.2f} | {k['p99']:.2f} | {k['p999']:.2f} | "
-                f"{k['max']:.1f} | {k['failed'] * 100:.2f} % | {k['dropped']} | {added} | {k['cpu_share']:.2f} | "
-                f"{k['generator_cores']:.2f} |"
+                f"| {t} | {m['rps']:,.0f} | {m['p50']:.2f} | {m['p90']:.2f} | {m['p99']:.2f} [{per_round}] | "
+                f"{m['p999']:.2f} | {m['max']:.1f} | {m['failed'] * 100:.2f} % | {dropped} | {added} | "
+                f"{m['cpu_share']:.2f} | {m['generator_cores']:.2f} | {m['steal']:.0%} |"
             )
+        lines.append("")
+        lines.append("(* a round during which another load generator or build appeared, after 3 tries. "
+                     "steal: share of the machine's CPU time the hypervisor gave to other guests during the runs.)")
         lines.append("")
     return "\n".join(lines) + "\n"
 

@@ -110,6 +110,18 @@ pub struct UpstreamSettings {
     pub pool_max_idle_per_host: usize,
 }
 
+/// How requests are spread over the serving threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RuntimeModel {
+    /// One single-threaded runtime, listener (SO_REUSEPORT) and upstream
+    /// pool per thread: no cross-thread wake-ups, the most requests per core.
+    PerCore,
+    /// One multi-threaded runtime whose threads steal each other's tasks,
+    /// one listener and one pool: a thread the OS preempts does not hold
+    /// its connections back (better tails when the cores are oversubscribed).
+    WorkStealing,
+}
+
 /// Where rate-limit buckets live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LimiterStore {
@@ -122,9 +134,10 @@ pub enum LimiterStore {
 #[derive(Clone, Debug)]
 pub struct GatewayConfig {
     pub listen: SocketAddr,
-    /// Serving threads, each with its own runtime, listener (SO_REUSEPORT)
-    /// and upstream pool. Default: the number of cores.
+    /// Serving threads. Default: the number of cores.
     pub workers: usize,
+    /// How the serving threads share the work.
+    pub runtime: RuntimeModel,
     /// `/metrics` and `/health/*` on their own address; unset: on `listen`.
     pub admin_listen: Option<SocketAddr>,
     pub jwks_url: String,
@@ -254,6 +267,7 @@ impl<'a> Fields<'a> {
 const TOP_KEYS: &[&str] = &[
     "listen",
     "workers",
+    "runtime",
     "admin_listen",
     "jwks_url",
     "issuer",
@@ -424,6 +438,11 @@ impl GatewayConfig {
         Ok(GatewayConfig {
             listen,
             workers: f.number("workers", cores as u64, 1, 256)? as usize,
+            runtime: match f.string("runtime")? {
+                None | Some("per-core") => RuntimeModel::PerCore,
+                Some("work-stealing") => RuntimeModel::WorkStealing,
+                Some(_) => return Err(f.err("runtime", "expected \"per-core\" or \"work-stealing\"")),
+            },
             admin_listen,
             jwks_url: jwks_url.to_string(),
             issuer,
