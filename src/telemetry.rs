@@ -125,6 +125,10 @@ fn describe() {
             "Requests a rate-limit policy refused",
         ),
         (
+            "latchkey_ratelimit_leased_total",
+            "Rate-limit checks answered from a lease of Redis tokens (no round trip)",
+        ),
+        (
             "latchkey_ratelimit_fallback_total",
             "Rate-limit checks that could not ask Redis, by policy and fallback",
         ),

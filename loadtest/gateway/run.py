@@ -175,12 +175,18 @@ class Watch:
         self.thread.join()
 
 
+NO_WAIT = False
+
+
 def measure(procs, label, fn, attempts=3):
     """Runs `fn` on a quiet machine; again (up to `attempts`) if something else
     started meanwhile. The result says how many tries it took and whether the
-    last one was still disturbed."""
+    last one was still disturbed. (--no-wait: once, at once; for profiles.)"""
+    if NO_WAIT:
+        attempts = 1
     for attempt in range(1, attempts + 1):
-        wait_for_quiet(procs.pids())
+        if not NO_WAIT:
+            wait_for_quiet(procs.pids())
         t0, s0 = cpu_ticks()
         with Watch(procs.pids()) as w:
             result = fn()
@@ -405,7 +411,13 @@ def main():
     ap.add_argument("--k6-targets", default="upstream,gateway-local,gateway-redis,haproxy")
     ap.add_argument("--no-k6", action="store_true")
     ap.add_argument("--no-wrk", action="store_true")
+    ap.add_argument("--perf", action="store_true",
+                    help="record a CPU profile (perf, call graphs) of each target during its first wrk run")
+    ap.add_argument("--no-wait", action="store_true",
+                    help="measure at once even if the machine is busy (marked disturbed); for profiling runs")
     args = ap.parse_args()
+    global NO_WAIT
+    NO_WAIT = args.no_wait
     for b in (LATCHKEY, UPSTREAM):
         if not os.path.exists(b):
             raise SystemExit(f"{b} missing: cargo build --release && cargo build --release --example bench_upstream")
@@ -509,7 +521,15 @@ def main():
             for conns in [int(c) for c in args.conns.split(",")]:
                 def one_wrk():
                     c0, r0 = cpu_seconds(pid), cpu_seconds(redis_pid)
+                    perf = None
+                    if args.perf and not os.path.exists(os.path.join(raw, f"perf-{target}.data")):
+                        perf = subprocess.Popen(
+                            ["perf", "record", "-F", "499", "-g", "-p", str(pid), "-o",
+                             os.path.join(raw, f"perf-{target}.data"), "--", "sleep", str(max(args.wrk_secs - 2, 1))],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                     w = run_wrk(url, conns, args.wrk_secs, tokens_file, raw, target)
+                    if perf:
+                        perf.wait()
                     w["cpu_us_per_req"] = (cpu_seconds(pid) - c0) * 1e6 / max(w["requests"], 1)
                     w["redis_cpu_us_per_req"] = (cpu_seconds(redis_pid) - r0) * 1e6 / max(w["requests"], 1)
                     return w

@@ -12,6 +12,7 @@ crate::on_every_backend!(
     limited_answers_carry_retry_after_and_ratelimit_headers,
     brute_force_delays_then_answers_the_same_for_unknown_accounts,
     a_success_resets_the_brute_force_count,
+    hot_keys_never_exceed_the_limit_and_lease_from_redis,
 );
 
 const POLICY: &[(&str, &str)] = &[
@@ -202,4 +203,61 @@ async fn validation_is_unlimited_by_default_and_limitable() {
     assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 3, "{statuses:?}");
     assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 7, "{statuses:?}");
     app.stop().await;
+}
+
+/// A hot key on the Redis limiter takes leases of tokens instead of one per
+/// call: far fewer round trips, and still never more than the limit across
+/// two instances. (On the embedded backend: the in-process buckets, exact.)
+async fn hot_keys_never_exceed_the_limit_and_lease_from_redis(app: &TestApp) {
+    const N: usize = 400;
+    let mut settings = app.settings.clone();
+    settings.push(("rate_limit_validate".into(), format!("{N}/600")));
+    settings.push((
+        "redis_key_prefix".into(),
+        format!("t{}:", uuid::Uuid::new_v4().simple()),
+    ));
+    let x = app.twin_with(&settings).await;
+    let at = x.register_verified(&unique_email("lease"), PASSWORD).await["access_token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let apps = if app.is_postgres() {
+        vec![x.twin_with(&settings).await, x]
+    } else {
+        vec![x]
+    };
+    // 10N validations, 16 at a time per instance, until every one has answered.
+    let mut allowed = 0;
+    for round in 0..(10 * N / 32) {
+        let batch = (0..32).map(|i| apps[(round + i) % apps.len()].validate(&at));
+        for status in futures_util::future::join_all(batch).await {
+            assert!(status == 200 || status == 429, "{status}");
+            allowed += (status == 200) as usize;
+        }
+    }
+    assert!(allowed <= N, "{allowed} let through, limit {N}");
+    if app.is_postgres() {
+        // Unused leased tokens may be lost (at most a sixteenth of the room
+        // per grant), never more let through.
+        assert!(allowed >= N - N / 8, "{allowed} of {N}");
+        // The metrics recorder is process-wide (both instances and every other
+        // test in this binary); only this test leases on the validate policy.
+        let metrics = apps[0].get("/metrics").await.text().await.unwrap();
+        let leased = metrics
+            .lines()
+            .find(|l| l.starts_with("latchkey_ratelimit_leased_total{policy=\"validate\"}"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        eprintln!("lease test: {allowed} of {N} let through, {leased} from leases");
+        assert!(
+            leased >= (allowed / 2) as f64,
+            "{leased} of {allowed} answered from leases"
+        );
+    } else {
+        assert_eq!(allowed, N);
+    }
+    for a in apps {
+        a.stop().await;
+    }
 }
