@@ -101,7 +101,22 @@ fn limiter_benches(c: &mut Criterion) {
                 }))
                 .unwrap();
             let shared = Limiter::new(true, Policies::from_sources(&src).unwrap(), Some(redis));
-            c.bench_function("rate limit check, Redis (one EVALSHA round trip)", |b| {
+            // A new key each time: never hot, so every check is one round trip.
+            let mut n = 0u64;
+            c.bench_function(
+                "rate limit check, Redis, cold key (one EVALSHA round trip)",
+                |b| {
+                    b.iter(|| {
+                        n += 1;
+                        rt.block_on(
+                            shared.check(PolicyName::LoginIp, &format!("10.1.{}.{}", n >> 8, n & 255)),
+                        )
+                        .unwrap()
+                    })
+                },
+            );
+            // One key checked back to back: hot, served from leases of up to 64 tokens.
+            c.bench_function("rate limit check, Redis, hot key (leases)", |b| {
                 b.iter(|| {
                     rt.block_on(shared.check(PolicyName::LoginIp, "10.0.0.1"))
                         .unwrap()

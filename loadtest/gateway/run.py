@@ -115,6 +115,14 @@ def parent_of(pid):
         return None
 
 
+def stopped(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except OSError:
+        return False
+
+
 def others_running(own):
     """Other k6, wrk, haproxy, cargo or rustc processes than ours (`own`, or our children)."""
     found = []
@@ -122,6 +130,8 @@ def others_running(own):
         out = subprocess.run(["pgrep", "-a", "-x", name], capture_output=True, text=True).stdout
         for line in out.splitlines():
             pid = int(line.split()[0])
+            if stopped(pid):
+                continue  # paused (SIGSTOP): uses no CPU
             if pid not in own and parent_of(pid) != os.getpid():
                 found.append(line)
     return found
