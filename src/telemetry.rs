@@ -228,7 +228,11 @@ fn describe() {
         ("latchkey_hash_seconds", "Time of one argon2 hash or verification"),
         (
             "latchkey_db_query_seconds",
-            "Database operation latency, by operation",
+            "Database operation latency (connection wait included), by operation",
+        ),
+        (
+            "latchkey_db_acquire_seconds",
+            "Time a database operation waited for a pool connection",
         ),
         (
             "latchkey_redis_command_seconds",
@@ -240,6 +244,7 @@ fn describe() {
     }
     let _ = metrics::histogram!("latchkey_hash_wait_seconds");
     let _ = metrics::histogram!("latchkey_hash_seconds");
+    let _ = metrics::histogram!("latchkey_db_acquire_seconds");
 }
 
 /// Gauges read at scrape time: pools, caches, process.

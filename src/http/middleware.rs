@@ -144,7 +144,9 @@ pub async fn request_context(State(st): State<AppState>, req: Request, next: Nex
         "request",
         request_id = id.to_str().unwrap_or(""),
         method,
-        path = req.uri().path()
+        path = req.uri().path(),
+        route = tracing::field::Empty,
+        status = tracing::field::Empty,
     );
     let in_flight = &http_metrics().in_flight;
     in_flight.increment(1.0);
@@ -173,5 +175,8 @@ pub async fn request_context(State(st): State<AppState>, req: Request, next: Nex
             tracing::info!(target: "latchkey::access", status, latency_ms = elapsed.as_secs_f64() * 1000.0, "request");
         }
     });
+    // For exported traces (after the access line, which carries the status).
+    span.record("route", route);
+    span.record("status", status);
     resp
 }
