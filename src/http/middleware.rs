@@ -140,11 +140,18 @@ pub async fn request_context(State(st): State<AppState>, req: Request, next: Nex
         _ => new_request_id(),
     };
     let method = method_label(req.method());
+    // A caller's trace context, if valid: the exported spans join its trace.
+    let traceparent = req
+        .headers()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| crate::telemetry::otlp::parse_traceparent(v).is_some());
     let span = tracing::info_span!(
         "request",
         request_id = id.to_str().unwrap_or(""),
         method,
         path = req.uri().path(),
+        traceparent,
         route = tracing::field::Empty,
         status = tracing::field::Empty,
     );
