@@ -96,7 +96,11 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    crate::telemetry::init_logging(config.log_format, &config.log_level);
+    crate::telemetry::init(
+        config.log_format,
+        &config.log_level,
+        config.otlp_traces_url.as_deref(),
+    );
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -104,7 +108,10 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(cli.command, config, started)) {
+    let result = rt.block_on(run(cli.command, config, started));
+    // The spans of the last requests, if traces are exported.
+    crate::telemetry::otlp::flush(std::time::Duration::from_secs(2));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // One line: the chain of causes, without secrets (settings are never echoed).

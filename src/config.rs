@@ -134,6 +134,9 @@ pub struct Config {
     pub trusted_proxies: Vec<IpAddr>,
     pub log_format: LogFormat,
     pub log_level: String,
+    /// Where to export spans over OTLP/HTTP (the full `.../v1/traces` URL);
+    /// `None`: no export.
+    pub otlp_traces_url: Option<String>,
     /// Master secret (32+ bytes). Unset: read or create `<data_dir>/secret.key`.
     pub secret_key: Option<Secret<Vec<u8>>>,
     pub issuer: String,
@@ -455,6 +458,13 @@ impl Config {
                 .map(|_| s.to_string())
                 .map_err(|e| format!("not a log filter: {e}"))
         })?;
+        let otlp_traces_url = src.get("otlp_endpoint", None, |s| {
+            if s.is_empty() {
+                Ok(None)
+            } else {
+                crate::telemetry::otlp::traces_url(s).map(Some)
+            }
+        })?;
         let secret_key = src.get("secret_key", None, |s| parse_secret_key(s).map(Some))?;
         let issuer = src.get("issuer", format!("http://{listen}"), |s| {
             url::Url::parse(s)
@@ -485,6 +495,7 @@ impl Config {
             trusted_proxies,
             log_format,
             log_level,
+            otlp_traces_url,
             secret_key,
             issuer,
             audience,
@@ -626,6 +637,25 @@ mod tests {
         let err = Config::from_sources(&src).unwrap_err().to_string();
         assert!(err.contains("hash_threads") && err.contains("--config"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn otlp_endpoint() {
+        let c = Config::from_sources(&Sources::from_pairs([])).unwrap();
+        assert_eq!(c.otlp_traces_url, None);
+        let c =
+            Config::from_sources(&Sources::from_pairs([("otlp_endpoint", "http://127.0.0.1:4318")])).unwrap();
+        assert_eq!(
+            c.otlp_traces_url.as_deref(),
+            Some("http://127.0.0.1:4318/v1/traces")
+        );
+        let err = Config::from_sources(&Sources::from_pairs([("otlp_endpoint", "https://c:4318")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("LATCHKEY_OTLP_ENDPOINT") && !err.contains('\n'),
+            "{err}"
+        );
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Logs (tracing: human or JSON) and metrics (Prometheus text format).
+//! Logs (tracing: human or JSON), metrics (Prometheus text format) and
+//! trace export (OTLP, [`otlp`]).
 
 use std::sync::OnceLock;
 
@@ -8,26 +9,68 @@ use tracing_subscriber::EnvFilter;
 use crate::config::LogFormat;
 use crate::http::AppState;
 
-/// Installs the global tracing subscriber (once per process).
+pub mod otlp;
+
+/// Installs the global tracing subscriber (once per process) without trace
+/// export.
 pub fn init_logging(format: LogFormat, filter: &str) {
+    init(format, filter, None);
+}
+
+/// Installs the global tracing subscriber (once per process): log lines
+/// filtered by `filter`, and, with `otlp_traces_url`, this crate's spans
+/// exported over OTLP whatever the log filter (see [`otlp`]).
+pub fn init(format: LogFormat, filter: &str, otlp_traces_url: Option<&str>) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+
     let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Json => builder
+    let Some(url) = otlp_traces_url else {
+        // No export: the filter applies to everything, as it always did, so
+        // spans and events below it are off at their call sites.
+        let _ = tracing_subscriber::registry()
+            .with(filter)
+            .with(log_lines(format))
+            .try_init();
+        return;
+    };
+    // Export: the filter is the log lines' alone; the exporter has its own.
+    let export = match otlp::layer(url) {
+        Ok(layer) => Some(layer),
+        Err(e) => {
+            eprintln!("latchkey: OTLP trace export is off: cannot start its thread: {e}");
+            None
+        }
+    };
+    let _ = tracing_subscriber::registry()
+        .with(log_lines(format).with_filter(filter))
+        .with(export)
+        .try_init();
+}
+
+/// The layer that writes log lines to stderr.
+fn log_lines<S>(format: LogFormat) -> Box<dyn tracing_subscriber::Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    use tracing_subscriber::Layer;
+    match format {
+        LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()
             .flatten_event(true)
             .with_current_span(true)
-            .try_init(),
+            .with_writer(std::io::stderr)
+            .boxed(),
         LogFormat::Human => {
             use std::io::IsTerminal;
-            builder
+            tracing_subscriber::fmt::layer()
                 .with_target(true)
                 .with_ansi(std::io::stderr().is_terminal())
-                .try_init()
+                .with_writer(std::io::stderr)
+                .boxed()
         }
-    };
+    }
 }
 
 /// Buckets from 100 us to 5 s, dense enough to read P50/P95/P99.
@@ -151,6 +194,10 @@ fn describe() {
             "latchkey_refresh_reuse_total",
             "Refresh tokens re-presented after the grace window (session revoked)",
         ),
+        (
+            "latchkey_otlp_dropped_spans_total",
+            "Spans not exported: queue_full (the export queue was full) or export_failed",
+        ),
     ];
     for (name, help) in counters {
         describe_counter!(*name, *help);
@@ -178,6 +225,9 @@ fn describe() {
     }
     for reason in ["queue_full", "budget"] {
         metrics::counter!("latchkey_hash_shed_total", "reason" => reason).increment(0);
+    }
+    for reason in ["queue_full", "export_failed"] {
+        metrics::counter!("latchkey_otlp_dropped_spans_total", "reason" => reason).increment(0);
     }
     let gauges: &[(&'static str, &'static str)] = &[
         ("latchkey_http_requests_in_flight", "Requests being served"),
@@ -232,7 +282,11 @@ fn describe() {
         ("latchkey_hash_seconds", "Time of one argon2 hash or verification"),
         (
             "latchkey_db_query_seconds",
-            "Database operation latency, by operation",
+            "Database operation latency (connection wait included), by operation",
+        ),
+        (
+            "latchkey_db_acquire_seconds",
+            "Time a database operation waited for a pool connection",
         ),
         (
             "latchkey_redis_command_seconds",
@@ -244,6 +298,7 @@ fn describe() {
     }
     let _ = metrics::histogram!("latchkey_hash_wait_seconds");
     let _ = metrics::histogram!("latchkey_hash_seconds");
+    let _ = metrics::histogram!("latchkey_db_acquire_seconds");
 }
 
 /// Gauges read at scrape time: pools, caches, process.

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
 use redis::{aio::ConnectionManagerConfig, RedisError};
+use tracing::Instrument;
 
 use crate::config::RedisConfig;
 
@@ -68,14 +69,16 @@ impl RedisHandle {
         &self.prefix
     }
 
-    /// Runs one command (or pipeline) with a timeout, recording its latency.
+    /// Runs one command (or pipeline) with a timeout, in a `redis` span,
+    /// recording its latency.
     pub async fn run<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T, RedisFailure>
     where
         F: FnOnce(ConnectionManager) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
         let start = Instant::now();
-        let out = match tokio::time::timeout(COMMAND_TIMEOUT, f(self.conn.clone())).await {
+        let command = tokio::time::timeout(COMMAND_TIMEOUT, f(self.conn.clone()));
+        let out = match command.instrument(tracing::debug_span!("redis", op)).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(RedisFailure::Error(e)),
             Err(_) => Err(RedisFailure::Timeout),

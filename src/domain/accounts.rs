@@ -88,7 +88,10 @@ impl Accounts {
             .check(PolicyName::RegisterEmail, email.as_str())
             .await?;
         // Hash even when the email is taken, so timing does not tell.
-        let hash = self.hashing.run(move |p| p.hash(password.expose())).await?;
+        let hash = self
+            .hashing
+            .run("hash", move |p| p.hash(password.expose()))
+            .await?;
         let code = random_code();
         let code_hash = self.code_hash(Purpose::VerifyEmail, &email, &code);
         let now = now_ms();
@@ -254,7 +257,9 @@ impl Accounts {
         let ok = match &user {
             None => {
                 let pw = password.clone();
-                self.hashing.run(move |p| p.verify_dummy(pw.expose())).await?
+                self.hashing
+                    .run("verify", move |p| p.verify_dummy(pw.expose()))
+                    .await?
             }
             Some(u) => {
                 let cached = self
@@ -265,7 +270,10 @@ impl Accounts {
                     true
                 } else {
                     let (pw, phc) = (password.clone(), u.password_hash.clone());
-                    let ok = self.hashing.run(move |p| p.verify(pw.expose(), &phc)).await?;
+                    let ok = self
+                        .hashing
+                        .run("verify", move |p| p.verify(pw.expose(), &phc))
+                        .await?;
                     if ok {
                         if let Some(c) = &self.credentials {
                             c.remember(&u.id, &u.password_hash, password.expose());
@@ -323,7 +331,7 @@ impl Accounts {
         let (hashing, store, users) = (self.hashing.clone(), self.store.clone(), self.users.clone());
         let (id, email, old) = (user.id.clone(), user.email.clone(), user.password_hash.clone());
         tokio::spawn(async move {
-            let Ok(new) = hashing.run(move |p| p.hash(password.expose())).await else {
+            let Ok(new) = hashing.run("hash", move |p| p.hash(password.expose())).await else {
                 return; // busy: try again at a later login
             };
             match store.upgrade_password_hash(&id, &old, &new, now_ms()).await {
@@ -465,12 +473,12 @@ impl Accounts {
         let phc = user.password_hash.clone();
         let ok = self
             .hashing
-            .run(move |p| p.verify(current.expose(), &phc))
+            .run("verify", move |p| p.verify(current.expose(), &phc))
             .await?;
         if !ok {
             return Err(AuthError::InvalidCredentials);
         }
-        let new_hash = self.hashing.run(move |p| p.hash(new.expose())).await?;
+        let new_hash = self.hashing.run("hash", move |p| p.hash(new.expose())).await?;
         let revoked = self
             .store
             .change_password(
@@ -501,7 +509,7 @@ impl Accounts {
         let code_id = self
             .check_code(&user, &email, Purpose::ResetPassword, &code)
             .await?;
-        let new_hash = self.hashing.run(move |p| p.hash(new.expose())).await?;
+        let new_hash = self.hashing.run("hash", move |p| p.hash(new.expose())).await?;
         let revoked = self
             .store
             .reset_password(&user.id, code_id, MAX_FAILURES, &new_hash, now_ms())

@@ -35,10 +35,8 @@ pub enum AuthError {
 impl From<StoreError> for AuthError {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::Overloaded => {
-                metrics::counter!("latchkey_db_acquire_timeouts_total").increment(1);
-                AuthError::Overloaded { retry_after: 1 }
-            }
+            // Counted where it happened (`store::acquire`).
+            StoreError::Overloaded => AuthError::Overloaded { retry_after: 1 },
             other => AuthError::Internal(other.into()),
         }
     }

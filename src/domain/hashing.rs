@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 use argon2::password_hash::{Output, ParamsString, PasswordHash, SaltString};
 use argon2::{Algorithm, Argon2, Params, Version};
 use tokio::sync::{oneshot, Semaphore};
+use tracing::field::Empty;
+use tracing::{Instrument, Span};
 
 use crate::config::Argon2Config;
 
@@ -75,8 +77,19 @@ impl HashPool {
         &self.argon2
     }
 
-    /// Runs `f` on a hashing thread if it can start within the budget.
-    pub async fn run<R, F>(&self, f: F) -> Result<R, Overloaded>
+    /// Runs `f` on a hashing thread if it can start within the budget, in a
+    /// `hash` span named by `op` (`hash` or `verify`) that records the wait
+    /// for a thread (`wait_us`) apart from the hash itself (`hash_us`).
+    pub async fn run<R, F>(&self, op: &'static str, f: F) -> Result<R, Overloaded>
+    where
+        F: FnOnce(&Passwords) -> R + Send + 'static,
+        R: Send + 'static,
+    {
+        let span = tracing::debug_span!("hash", op, wait_us = Empty, hash_us = Empty, shed = Empty);
+        self.admit_and_run(f).instrument(span).await
+    }
+
+    async fn admit_and_run<R, F>(&self, f: F) -> Result<R, Overloaded>
     where
         F: FnOnce(&Passwords) -> R + Send + 'static,
         R: Send + 'static,
@@ -99,13 +112,21 @@ impl HashPool {
                 }
             }
         };
-        metrics::histogram!("latchkey_hash_wait_seconds").record(queued.elapsed().as_secs_f64());
+        let waited = queued.elapsed();
+        metrics::histogram!("latchkey_hash_wait_seconds").record(waited.as_secs_f64());
+        // The span (with the request's above it) goes with the job to the
+        // hashing thread, so that the hash is timed and logged in it.
+        let span = Span::current();
+        span.record("wait_us", waited.as_micros() as u64);
         let (tx, rx) = oneshot::channel();
         let passwords = self.argon2.clone();
         let job: Job = Box::new(move || {
             let start = Instant::now();
-            let out = f(&passwords);
-            metrics::histogram!("latchkey_hash_seconds").record(start.elapsed().as_secs_f64());
+            let out = span.in_scope(|| f(&passwords));
+            let took = start.elapsed();
+            metrics::histogram!("latchkey_hash_seconds").record(took.as_secs_f64());
+            span.record("hash_us", took.as_micros() as u64);
+            drop(span);
             drop(permit);
             let _ = tx.send(out);
         });
@@ -115,6 +136,7 @@ impl HashPool {
 
     fn shed(&self, why: &'static str) -> Overloaded {
         metrics::counter!("latchkey_hash_shed_total", "reason" => why).increment(1);
+        Span::current().record("shed", why);
         Overloaded
     }
 }
@@ -319,13 +341,13 @@ mod tests {
         let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
         let pool = Arc::new(pool);
         let p2 = pool.clone();
-        let busy = tokio::spawn(async move { p2.run(move |_| hold_rx.recv().ok()).await });
+        let busy = tokio::spawn(async move { p2.run("test", move |_| hold_rx.recv().ok()).await });
         tokio::time::sleep(Duration::from_millis(20)).await;
         // The only thread is busy and no one may wait: shed at once.
-        assert_eq!(pool.run(|_| ()).await, Err(Overloaded));
+        assert_eq!(pool.run("test", |_| ()).await, Err(Overloaded));
         hold_tx.send(()).unwrap();
         assert!(busy.await.unwrap().is_ok());
-        assert_eq!(pool.run(|_| 7).await, Ok(7));
+        assert_eq!(pool.run("test", |_| 7).await, Ok(7));
     }
 
     #[tokio::test]
@@ -333,10 +355,10 @@ mod tests {
         let pool = Arc::new(HashPool::new(1, 10, Duration::from_millis(30), &cheap()).unwrap());
         let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
         let p2 = pool.clone();
-        let busy = tokio::spawn(async move { p2.run(move |_| hold_rx.recv().ok()).await });
+        let busy = tokio::spawn(async move { p2.run("test", move |_| hold_rx.recv().ok()).await });
         tokio::time::sleep(Duration::from_millis(10)).await;
         let start = Instant::now();
-        assert_eq!(pool.run(|_| ()).await, Err(Overloaded));
+        assert_eq!(pool.run("test", |_| ()).await, Err(Overloaded));
         let waited = start.elapsed();
         assert!(waited >= Duration::from_millis(30), "{waited:?}");
         hold_tx.send(()).unwrap();

@@ -140,11 +140,20 @@ pub async fn request_context(State(st): State<AppState>, req: Request, next: Nex
         _ => new_request_id(),
     };
     let method = method_label(req.method());
+    // A caller's trace context, if valid: the exported spans join its trace.
+    let traceparent = req
+        .headers()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| crate::telemetry::otlp::parse_traceparent(v).is_some());
     let span = tracing::info_span!(
         "request",
         request_id = id.to_str().unwrap_or(""),
         method,
-        path = req.uri().path()
+        path = req.uri().path(),
+        traceparent,
+        route = tracing::field::Empty,
+        status = tracing::field::Empty,
     );
     let in_flight = &http_metrics().in_flight;
     in_flight.increment(1.0);
@@ -173,5 +182,8 @@ pub async fn request_context(State(st): State<AppState>, req: Request, next: Nex
             tracing::info!(target: "latchkey::access", status, latency_ms = elapsed.as_secs_f64() * 1000.0, "request");
         }
     });
+    // For exported traces (after the access line, which carries the status).
+    span.record("route", route);
+    span.record("status", status);
     resp
 }

@@ -1,6 +1,6 @@
 //! OAuth clients, managed from the command line.
 
-use super::{with_db, QueryTimer, Store, StoreResult};
+use super::{db_op, Store, StoreResult};
 
 #[derive(Clone, Debug)]
 pub struct ClientRecord {
@@ -23,48 +23,46 @@ fn client(r: Row) -> ClientRecord {
 
 impl Store {
     pub async fn add_client(&self, c: &ClientRecord) -> StoreResult<bool> {
-        let _t = QueryTimer::start("add_client");
-        let n = with_db!(self, p => sqlx::query(
+        let n = db_op!(self, "add_client", conn => Ok(sqlx::query(
             "INSERT INTO clients (id, secret_hash, name, created_at) VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING",
         )
         .bind(&c.id)
         .bind(&c.secret_hash)
         .bind(&c.name)
         .bind(c.created_at)
-        .execute(p)
+        .execute(&mut *conn)
         .await?
-        .rows_affected());
+        .rows_affected()))?;
         Ok(n == 1)
     }
 
     pub async fn client(&self, id: &str) -> StoreResult<Option<ClientRecord>> {
-        let _t = QueryTimer::start("client");
-        let row: Option<Row> = with_db!(self, p => sqlx::query_as(
+        let row: Option<Row> = db_op!(self, "client", conn => Ok(sqlx::query_as(
             "SELECT id, secret_hash, name, created_at FROM clients WHERE id = $1",
         )
         .bind(id)
-        .fetch_optional(p)
-        .await?);
+        .fetch_optional(&mut *conn)
+        .await?))?;
         Ok(row.map(client))
     }
 
     pub async fn clients(&self) -> StoreResult<Vec<ClientRecord>> {
-        let _t = QueryTimer::start("clients");
-        let rows: Vec<Row> = with_db!(self, p => sqlx::query_as(
+        let rows: Vec<Row> = db_op!(self, "clients", conn => Ok(sqlx::query_as(
             "SELECT id, secret_hash, name, created_at FROM clients ORDER BY id",
         )
-        .fetch_all(p)
-        .await?);
+        .fetch_all(&mut *conn)
+        .await?))?;
         Ok(rows.into_iter().map(client).collect())
     }
 
     pub async fn remove_client(&self, id: &str) -> StoreResult<bool> {
-        let _t = QueryTimer::start("remove_client");
-        let n = with_db!(self, p => sqlx::query("DELETE FROM clients WHERE id = $1")
-            .bind(id)
-            .execute(p)
-            .await?
-            .rows_affected());
+        let n = db_op!(self, "remove_client", conn => {
+            Ok(sqlx::query("DELETE FROM clients WHERE id = $1")
+                .bind(id)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected())
+        })?;
         Ok(n == 1)
     }
 }

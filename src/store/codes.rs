@@ -2,9 +2,11 @@
 //! live in `domain::codes`; this file only reads and writes rows, with
 //! conditional updates so that concurrent requests cannot both succeed.
 
+use sqlx::Connection;
+
 use super::outbox::INSERT_OUTBOX;
 use super::sessions::{NewSession, INSERT_REFRESH, INSERT_SESSION, REVOKE_USER_SESSIONS};
-use super::{with_db, QueryTimer, Store, StoreResult};
+use super::{db_op, Store, StoreResult};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Purpose {
@@ -58,16 +60,15 @@ const CONSUME_CODE: &str = "UPDATE one_time_codes SET consumed_at = $4 \
 
 impl Store {
     pub async fn code_for(&self, user_id: &str, purpose: Purpose) -> StoreResult<Option<CodeRecord>> {
-        let _t = QueryTimer::start("code_for");
         type Row = (Vec<u8>, i64, i64, i32, Option<i64>);
-        let row: Option<Row> = with_db!(self, p => sqlx::query_as(
+        let row: Option<Row> = db_op!(self, "code_for", conn => Ok(sqlx::query_as(
             "SELECT code_hash, created_at, expires_at, failed_attempts, consumed_at \
              FROM one_time_codes WHERE user_id = $1 AND purpose = $2",
         )
         .bind(user_id)
         .bind(purpose.as_str())
-        .fetch_optional(p)
-        .await?);
+        .fetch_optional(&mut *conn)
+        .await?))?;
         Ok(row.map(|r| CodeRecord {
             code_hash: r.0,
             created_at: r.1,
@@ -90,7 +91,6 @@ impl Store {
             quiet_ms,
             message,
         } = c;
-        let _t = QueryTimer::start("issue_code");
         let sql = "INSERT INTO one_time_codes \
              (user_id, purpose, code_hash, created_at, expires_at, failed_attempts, consumed_at) \
              VALUES ($1, $2, $3, $4, $5, 0, NULL) \
@@ -98,8 +98,8 @@ impl Store {
              created_at = excluded.created_at, expires_at = excluded.expires_at, \
              failed_attempts = 0, consumed_at = NULL \
              WHERE one_time_codes.created_at <= $6";
-        let sent = with_db!(self, p => {
-            let mut tx = p.begin().await?;
+        db_op!(self, "issue_code", conn => {
+            let mut tx = conn.begin().await?;
             let n = sqlx::query(sql)
                 .bind(user_id)
                 .bind(purpose.as_str())
@@ -114,9 +114,8 @@ impl Store {
                 sqlx::query(INSERT_OUTBOX).bind(message).bind(now).execute(&mut *tx).await?;
             }
             tx.commit().await?;
-            n == 1
-        });
-        Ok(sent)
+            Ok(n == 1)
+        })
     }
 
     /// Counts a wrong try against the code issued at `created_at`, if it is
@@ -128,8 +127,7 @@ impl Store {
         created_at: i64,
         max: i32,
     ) -> StoreResult<bool> {
-        let _t = QueryTimer::start("record_code_failure");
-        let n = with_db!(self, p => sqlx::query(
+        let n = db_op!(self, "record_code_failure", conn => Ok(sqlx::query(
             "UPDATE one_time_codes SET failed_attempts = failed_attempts + 1 \
              WHERE user_id = $1 AND purpose = $2 AND created_at = $3 AND consumed_at IS NULL \
              AND failed_attempts < $4",
@@ -138,9 +136,9 @@ impl Store {
         .bind(purpose.as_str())
         .bind(created_at)
         .bind(max)
-        .execute(p)
+        .execute(&mut *conn)
         .await?
-        .rows_affected());
+        .rows_affected()))?;
         Ok(n == 1)
     }
 
@@ -153,9 +151,8 @@ impl Store {
         max_failures: i32,
         session: &NewSession<'_>,
     ) -> StoreResult<bool> {
-        let _t = QueryTimer::start("verify_email");
-        let ok = with_db!(self, p => {
-            let mut tx = p.begin().await?;
+        db_op!(self, "verify_email", conn => {
+            let mut tx = conn.begin().await?;
             let n = sqlx::query(CONSUME_CODE)
                 .bind(user_id)
                 .bind(Purpose::VerifyEmail.as_str())
@@ -190,9 +187,8 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
             tx.commit().await?;
-            true
-        });
-        Ok(ok)
+            Ok(true)
+        })
     }
 
     /// Consumes the reset code, sets the new password (the email counts as
@@ -207,9 +203,8 @@ impl Store {
         new_hash: &str,
         now: i64,
     ) -> StoreResult<Option<Vec<String>>> {
-        let _t = QueryTimer::start("reset_password");
-        let ids = with_db!(self, p => {
-            let mut tx = p.begin().await?;
+        db_op!(self, "reset_password", conn => {
+            let mut tx = conn.begin().await?;
             let n = sqlx::query(CONSUME_CODE)
                 .bind(user_id)
                 .bind(Purpose::ResetPassword.as_str())
@@ -239,8 +234,7 @@ impl Store {
                 .fetch_all(&mut *tx)
                 .await?;
             tx.commit().await?;
-            ids
-        });
-        Ok(Some(ids.into_iter().map(|r| r.0).collect()))
+            Ok(Some(ids.into_iter().map(|r| r.0).collect()))
+        })
     }
 }

@@ -1,6 +1,8 @@
 //! Signing keys. The private half is stored sealed; see `domain::tokens`.
 
-use super::{with_db, QueryTimer, Store, StoreResult};
+use sqlx::Connection;
+
+use super::{db_op, Store, StoreResult};
 
 #[derive(Clone, Debug)]
 pub struct KeyRecord {
@@ -15,14 +17,13 @@ pub struct KeyRecord {
 
 impl Store {
     pub async fn signing_keys(&self) -> StoreResult<Vec<KeyRecord>> {
-        let _t = QueryTimer::start("signing_keys");
         type Row = (String, String, Vec<u8>, String, i64, i64, Option<i64>);
-        let rows: Vec<Row> = with_db!(self, p => sqlx::query_as(
+        let rows: Vec<Row> = db_op!(self, "signing_keys", conn => Ok(sqlx::query_as(
             "SELECT kid, alg, private_key, public_jwk, created_at, activated_at, retired_at \
              FROM signing_keys ORDER BY activated_at DESC, kid DESC",
         )
-        .fetch_all(p)
-        .await?);
+        .fetch_all(&mut *conn)
+        .await?))?;
         Ok(rows
             .into_iter()
             .map(|r| KeyRecord {
@@ -39,9 +40,8 @@ impl Store {
 
     /// Adds a key and makes it the signer: every other key is retired at `now`.
     pub async fn add_signing_key(&self, k: &KeyRecord) -> StoreResult<()> {
-        let _t = QueryTimer::start("add_signing_key");
-        with_db!(self, p => {
-            let mut tx = p.begin().await?;
+        db_op!(self, "add_signing_key", conn => {
+            let mut tx = conn.begin().await?;
             sqlx::query("UPDATE signing_keys SET retired_at = $1 WHERE retired_at IS NULL")
                 .bind(k.activated_at)
                 .execute(&mut *tx)
@@ -59,19 +59,18 @@ impl Store {
             .execute(&mut *tx)
             .await?;
             tx.commit().await?;
-        });
-        Ok(())
+            Ok(())
+        })
     }
 
     /// Deletes keys retired before `before` (no token they signed is still valid).
     pub async fn purge_signing_keys(&self, before: i64) -> StoreResult<u64> {
-        let _t = QueryTimer::start("purge_signing_keys");
-        Ok(
-            with_db!(self, p => sqlx::query("DELETE FROM signing_keys WHERE retired_at IS NOT NULL AND retired_at < $1")
-            .bind(before)
-            .execute(p)
-            .await?
-            .rows_affected()),
-        )
+        db_op!(self, "purge_signing_keys", conn => {
+            Ok(sqlx::query("DELETE FROM signing_keys WHERE retired_at IS NOT NULL AND retired_at < $1")
+                .bind(before)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected())
+        })
     }
 }

@@ -2,8 +2,10 @@
 //!
 //! Both backends run the same SQL text: sqlx binds `$1`-style parameters on
 //! SQLite too, and the schema (`migrations/{sqlite,postgres}`) has the same
-//! tables and columns. The [`with_db!`] macro compiles each query body once per
-//! backend, so queries stay typed without `sqlx::Any` and its conversions.
+//! tables and columns. The [`db_op!`] macro compiles each query body once per
+//! backend, so queries stay typed without `sqlx::Any` and its conversions, and
+//! gives every operation its connection (timing the wait for it), its span
+//! and its latency histogram.
 //! Statements are prepared and cached per connection by sqlx.
 
 mod clients;
@@ -20,8 +22,12 @@ pub use outbox::OutboxRow;
 pub use sessions::{NewSession, RefreshRecord};
 pub use users::{CodeMail, NewUser, RegisterOutcome, UserRecord};
 
+use std::future::Future;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
+
+use sqlx::pool::PoolConnection;
+use tracing::Instrument;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
@@ -35,17 +41,38 @@ pub enum Db {
     Postgres(PgPool),
 }
 
-/// Runs `$body` with `$pool` bound to the backend's pool; the body is compiled
-/// once for each backend.
-macro_rules! with_db {
-    ($store:expr, $pool:ident => $body:expr) => {
-        match &$store.db {
-            $crate::store::Db::Sqlite($pool) => $body,
-            $crate::store::Db::Postgres($pool) => $body,
-        }
+/// Runs one database operation, `$op` (the `op` label of its metrics and
+/// spans): in a `db` span, takes a connection from the pool (the wait is
+/// `latchkey_db_acquire_seconds`), then evaluates `$body`, a `StoreResult`,
+/// with `$conn` bound to that connection (queries run on `&mut *$conn`). A
+/// `return` in `$body` returns from the operation. The whole operation,
+/// acquire included, is timed into `latchkey_db_query_seconds` as before.
+///
+/// One body is compiled once for each backend; an operation whose SQL differs
+/// between the backends gives one body for each (`sqlite` first).
+macro_rules! db_op {
+    ($store:expr, $op:literal, $conn:ident => $body:expr) => {
+        $crate::store::db_op!($store, $op, sqlite $conn => $body, postgres $conn => $body)
+    };
+    ($store:expr, $op:literal, sqlite $sconn:ident => $sqlite:expr, postgres $pconn:ident => $postgres:expr $(,)?) => {
+        $crate::store::traced($op, async {
+            match &$store.db {
+                $crate::store::Db::Sqlite(pool) => {
+                    #[allow(unused_mut)]
+                    let mut $sconn = $crate::store::acquire(pool).await?;
+                    $sqlite
+                }
+                $crate::store::Db::Postgres(pool) => {
+                    #[allow(unused_mut)]
+                    let mut $pconn = $crate::store::acquire(pool).await?;
+                    $postgres
+                }
+            }
+        })
+        .await
     };
 }
-pub(crate) use with_db;
+pub(crate) use db_op;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -142,30 +169,64 @@ impl Store {
 
     /// A round trip to the database, for readiness.
     pub async fn ping(&self) -> StoreResult<()> {
-        with_db!(self, p => {
-            sqlx::query("SELECT 1").execute(p).await?;
-        });
-        Ok(())
+        db_op!(self, "ping", conn => {
+            sqlx::query("SELECT 1").execute(&mut *conn).await?;
+            Ok(())
+        })
     }
 
     pub async fn close(&self) {
-        with_db!(self, p => p.close().await)
+        match &self.db {
+            Db::Sqlite(p) => p.close().await,
+            Db::Postgres(p) => p.close().await,
+        }
     }
 
     /// Pool size and idle connections, for metrics.
     pub fn pool_stats(&self) -> (u32, usize) {
-        with_db!(self, p => (p.size(), p.num_idle()))
+        match &self.db {
+            Db::Sqlite(p) => (p.size(), p.num_idle()),
+            Db::Postgres(p) => (p.size(), p.num_idle()),
+        }
     }
 }
 
-/// Records the latency of one query under its operation name.
-pub(crate) struct QueryTimer {
+/// Runs one operation of [`db_op!`] in its `db` span, timing it whole.
+pub(crate) async fn traced<T>(
+    op: &'static str,
+    body: impl Future<Output = StoreResult<T>>,
+) -> StoreResult<T> {
+    let _t = QueryTimer::start(op);
+    let span = tracing::debug_span!("db", op, acquire_us = tracing::field::Empty);
+    body.instrument(span).await
+}
+
+/// A connection from `pool`; the wait is recorded whether or not one came,
+/// and a wait that hit the acquire timeout is counted and answered
+/// [`StoreError::Overloaded`] (`503` at the HTTP edge).
+pub(crate) async fn acquire<DB: sqlx::Database>(pool: &sqlx::Pool<DB>) -> StoreResult<PoolConnection<DB>> {
+    let start = Instant::now();
+    let conn = pool.acquire().await;
+    let waited = start.elapsed();
+    metrics::histogram!("latchkey_db_acquire_seconds").record(waited.as_secs_f64());
+    // The `db` span of the operation, when spans are on.
+    tracing::Span::current().record("acquire_us", waited.as_micros() as u64);
+    conn.map_err(|e| {
+        if matches!(e, sqlx::Error::PoolTimedOut) {
+            metrics::counter!("latchkey_db_acquire_timeouts_total").increment(1);
+        }
+        StoreError::from(e)
+    })
+}
+
+/// Records the latency of one operation under its name.
+struct QueryTimer {
     op: &'static str,
     start: Instant,
 }
 
 impl QueryTimer {
-    pub(crate) fn start(op: &'static str) -> Self {
+    fn start(op: &'static str) -> Self {
         QueryTimer {
             op,
             start: Instant::now(),

@@ -2,7 +2,7 @@
 //! and claimed by the delivery worker with a lease, so that a crash loses
 //! nothing and two instances do not deliver the same message.
 
-use super::{with_db, Db, QueryTimer, Store, StoreResult};
+use super::{db_op, Store, StoreResult};
 
 /// `$1 sealed payload, $2 now`.
 pub(super) const INSERT_OUTBOX: &str =
@@ -19,19 +19,8 @@ impl Store {
     /// Claims up to `limit` due messages for `lease_ms`. PostgreSQL skips rows
     /// other instances hold (`FOR UPDATE SKIP LOCKED`); SQLite has one writer.
     pub async fn claim_outbox(&self, now: i64, lease_ms: i64, limit: i64) -> StoreResult<Vec<OutboxRow>> {
-        let _t = QueryTimer::start("claim_outbox");
-        let rows: Vec<(i64, Vec<u8>, i32)> = match &self.db {
-            Db::Postgres(p) => sqlx::query_as(
-                "UPDATE outbox SET claimed_until = $2, attempts = attempts + 1 WHERE id IN ( \
-                 SELECT id FROM outbox WHERE next_attempt_at <= $1 AND (claimed_until IS NULL OR claimed_until < $1) \
-                 ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) RETURNING id, payload, attempts",
-            )
-            .bind(now)
-            .bind(now + lease_ms)
-            .bind(limit)
-            .fetch_all(p)
-            .await?,
-            Db::Sqlite(p) => sqlx::query_as(
+        let rows: Vec<(i64, Vec<u8>, i32)> = db_op!(self, "claim_outbox",
+            sqlite conn => Ok(sqlx::query_as(
                 "UPDATE outbox SET claimed_until = $2, attempts = attempts + 1 WHERE id IN ( \
                  SELECT id FROM outbox WHERE next_attempt_at <= $1 AND (claimed_until IS NULL OR claimed_until < $1) \
                  ORDER BY id LIMIT $3) RETURNING id, payload, attempts",
@@ -39,9 +28,19 @@ impl Store {
             .bind(now)
             .bind(now + lease_ms)
             .bind(limit)
-            .fetch_all(p)
-            .await?,
-        };
+            .fetch_all(&mut *conn)
+            .await?),
+            postgres conn => Ok(sqlx::query_as(
+                "UPDATE outbox SET claimed_until = $2, attempts = attempts + 1 WHERE id IN ( \
+                 SELECT id FROM outbox WHERE next_attempt_at <= $1 AND (claimed_until IS NULL OR claimed_until < $1) \
+                 ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) RETURNING id, payload, attempts",
+            )
+            .bind(now)
+            .bind(now + lease_ms)
+            .bind(limit)
+            .fetch_all(&mut *conn)
+            .await?),
+        )?;
         let mut rows: Vec<OutboxRow> = rows
             .into_iter()
             .map(|r| OutboxRow {
@@ -56,34 +55,32 @@ impl Store {
 
     /// A delivered message leaves the database (its body may carry a code).
     pub async fn outbox_delivered(&self, id: i64) -> StoreResult<()> {
-        let _t = QueryTimer::start("outbox_delivered");
-        with_db!(self, p => {
-            sqlx::query("DELETE FROM outbox WHERE id = $1").bind(id).execute(p).await?;
-        });
-        Ok(())
+        db_op!(self, "outbox_delivered", conn => {
+            sqlx::query("DELETE FROM outbox WHERE id = $1").bind(id).execute(&mut *conn).await?;
+            Ok(())
+        })
     }
 
     pub async fn outbox_failed(&self, id: i64, next_attempt_at: i64, error: &str) -> StoreResult<()> {
-        let _t = QueryTimer::start("outbox_failed");
-        with_db!(self, p => sqlx::query(
-            "UPDATE outbox SET claimed_until = NULL, next_attempt_at = $2, last_error = $3 WHERE id = $1",
-        )
-        .bind(id)
-        .bind(next_attempt_at)
-        .bind(error)
-        .execute(p)
-        .await
-        .map(|_| ())?);
-        Ok(())
+        db_op!(self, "outbox_failed", conn => {
+            sqlx::query(
+                "UPDATE outbox SET claimed_until = NULL, next_attempt_at = $2, last_error = $3 WHERE id = $1",
+            )
+            .bind(id)
+            .bind(next_attempt_at)
+            .bind(error)
+            .execute(&mut *conn)
+            .await?;
+            Ok(())
+        })
     }
 
     /// Backlog size and the creation time of the oldest message.
     pub async fn outbox_backlog(&self) -> StoreResult<(i64, Option<i64>)> {
-        let _t = QueryTimer::start("outbox_backlog");
-        Ok(
-            with_db!(self, p => sqlx::query_as("SELECT COUNT(*), MIN(created_at) FROM outbox")
-            .fetch_one(p)
-            .await?),
-        )
+        db_op!(self, "outbox_backlog", conn => {
+            Ok(sqlx::query_as("SELECT COUNT(*), MIN(created_at) FROM outbox")
+                .fetch_one(&mut *conn)
+                .await?)
+        })
     }
 }

@@ -1,6 +1,8 @@
 //! Sessions (refresh-token families) and their refresh tokens.
 
-use super::{with_db, Db, QueryTimer, Store, StoreResult};
+use sqlx::Connection;
+
+use super::{db_op, Store, StoreResult};
 
 /// A session to start, with the hash of its first refresh token.
 pub struct NewSession<'a> {
@@ -37,25 +39,9 @@ impl Store {
     /// Starts a session: one round trip on PostgreSQL (a data-modifying CTE),
     /// one local transaction on SQLite.
     pub async fn create_session(&self, s: &NewSession<'_>) -> StoreResult<()> {
-        let _t = QueryTimer::start("create_session");
-        match &self.db {
-            Db::Postgres(p) => {
-                sqlx::query(
-                    "WITH s AS (INSERT INTO sessions (id, user_id, client_id, created_at, expires_at) \
-                     VALUES ($1, $2, $3, $4, $5) RETURNING id) \
-                     INSERT INTO refresh_tokens (token_hash, session_id, created_at) SELECT $6, id, $4 FROM s",
-                )
-                .bind(s.id)
-                .bind(s.user_id)
-                .bind(s.client_id)
-                .bind(s.now)
-                .bind(s.expires_at)
-                .bind(s.token_hash)
-                .execute(p)
-                .await?;
-            }
-            Db::Sqlite(p) => {
-                let mut tx = p.begin().await?;
+        db_op!(self, "create_session",
+            sqlite conn => {
+                let mut tx = conn.begin().await?;
                 sqlx::query(INSERT_SESSION)
                     .bind(s.id)
                     .bind(s.user_id)
@@ -71,13 +57,28 @@ impl Store {
                     .execute(&mut *tx)
                     .await?;
                 tx.commit().await?;
-            }
-        }
-        Ok(())
+                Ok(())
+            },
+            postgres conn => {
+                sqlx::query(
+                    "WITH s AS (INSERT INTO sessions (id, user_id, client_id, created_at, expires_at) \
+                     VALUES ($1, $2, $3, $4, $5) RETURNING id) \
+                     INSERT INTO refresh_tokens (token_hash, session_id, created_at) SELECT $6, id, $4 FROM s",
+                )
+                .bind(s.id)
+                .bind(s.user_id)
+                .bind(s.client_id)
+                .bind(s.now)
+                .bind(s.expires_at)
+                .bind(s.token_hash)
+                .execute(&mut *conn)
+                .await?;
+                Ok(())
+            },
+        )
     }
 
     pub async fn refresh_token(&self, token_hash: &[u8]) -> StoreResult<Option<RefreshRecord>> {
-        let _t = QueryTimer::start("refresh_token");
         type Row = (
             String,
             String,
@@ -88,14 +89,14 @@ impl Store {
             Option<i64>,
             Option<Vec<u8>>,
         );
-        let row: Option<Row> = with_db!(self, p => sqlx::query_as(
+        let row: Option<Row> = db_op!(self, "refresh_token", conn => Ok(sqlx::query_as(
             "SELECT s.id, s.user_id, u.email, s.client_id, s.expires_at, s.revoked_at, r.rotated_at, r.successor \
              FROM refresh_tokens r JOIN sessions s ON s.id = r.session_id JOIN users u ON u.id = s.user_id \
              WHERE r.token_hash = $1",
         )
         .bind(token_hash)
-        .fetch_optional(p)
-        .await?);
+        .fetch_optional(&mut *conn)
+        .await?))?;
         Ok(row.map(|r| RefreshRecord {
             session_id: r.0,
             user_id: r.1,
@@ -118,25 +119,9 @@ impl Store {
         successor: &[u8],
         now: i64,
     ) -> StoreResult<bool> {
-        let _t = QueryTimer::start("rotate_refresh");
-        let won = match &self.db {
-            Db::Postgres(p) => {
-                sqlx::query(
-                    "WITH r AS (UPDATE refresh_tokens SET rotated_at = $2, successor = $3 \
-                     WHERE token_hash = $1 AND rotated_at IS NULL RETURNING session_id) \
-                     INSERT INTO refresh_tokens (token_hash, session_id, created_at) SELECT $4, session_id, $2 FROM r",
-                )
-                .bind(old)
-                .bind(now)
-                .bind(successor)
-                .bind(new)
-                .execute(p)
-                .await?
-                .rows_affected()
-                    == 1
-            }
-            Db::Sqlite(p) => {
-                let mut tx = p.begin().await?;
+        db_op!(self, "rotate_refresh",
+            sqlite conn => {
+                let mut tx = conn.begin().await?;
                 let sid: Option<(String,)> = sqlx::query_as(
                     "UPDATE refresh_tokens SET rotated_at = $2, successor = $3 \
                      WHERE token_hash = $1 AND rotated_at IS NULL RETURNING session_id",
@@ -147,7 +132,7 @@ impl Store {
                 .fetch_optional(&mut *tx)
                 .await?;
                 match sid {
-                    None => false,
+                    None => Ok(false),
                     Some((sid,)) => {
                         sqlx::query(INSERT_REFRESH)
                             .bind(new)
@@ -156,60 +141,70 @@ impl Store {
                             .execute(&mut *tx)
                             .await?;
                         tx.commit().await?;
-                        true
+                        Ok(true)
                     }
                 }
-            }
-        };
-        Ok(won)
+            },
+            postgres conn => {
+                let n = sqlx::query(
+                    "WITH r AS (UPDATE refresh_tokens SET rotated_at = $2, successor = $3 \
+                     WHERE token_hash = $1 AND rotated_at IS NULL RETURNING session_id) \
+                     INSERT INTO refresh_tokens (token_hash, session_id, created_at) SELECT $4, session_id, $2 FROM r",
+                )
+                .bind(old)
+                .bind(now)
+                .bind(successor)
+                .bind(new)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
+                Ok(n == 1)
+            },
+        )
     }
 
     /// Revokes one session; `true` if it was live.
     pub async fn revoke_session(&self, session_id: &str, reason: &str, now: i64) -> StoreResult<bool> {
-        let _t = QueryTimer::start("revoke_session");
-        let n = with_db!(self, p => sqlx::query(
+        let n = db_op!(self, "revoke_session", conn => Ok(sqlx::query(
             "UPDATE sessions SET revoked_at = $2, revoked_reason = $3 WHERE id = $1 AND revoked_at IS NULL",
         )
         .bind(session_id)
         .bind(now)
         .bind(reason)
-        .execute(p)
+        .execute(&mut *conn)
         .await?
-        .rows_affected());
+        .rows_affected()))?;
         Ok(n == 1)
     }
 
     /// Sessions revoked after `since`, to rebuild the revocation set at start.
     pub async fn revoked_sessions_since(&self, since: i64) -> StoreResult<Vec<(String, i64)>> {
-        let _t = QueryTimer::start("revoked_sessions_since");
-        Ok(with_db!(self, p => sqlx::query_as(
+        db_op!(self, "revoked_sessions_since", conn => Ok(sqlx::query_as(
             "SELECT id, revoked_at FROM sessions WHERE revoked_at IS NOT NULL AND revoked_at > $1",
         )
         .bind(since)
-        .fetch_all(p)
+        .fetch_all(&mut *conn)
         .await?))
     }
 
     /// Whether the session exists and is neither revoked nor expired.
     pub async fn session_is_live(&self, session_id: &str, now: i64) -> StoreResult<bool> {
-        let _t = QueryTimer::start("session_is_live");
-        let row: Option<(i64,)> = with_db!(self, p => sqlx::query_as(
+        let row: Option<(i64,)> = db_op!(self, "session_is_live", conn => Ok(sqlx::query_as(
             "SELECT expires_at FROM sessions WHERE id = $1 AND revoked_at IS NULL",
         )
         .bind(session_id)
-        .fetch_optional(p)
-        .await?);
+        .fetch_optional(&mut *conn)
+        .await?))?;
         Ok(matches!(row, Some((exp,)) if exp > now))
     }
 
     /// Deletes sessions (and, by cascade, their tokens) that ended before `before`.
     pub async fn purge_sessions(&self, before: i64) -> StoreResult<u64> {
-        let _t = QueryTimer::start("purge_sessions");
-        Ok(with_db!(self, p => sqlx::query(
+        db_op!(self, "purge_sessions", conn => Ok(sqlx::query(
             "DELETE FROM sessions WHERE expires_at < $1 OR (revoked_at IS NOT NULL AND revoked_at < $1)",
         )
         .bind(before)
-        .execute(p)
+        .execute(&mut *conn)
         .await?
         .rows_affected()))
     }

@@ -1,7 +1,9 @@
 //! Users, and the transactions that create or change them together with the
 //! code and the mail that the change causes.
 
-use super::{codes::Purpose, outbox::INSERT_OUTBOX, with_db, QueryTimer, Store, StoreResult};
+use sqlx::Connection;
+
+use super::{codes::Purpose, db_op, outbox::INSERT_OUTBOX, Store, StoreResult};
 
 #[derive(Clone, Debug)]
 pub struct UserRecord {
@@ -63,21 +65,19 @@ pub struct CodeMail<'a> {
 
 impl Store {
     pub async fn user_by_email(&self, email: &str) -> StoreResult<Option<UserRecord>> {
-        let _t = QueryTimer::start("user_by_email");
         let sql = select_user!("WHERE email = $1");
-        Ok(
-            with_db!(self, p => sqlx::query_as::<_, UserRow>(sql).bind(email).fetch_optional(p).await?)
-                .map(user),
-        )
+        let row = db_op!(self, "user_by_email", conn => {
+            Ok(sqlx::query_as::<_, UserRow>(sql).bind(email).fetch_optional(&mut *conn).await?)
+        })?;
+        Ok(row.map(user))
     }
 
     pub async fn user_by_id(&self, id: &str) -> StoreResult<Option<UserRecord>> {
-        let _t = QueryTimer::start("user_by_id");
         let sql = select_user!("WHERE id = $1");
-        Ok(
-            with_db!(self, p => sqlx::query_as::<_, UserRow>(sql).bind(id).fetch_optional(p).await?)
-                .map(user),
-        )
+        let row = db_op!(self, "user_by_id", conn => {
+            Ok(sqlx::query_as::<_, UserRow>(sql).bind(id).fetch_optional(&mut *conn).await?)
+        })?;
+        Ok(row.map(user))
     }
 
     /// Creates the account with its verification code and email, or, when the
@@ -89,9 +89,8 @@ impl Store {
         verification: CodeMail<'_>,
         notice: &[u8],
     ) -> StoreResult<RegisterOutcome> {
-        let _t = QueryTimer::start("register");
-        let outcome = with_db!(self, p => {
-            let mut tx = p.begin().await?;
+        db_op!(self, "register", conn => {
+            let mut tx = conn.begin().await?;
             let inserted = sqlx::query(
                 "INSERT INTO users (id, email, name, password_hash, created_at, updated_at) \
                  VALUES ($1, $2, $3, $4, $5, $5) ON CONFLICT (email) DO NOTHING",
@@ -139,9 +138,8 @@ impl Store {
                 }
             };
             tx.commit().await?;
-            outcome
-        });
-        Ok(outcome)
+            Ok(outcome)
+        })
     }
 
     /// Replaces the hash only if it is still `old` (a concurrent change wins).
@@ -152,17 +150,16 @@ impl Store {
         new: &str,
         now: i64,
     ) -> StoreResult<bool> {
-        let _t = QueryTimer::start("upgrade_password_hash");
-        let n = with_db!(self, p => sqlx::query(
+        let n = db_op!(self, "upgrade_password_hash", conn => Ok(sqlx::query(
             "UPDATE users SET password_hash = $3, updated_at = $4 WHERE id = $1 AND password_hash = $2",
         )
         .bind(user_id)
         .bind(old)
         .bind(new)
         .bind(now)
-        .execute(p)
+        .execute(&mut *conn)
         .await?
-        .rows_affected());
+        .rows_affected()))?;
         Ok(n == 1)
     }
 
@@ -177,9 +174,8 @@ impl Store {
         keep: Option<&str>,
         now: i64,
     ) -> StoreResult<Option<Vec<String>>> {
-        let _t = QueryTimer::start("change_password");
-        let revoked = with_db!(self, p => {
-            let mut tx = p.begin().await?;
+        db_op!(self, "change_password", conn => {
+            let mut tx = conn.begin().await?;
             let n = sqlx::query(
                 "UPDATE users SET password_hash = $3, updated_at = $4 WHERE id = $1 AND password_hash = $2",
             )
@@ -201,9 +197,8 @@ impl Store {
                 .fetch_all(&mut *tx)
                 .await?;
             tx.commit().await?;
-            ids
-        });
-        Ok(Some(revoked.into_iter().map(|r| r.0).collect()))
+            Ok(Some(ids.into_iter().map(|r| r.0).collect()))
+        })
     }
 }
 
@@ -215,9 +210,8 @@ impl Store {
         users: &[(String, String, String)],
         now: i64,
     ) -> StoreResult<u64> {
-        let _t = QueryTimer::start("insert_verified_users");
-        let n = with_db!(self, p => {
-            let mut tx = p.begin().await?;
+        db_op!(self, "insert_verified_users", conn => {
+            let mut tx = conn.begin().await?;
             let mut n = 0;
             for (id, email, hash) in users {
                 n += sqlx::query(
@@ -233,8 +227,7 @@ impl Store {
                 .rows_affected();
             }
             tx.commit().await?;
-            n
-        });
-        Ok(n)
+            Ok(n)
+        })
     }
 }

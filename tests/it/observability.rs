@@ -1,5 +1,6 @@
 //! Observability: every series the Grafana dashboard reads exists in
-//! `/metrics`, and no password, code or token ever reaches a log line.
+//! `/metrics`, no password, code or token ever reaches a log line, and spans
+//! reach a real OTLP receiver as one trace per request (without secrets).
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -203,4 +204,350 @@ async fn no_password_code_or_token_reaches_a_log_line() {
     for s in &secrets {
         assert!(!crate::dump::contains_word(&log, s), "a secret reached the log");
     }
+}
+
+/// The OTLP receiver of `tests/support/otlp_sink.py`: every span it parsed,
+/// one JSON object per line of `out`.
+struct OtlpSink {
+    child: std::process::Child,
+    port: u16,
+    out: std::path::PathBuf,
+}
+
+impl OtlpSink {
+    fn start(out: std::path::PathBuf) -> OtlpSink {
+        let mut child = Command::new("python3")
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/otlp_sink.py"))
+            .arg(&out)
+            .arg("0")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 (with opentelemetry-proto: pip install opentelemetry-proto)");
+        let mut line = String::new();
+        use std::io::BufRead;
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line
+            .strip_prefix("READY ")
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or_else(|| {
+                panic!("otlp sink did not start (pip install opentelemetry-proto?): {line:?}")
+            });
+        OtlpSink { child, port, out }
+    }
+
+    fn spans(&self) -> Vec<Value> {
+        let text = std::fs::read_to_string(&self.out).unwrap_or_default();
+        let spans: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        for s in &spans {
+            assert!(s.get("error").is_none(), "the sink refused an export: {s}");
+        }
+        spans
+    }
+}
+
+impl Drop for OtlpSink {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `latchkey serve` as a process (trace export is process-wide), embedded
+/// backend, mail to files; stopped with SIGTERM on drop.
+struct Served {
+    child: std::process::Child,
+    base: String,
+    mail: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Served {
+    async fn start(env: &[(&str, String)]) -> Served {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let mail = dir.path().join("mail");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_latchkey"));
+        cmd.arg("serve")
+            .current_dir(dir.path())
+            .env("LATCHKEY_LISTEN", format!("127.0.0.1:{port}"))
+            .env("LATCHKEY_MAIL", format!("file:{}", mail.display()))
+            .env("LATCHKEY_SECRET_KEY", SECRET_KEY)
+            .env("LATCHKEY_LOG", "warn")
+            .env_remove("LATCHKEY_DATABASE_URL")
+            .env_remove("LATCHKEY_REDIS_URL")
+            .stderr(Stdio::null());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().unwrap();
+        let served = Served {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            mail,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while reqwest::get(served.url("/health/live")).await.is_err() {
+            assert!(Instant::now() < deadline, "latchkey serve did not start");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        served
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    async fn wait_code(&self, email: &str, n: usize) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let mails = crate::common::read_mails(&self.mail, email);
+            if mails.len() >= n {
+                return crate::common::code_in(&mails[n - 1].1).unwrap();
+            }
+            assert!(Instant::now() < deadline, "no mail #{n} to {email}");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// SIGTERM, and the exit (which flushes the spans still queued).
+    fn stop(mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn attr<'a>(span: &'a Value, key: &str) -> &'a Value {
+    &span["attributes"][key]
+}
+
+mod otlp {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn embedded_spans_reach_a_collector_as_one_trace_per_request() {
+        super::one_trace_per_request(Vec::new()).await;
+    }
+
+    #[sqlx::test(migrations = false)]
+    async fn postgres_redis_spans_reach_a_collector_as_one_trace_per_request(
+        _: sqlx::postgres::PgPoolOptions,
+        opts: sqlx::postgres::PgConnectOptions,
+    ) {
+        let prefix = format!("t{}:", uuid::Uuid::new_v4().simple());
+        super::one_trace_per_request(vec![
+            ("LATCHKEY_DATABASE_URL", crate::common::pg_url(&opts)),
+            ("LATCHKEY_REDIS_URL", crate::common::redis_url()),
+            ("LATCHKEY_REDIS_KEY_PREFIX", prefix),
+        ])
+        .await;
+    }
+}
+
+/// Registers, verifies and logs in (twice, once as a traced caller) with
+/// export to a real OTLP receiver, and reads the traces it received.
+async fn one_trace_per_request(mut env: Vec<(&str, String)>) {
+    let redis = env.iter().any(|(k, _)| *k == "LATCHKEY_REDIS_URL");
+    let dir = tempfile::tempdir().unwrap();
+    let sink = OtlpSink::start(dir.path().join("spans.jsonl"));
+    env.push((
+        "LATCHKEY_OTLP_ENDPOINT",
+        format!("http://127.0.0.1:{}", sink.port),
+    ));
+    // Every login pays the hash, so that every login has a hash span.
+    env.push(("LATCHKEY_CREDENTIAL_CACHE", "off".into()));
+    let served = Served::start(&env).await;
+    let http = reqwest::Client::new();
+    let email = unique_email("otlp");
+    let password = "unmistakable trace passphrase";
+    let post = |path: &str, body: Value| http.post(served.url(path)).json(&body).send();
+    let r = post("/auth/register", json!({"email": email, "password": password}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let code = served.wait_code(&email, 1).await;
+    let pair: Value = post("/auth/verify-otp", json!({"email": email, "code": code}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let login = post("/auth/login", json!({"email": email, "password": password}))
+        .await
+        .unwrap();
+    assert_eq!(login.status(), 200);
+    let login_id = login.headers()["x-request-id"].to_str().unwrap().to_string();
+    let login: Value = login.json().await.unwrap();
+    // A caller that is itself traced: the request joins its trace.
+    let caller_trace = "0af7651916cd43dd8448eb211c80319c";
+    let caller_span = "b7ad6b7169203331";
+    let joined = http
+        .post(served.url("/auth/login"))
+        .header("traceparent", format!("00-{caller_trace}-{caller_span}-01"))
+        .header("x-request-id", "joined-login")
+        .json(&json!({"email": email, "password": password}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(joined.status(), 200);
+    let joined: Value = joined.json().await.unwrap();
+    served.stop(); // flushes
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let request_of = |spans: &[Value], id: &str| {
+        spans
+            .iter()
+            .find(|s| s["name"] == "request" && attr(s, "request_id") == id)
+            .cloned()
+    };
+    let spans = loop {
+        let spans = sink.spans();
+        if request_of(&spans, &login_id).is_some() && request_of(&spans, "joined-login").is_some() {
+            break spans;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the login spans did not arrive; the sink has: {spans:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    for s in &spans {
+        assert_eq!(s["service"], "latchkey", "{s}");
+    }
+    let children = |parent: &Value| -> Vec<Value> {
+        spans
+            .iter()
+            .filter(|s| s["parentSpanId"] == parent["spanId"])
+            .inspect(|s| assert_eq!(s["traceId"], parent["traceId"], "a child in another trace: {s}"))
+            .cloned()
+            .collect()
+    };
+
+    // The login: a root request span, its database calls and its hash as
+    // children in the same trace.
+    let request = request_of(&spans, &login_id).unwrap();
+    assert_eq!(request["parentSpanId"], "", "{request}");
+    assert_eq!(request["kind"], 2, "SPAN_KIND_SERVER: {request}");
+    assert_eq!(attr(&request, "path"), "/auth/login");
+    assert_eq!(attr(&request, "route"), "/auth/login");
+    assert_eq!(attr(&request, "method"), "POST");
+    assert_eq!(attr(&request, "status"), 200);
+    let kids = children(&request);
+    let db: Vec<&Value> = kids.iter().filter(|s| s["name"] == "db").collect();
+    assert!(
+        db.iter().any(|s| attr(s, "op") == "create_session"),
+        "no db span for the new session among {kids:#?}"
+    );
+    for s in &db {
+        assert_eq!(s["kind"], 3, "SPAN_KIND_CLIENT: {s}");
+        assert!(attr(s, "acquire_us").is_i64(), "the pool wait is recorded: {s}");
+        assert!(
+            s["start"].as_u64() >= request["start"].as_u64() && s["end"].as_u64() <= request["end"].as_u64()
+        );
+    }
+    let hash: Vec<&Value> = kids.iter().filter(|s| s["name"] == "hash").collect();
+    assert_eq!(hash.len(), 1, "one password verification: {kids:#?}");
+    assert_eq!(attr(hash[0], "op"), "verify");
+    assert!(
+        attr(hash[0], "wait_us").is_i64() && attr(hash[0], "hash_us").as_i64() > Some(0),
+        "{}",
+        hash[0]
+    );
+    if redis {
+        // The login's rate-limit check asked Redis.
+        let r: Vec<&Value> = kids.iter().filter(|s| s["name"] == "redis").collect();
+        assert!(
+            r.iter().any(|s| attr(s, "op") == "ratelimit"),
+            "no redis span among {kids:#?}"
+        );
+        assert!(r.iter().all(|s| s["kind"] == 3));
+    }
+
+    // Registering hashed the password in its own trace.
+    let register = spans
+        .iter()
+        .find(|s| s["name"] == "request" && attr(s, "path") == "/auth/register")
+        .expect("the register request span");
+    assert_ne!(register["traceId"], request["traceId"]);
+    let kids = children(register);
+    assert!(
+        kids.iter()
+            .any(|s| s["name"] == "hash" && attr(s, "op") == "hash"),
+        "{kids:#?}"
+    );
+    assert!(
+        kids.iter()
+            .any(|s| s["name"] == "db" && attr(s, "op") == "register"),
+        "{kids:#?}"
+    );
+
+    // The traced caller's login is in the caller's trace, under its span.
+    let request = request_of(&spans, "joined-login").unwrap();
+    assert_eq!(request["traceId"], caller_trace);
+    assert_eq!(request["parentSpanId"], caller_span);
+    assert!(children(&request).iter().any(|s| s["name"] == "hash"));
+
+    // Nothing secret in any span.
+    let text = std::fs::read_to_string(&sink.out).unwrap();
+    let secrets = [
+        password.to_string(),
+        code,
+        pair["access_token"].as_str().unwrap().to_string(),
+        pair["refresh_token"].as_str().unwrap().to_string(),
+        login["access_token"].as_str().unwrap().to_string(),
+        login["refresh_token"].as_str().unwrap().to_string(),
+        joined["refresh_token"].as_str().unwrap().to_string(),
+    ];
+    for s in &secrets {
+        assert!(!crate::dump::contains_word(&text, s), "a secret reached a span");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_collector_costs_requests_nothing() {
+    // Nothing listens there: every export fails.
+    let served = Served::start(&[(
+        "LATCHKEY_OTLP_ENDPOINT",
+        format!("http://127.0.0.1:{}", free_port()),
+    )])
+    .await;
+    let http = reqwest::Client::new();
+    for _ in 0..20 {
+        let r = http.get(served.url("/health/ready")).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = http
+            .get(served.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let dropped = text
+            .lines()
+            .find_map(|l| l.strip_prefix("latchkey_otlp_dropped_spans_total{reason=\"export_failed\"} "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+        if dropped >= 20.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "failed exports are not counted: {dropped}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    served.stop();
 }
