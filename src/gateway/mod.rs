@@ -366,8 +366,8 @@ fn spawn_worker(
     listener: std::net::TcpListener,
     st: Arc<GatewayState>,
     with_ops: bool,
-    mut stop: watch::Receiver<bool>,
-    mut kill: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
+    kill: watch::Receiver<bool>,
 ) -> anyhow::Result<tokio::sync::oneshot::Receiver<std::io::Result<()>>> {
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let client_config = st.config.read().expect("config lock").clone();
@@ -382,9 +382,6 @@ fn spawn_worker(
                 }
             };
             let result = rt.block_on(async move {
-                let listener = TcpListener::from_std(listener)?.tap_io(|tcp| {
-                    let _ = tcp.set_nodelay(true);
-                });
                 // Redis buckets: this thread's own connection (falls back to
                 // the shared one, on the background runtime, if it cannot connect).
                 let limiter = match (&client_config.redis, client_config.limiter) {
@@ -397,24 +394,12 @@ fn spawn_worker(
                     },
                     _ => None,
                 };
-                let worker = Arc::new(Worker {
+                let worker = Worker {
                     gw: st,
                     client: upstream_client(&client_config),
                     limiter,
-                });
-                let routes = if with_ops { ops_routes() } else { Router::new() };
-                let router = routes.fallback(proxy::handle).with_state(worker);
-                let server = axum::serve(
-                    listener,
-                    router.into_make_service_with_connect_info::<SocketAddr>(),
-                )
-                .with_graceful_shutdown(async move {
-                    let _ = stop.changed().await;
-                });
-                tokio::select! {
-                    r = server.into_future() => r,
-                    _ = kill.changed() => Ok(()),
-                }
+                };
+                serve(listener, worker, with_ops, stop, kill).await
             });
             let _ = done_tx.send(result);
         })
@@ -428,39 +413,48 @@ fn spawn_shared(
     listener: std::net::TcpListener,
     st: Arc<GatewayState>,
     with_ops: bool,
-    mut stop: watch::Receiver<bool>,
-    mut kill: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
+    kill: watch::Receiver<bool>,
 ) -> tokio::sync::oneshot::Receiver<std::io::Result<()>> {
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let client = upstream_client(&st.config.read().expect("config lock"));
     tokio::spawn(async move {
-        let result = async move {
-            let listener = TcpListener::from_std(listener)?.tap_io(|tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
-            let worker = Arc::new(Worker {
-                gw: st,
-                client,
-                limiter: None,
-            });
-            let routes = if with_ops { ops_routes() } else { Router::new() };
-            let router = routes.fallback(proxy::handle).with_state(worker);
-            let server = axum::serve(
-                listener,
-                router.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .with_graceful_shutdown(async move {
-                let _ = stop.changed().await;
-            });
-            tokio::select! {
-                r = server.into_future() => r,
-                _ = kill.changed() => Ok(()),
-            }
-        }
-        .await;
-        let _ = done_tx.send(result);
+        let worker = Worker {
+            gw: st,
+            client,
+            limiter: None,
+        };
+        let _ = done_tx.send(serve(listener, worker, with_ops, stop, kill).await);
     });
     done_rx
+}
+
+/// Serves `listener` (TCP_NODELAY on each connection) with `worker`, and the
+/// ops routes if `with_ops`, until `stop` (graceful: open requests finish) or
+/// `kill` (at once).
+async fn serve(
+    listener: std::net::TcpListener,
+    worker: Worker,
+    with_ops: bool,
+    mut stop: watch::Receiver<bool>,
+    mut kill: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let listener = TcpListener::from_std(listener)?.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let routes = if with_ops { ops_routes() } else { Router::new() };
+    let router = routes.fallback(proxy::handle).with_state(Arc::new(worker));
+    let server = axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move {
+        let _ = stop.changed().await;
+    });
+    tokio::select! {
+        r = server.into_future() => r,
+        _ = kill.changed() => Ok(()),
+    }
 }
 
 async fn fetch_keys(config: &GatewayConfig, revocations: &Arc<Revocations>) -> anyhow::Result<Tokens> {

@@ -170,7 +170,7 @@ pub struct Limited {
 /// refused). KEYS[1] the bucket; ARGV[1] the emission interval (window /
 /// limit) and ARGV[2] the window, in microseconds (so that limits above 1,000
 /// per second per key stay exact); ARGV[3] how many tokens the caller would
-/// like (a lease), of which it grants `lease::grant(want, room)`: at most a
+/// like (a lease, at most `lease::MAX_LEASE`), of which it grants `lease::grant(want, room)`: at most a
 /// sixteenth of the room left, at least one.
 const GCRA_SCRIPT: &str = r#"
 local t = redis.call('TIME')
@@ -185,7 +185,6 @@ if room < 1 then
   return {0, tat + interval - window - now, tat - now}
 end
 local grant = math.floor(room / 16)
-if grant > 64 then grant = 64 end
 if grant > want then grant = want end
 if grant < 1 then grant = 1 end
 local new_tat = tat + grant * interval

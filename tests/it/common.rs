@@ -402,3 +402,44 @@ impl Drop for OwnRedis {
         self.stop();
     }
 }
+
+/// A server from `tests/support/` (Python), started with `args`, killed on
+/// drop. It prints `READY [port]` once it listens; `ready` is the rest of
+/// that line. `hint` says what to install when it does not start.
+pub struct SupportServer {
+    child: std::process::Child,
+    pub ready: String,
+}
+
+impl SupportServer {
+    pub fn start(script: &str, args: &[&std::ffi::OsStr], hint: &str) -> SupportServer {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new("python3")
+            .arg(
+                Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("tests/support")
+                    .join(script),
+            )
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("python3 for {script} ({hint}): {e}"));
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let Some(ready) = line.strip_prefix("READY") else {
+            let _ = child.kill();
+            panic!("{script} did not start ({hint}): {line:?}");
+        };
+        let ready = ready.trim().to_string();
+        SupportServer { child, ready }
+    }
+}
+
+impl Drop for SupportServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

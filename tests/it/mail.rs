@@ -7,36 +7,18 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::common::{code_in, free_port, parse_eml, unique_email, TestApp, PASSWORD, SECRET_KEY};
+use crate::common::{
+    code_in, free_port, parse_eml, unique_email, SupportServer, TestApp, PASSWORD, SECRET_KEY,
+};
 
-struct SmtpSink {
-    child: Child,
-}
-
-impl SmtpSink {
-    fn start(dir: &Path, port: u16) -> SmtpSink {
-        let mut child = Command::new("python3")
-            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/smtp_sink.py"))
-            .arg(dir)
-            .arg(port.to_string())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("python3 with aiosmtpd (pip install aiosmtpd)");
-        let mut line = String::new();
-        use std::io::BufRead;
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert!(line.starts_with("READY"), "smtp sink: {line}");
-        SmtpSink { child }
-    }
-}
-
-impl Drop for SmtpSink {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A real SMTP server (aiosmtpd) writing each message to `dir`.
+fn smtp_sink(dir: &Path, port: u16) -> SupportServer {
+    let port = port.to_string();
+    SupportServer::start(
+        "smtp_sink.py",
+        &[dir.as_os_str(), port.as_ref()],
+        "pip install aiosmtpd",
+    )
 }
 
 fn mails_in(dir: &Path, to: &str) -> Vec<String> {
@@ -82,7 +64,7 @@ async fn smtp_delivery_and_an_outage_that_loses_nothing() {
     assert_eq!(r.status(), 201, "a request never waits on mail");
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(mails_in(inbox.path(), &email).is_empty());
-    let _smtp = SmtpSink::start(inbox.path(), port);
+    let _smtp = smtp_sink(inbox.path(), port);
     // Retried with backoff (1 s, 2 s, 4 s ...): it arrives.
     let body = wait_mail(inbox.path(), &email, Duration::from_secs(15)).await;
     let code = code_in(&body).expect("the code stands alone in the text body");

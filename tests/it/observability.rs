@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::common::{free_port, unique_email, TestApp, PASSWORD, SECRET_KEY};
+use crate::common::{free_port, unique_email, SupportServer, TestApp, PASSWORD, SECRET_KEY};
 
 crate::on_every_backend!(every_metric_on_the_dashboard_exists);
 
@@ -209,32 +209,24 @@ async fn no_password_code_or_token_reaches_a_log_line() {
 /// The OTLP receiver of `tests/support/otlp_sink.py`: every span it parsed,
 /// one JSON object per line of `out`.
 struct OtlpSink {
-    child: std::process::Child,
+    _server: SupportServer,
     port: u16,
     out: std::path::PathBuf,
 }
 
 impl OtlpSink {
     fn start(out: std::path::PathBuf) -> OtlpSink {
-        let mut child = Command::new("python3")
-            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/otlp_sink.py"))
-            .arg(&out)
-            .arg("0")
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("python3 (with opentelemetry-proto: pip install opentelemetry-proto)");
-        let mut line = String::new();
-        use std::io::BufRead;
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line
-            .strip_prefix("READY ")
-            .and_then(|p| p.trim().parse().ok())
-            .unwrap_or_else(|| {
-                panic!("otlp sink did not start (pip install opentelemetry-proto?): {line:?}")
-            });
-        OtlpSink { child, port, out }
+        let server = SupportServer::start(
+            "otlp_sink.py",
+            &[out.as_os_str(), "0".as_ref()],
+            "pip install opentelemetry-proto",
+        );
+        let port = server.ready.parse().expect("otlp sink: READY <port>");
+        OtlpSink {
+            _server: server,
+            port,
+            out,
+        }
     }
 
     fn spans(&self) -> Vec<Value> {
@@ -244,13 +236,6 @@ impl OtlpSink {
             assert!(s.get("error").is_none(), "the sink refused an export: {s}");
         }
         spans
-    }
-}
-
-impl Drop for OtlpSink {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
