@@ -5,7 +5,7 @@ mod redis;
 mod revocations;
 mod users;
 
-pub use self::redis::RedisHandle;
+pub use self::redis::{RedisFailure, RedisHandle};
 pub use revocations::Revocations;
 pub use users::UserCache;
 

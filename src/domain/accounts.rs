@@ -246,13 +246,35 @@ impl Accounts {
     }
 
     /// Checks a password for an email, paying the same argon2 cost whether or
-    /// not the account exists, and the brute-force rules.
+    /// not the account exists, under the brute-force rules: the attempt is
+    /// counted before the password is checked (so parallel guesses cannot
+    /// slip through), cleared by a right password, taken back if it never
+    /// reached a verdict (shed by the hashing pool, or a store failure).
     async fn check_password(&self, email: &Email, password: &Password) -> Result<Arc<UserRecord>, AuthError> {
-        if let Err(retry) = self.brute_force.check(email.as_str()).await {
+        if let Err(retry) = self.brute_force.begin(email.as_str()).await {
             return Err(AuthError::TooManyAttempts {
                 retry_after: Some(retry),
             });
         }
+        match self.verify_password(email, password).await {
+            Ok(Some(u)) => {
+                self.brute_force.success(email.as_str()).await;
+                Ok(u)
+            }
+            Ok(None) => Err(AuthError::InvalidCredentials),
+            Err(e) => {
+                self.brute_force.abandon(email.as_str()).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The account, if it exists and `password` is its password.
+    async fn verify_password(
+        &self,
+        email: &Email,
+        password: &Password,
+    ) -> Result<Option<Arc<UserRecord>>, AuthError> {
         let user = self.find_user(email).await?;
         let ok = match &user {
             None => {
@@ -283,16 +305,7 @@ impl Accounts {
                 }
             }
         };
-        match user {
-            Some(u) if ok => {
-                self.brute_force.success(email.as_str()).await;
-                Ok(u)
-            }
-            _ => {
-                self.brute_force.failure(email.as_str()).await;
-                Err(AuthError::InvalidCredentials)
-            }
-        }
+        Ok(user.filter(|_| ok))
     }
 
     pub async fn login(
@@ -467,6 +480,9 @@ impl Accounts {
         current: Password,
         new: Password,
     ) -> Result<(), AuthError> {
+        self.limiter
+            .check(PolicyName::PasswordAccount, &token.claims.sub)
+            .await?;
         let Some(user) = self.store.user_by_id(&token.claims.sub).await? else {
             return Err(AuthError::InvalidToken);
         };

@@ -183,7 +183,9 @@ pub async fn me(State(st): State<AppState>, Bearer(token): Bearer) -> Result<Jso
 
 #[utoipa::path(post, path = "/auth/password", tag = "accounts", security(("bearer" = [])), request_body = PasswordChangeRequest,
     responses((status = 204, description = "Changed; every other session revoked"), (status = 400, body = ErrorBody),
-              (status = 401, body = ErrorBody, description = "INVALID_TOKEN or INVALID_CREDENTIALS")))]
+              (status = 401, body = ErrorBody, description = "INVALID_TOKEN or INVALID_CREDENTIALS"),
+              (status = 429, body = ErrorBody, description = "RATE_LIMITED (policy password_account)"),
+              (status = 503, body = ErrorBody, description = "OVERLOADED")))]
 pub async fn change_password(
     State(st): State<AppState>,
     Bearer(token): Bearer,

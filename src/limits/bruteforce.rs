@@ -14,6 +14,16 @@
 //! The key is the normalised email whether or not an account exists, so the
 //! answers never tell whether it does. The lock is bounded (15 minutes), and
 //! per-IP rate limits come first, so one attacker cannot keep a victim out.
+//!
+//! **Attempts count before the password is checked.** [`Softlock::begin`]
+//! admits an attempt and records it as a failure in one atomic step;
+//! a right password then clears the state (`success`), and an attempt that
+//! never reached a verdict (the hashing pool shed it) is taken back
+//! (`abandon`). Counting afterwards would let parallel requests through the
+//! rules: 60 guesses sent at once would all pass the check before the first
+//! failure was recorded. Atomic means: under the process's lock in memory,
+//! and a compare-and-set script in Redis (the state machine stays here, in
+//! Rust, in one place; the script only swaps values).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -29,6 +39,14 @@ pub const MAX_DELAY_MS: i64 = 60_000;
 pub const LOCK_MS: i64 = 15 * 60_000;
 /// A quiet period after which the count starts over.
 pub const RESET_AFTER_MS: i64 = 15 * 60_000;
+/// How long a state is kept in Redis: past it, it would be CLEAR anyway.
+const STATE_TTL_MS: i64 = if RESET_AFTER_MS > LOCK_MS {
+    RESET_AFTER_MS
+} else {
+    LOCK_MS
+} + MAX_DELAY_MS;
+/// Compare-and-set rounds before an attempt is refused as contended.
+const CAS_ROUNDS: usize = 16;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Softlock {
@@ -67,6 +85,23 @@ impl Softlock {
         }
     }
 
+    /// Admits an attempt, counted as a failure until it proves otherwise
+    /// (`Err(retry_after_ms)` while blocked, and then nothing changes).
+    pub fn begin(self, now: i64) -> Result<Softlock, i64> {
+        self.check(now)?;
+        Ok(self.record_failure(now))
+    }
+
+    /// Takes back an attempt that never reached a verdict. The count drops by
+    /// one; a delay or lock already set stays (it may have come from a real
+    /// failure in between), so taking back is never a way around the rules.
+    pub fn abandon(self) -> Softlock {
+        Softlock {
+            failures: self.failures.saturating_sub(1),
+            ..self
+        }
+    }
+
     pub fn is_locked(&self) -> bool {
         self.failures >= LOCK_AT
     }
@@ -85,13 +120,27 @@ impl Softlock {
     }
 }
 
-/// Softlock states, in process or in Redis (read-modify-write: under a
-/// concurrent burst a few extra attempts may be counted late, never lost
-/// entirely; per-IP and per-account rate limits bound such bursts).
+/// Replaces KEYS[1] by ARGV[2] (deletes it when ARGV[2] is empty; PX ARGV[3])
+/// only if it still holds ARGV[1] (empty: absent). Returns `{1, ""}`, or `{0,
+/// current value}` so that the caller can compute again from it.
+const CAS_SCRIPT: &str = r#"
+local cur = redis.call('GET', KEYS[1]) or ''
+if cur ~= ARGV[1] then return {0, cur} end
+if ARGV[2] == '' then
+  redis.call('DEL', KEYS[1])
+else
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+end
+return {1, ''}
+"#;
+
+/// Softlock states, in process or in Redis; every transition is atomic (see
+/// the module documentation).
 pub struct BruteForce {
     enabled: bool,
     local: Mutex<HashMap<String, Softlock>>,
     redis: Option<RedisHandle>,
+    cas: redis::Script,
 }
 
 impl BruteForce {
@@ -100,95 +149,143 @@ impl BruteForce {
             enabled,
             local: Mutex::new(HashMap::new()),
             redis,
+            cas: redis::Script::new(CAS_SCRIPT),
         }
     }
 
-    async fn load(&self, account: &str) -> Softlock {
+    /// Applies `step` to the account's state atomically and returns what it
+    /// says. `step` gives the new state (`None`: clear) and the answer; it
+    /// may run more than once (Redis: when another instance changed the
+    /// state meanwhile). `contended` is the answer when Redis keeps changing
+    /// under us; Redis unreachable: this process's state (logged).
+    async fn transition<T: Copy>(
+        &self,
+        account: &str,
+        contended: T,
+        step: impl Fn(Softlock) -> (Option<Softlock>, T),
+    ) -> T {
         if let Some(r) = &self.redis {
-            let key = r.key(&format!("bf:{{{account}}}"));
-            match r
-                .run("bruteforce_get", |mut c| async move {
-                    redis::cmd("GET")
-                        .arg(&key)
-                        .query_async::<Option<String>>(&mut c)
-                        .await
-                })
-                .await
-            {
-                Ok(v) => return v.as_deref().and_then(Softlock::decode).unwrap_or_default(),
+            match self.transition_redis(r, account, contended, &step).await {
+                Ok(out) => return out,
                 Err(e) => {
                     tracing::warn!(error = %e, "brute-force state unavailable in Redis; using local state")
                 }
             }
         }
-        self.local
-            .lock()
-            .expect("softlock")
-            .get(account)
-            .copied()
-            .unwrap_or_default()
-    }
-
-    async fn save(&self, account: &str, s: Option<Softlock>) {
-        if let Some(r) = &self.redis {
-            let key = r.key(&format!("bf:{{{account}}}"));
-            let res = r
-                .run("bruteforce_set", |mut c| async move {
-                    match s {
-                        Some(s) => {
-                            redis::cmd("SET")
-                                .arg(&key)
-                                .arg(s.encode())
-                                .arg("PX")
-                                .arg(RESET_AFTER_MS.max(LOCK_MS) + MAX_DELAY_MS)
-                                .query_async::<()>(&mut c)
-                                .await
-                        }
-                        None => redis::cmd("DEL").arg(&key).query_async::<()>(&mut c).await,
-                    }
-                })
-                .await;
-            if res.is_ok() {
-                return;
+        let mut local = self.local.lock().expect("softlock");
+        let cur = local.get(account).copied().unwrap_or_default();
+        let (new, out) = step(cur);
+        match new {
+            Some(s) if s != cur => {
+                local.insert(account.to_string(), s);
+            }
+            Some(_) => {}
+            None => {
+                local.remove(account);
             }
         }
-        let mut local = self.local.lock().expect("softlock");
-        match s {
-            Some(s) => local.insert(account.to_string(), s),
-            None => local.remove(account),
-        };
+        out
     }
 
-    /// `Err(retry_after_secs)` when the account may not try now.
-    pub async fn check(&self, account: &str) -> Result<(), u64> {
+    async fn transition_redis<T: Copy>(
+        &self,
+        r: &RedisHandle,
+        account: &str,
+        contended: T,
+        step: &impl Fn(Softlock) -> (Option<Softlock>, T),
+    ) -> Result<T, crate::cache::RedisFailure> {
+        let key = r.key(&format!("bf:{{{account}}}"));
+        // First guess: no state (the common case, one round trip); a miss
+        // returns the current value to compute from.
+        let mut current = String::new();
+        let mut known = false;
+        for _ in 0..CAS_ROUNDS {
+            let state = if current.is_empty() {
+                Softlock::default()
+            } else {
+                Softlock::decode(&current).unwrap_or_default()
+            };
+            let (new, out) = step(state);
+            let next = new.filter(|s| *s != Softlock::default()).map(|s| s.encode());
+            if known && next.as_deref().unwrap_or("") == current {
+                return Ok(out);
+            }
+            let (cas, key, expected) = (&self.cas, &key, &current);
+            let next = next.unwrap_or_default();
+            let (swapped, actual) = r
+                .run("bruteforce", |mut c| async move {
+                    cas.key(key)
+                        .arg(expected)
+                        .arg(&next)
+                        .arg(STATE_TTL_MS)
+                        .invoke_async::<(i64, String)>(&mut c)
+                        .await
+                })
+                .await?;
+            if swapped == 1 {
+                return Ok(out);
+            }
+            current = actual;
+            known = true;
+        }
+        tracing::warn!("brute-force state contended; attempt refused");
+        Ok(contended)
+    }
+
+    /// Admits one attempt for `account` and counts it as a failure until
+    /// `success` or `abandon`; `Err(retry_after_secs)` when it may not try now.
+    pub async fn begin(&self, account: &str) -> Result<(), u64> {
         if !self.enabled {
             return Ok(());
         }
-        self.load(account)
-            .await
-            .check(now_ms())
-            .map_err(|ms| (ms.max(0) as u64).div_ceil(1000).max(1))
+        let now = now_ms();
+        let out = self
+            .transition(account, Err(1000), |s| match s.begin(now) {
+                Ok(next) => (Some(next), Ok(next.failures)),
+                Err(ms) => (Some(s), Err(ms)),
+            })
+            .await;
+        match out {
+            Ok(failures) => {
+                if failures == LOCK_AT {
+                    metrics::counter!("latchkey_bruteforce_locks_total").increment(1);
+                    tracing::warn!("account locked after repeated failed logins");
+                }
+                Ok(())
+            }
+            Err(ms) => Err((ms.max(0) as u64).div_ceil(1000).max(1)),
+        }
     }
 
-    pub async fn failure(&self, account: &str) {
-        if !self.enabled {
-            return;
-        }
-        let s = self.load(account).await.record_failure(now_ms());
-        if s.failures == LOCK_AT {
-            metrics::counter!("latchkey_bruteforce_locks_total").increment(1);
-            tracing::warn!("account locked after repeated failed logins");
-        }
-        self.save(account, Some(s)).await;
-    }
-
+    /// The attempt begun for `account` had the right password: the count starts over.
     pub async fn success(&self, account: &str) {
         if !self.enabled {
             return;
         }
-        if self.load(account).await != Softlock::default() {
-            self.save(account, None).await;
+        if let Some(r) = &self.redis {
+            let key = r.key(&format!("bf:{{{account}}}"));
+            let res = r
+                .run("bruteforce", |mut c| async move {
+                    redis::cmd("DEL").arg(&key).query_async::<()>(&mut c).await
+                })
+                .await;
+            match res {
+                Ok(()) => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, "brute-force state unavailable in Redis; using local state")
+                }
+            }
         }
+        self.local.lock().expect("softlock").remove(account);
+    }
+
+    /// The attempt begun for `account` never reached a verdict (shed, or an
+    /// internal error): it no longer counts.
+    pub async fn abandon(&self, account: &str) {
+        if !self.enabled {
+            return;
+        }
+        self.transition(account, (), |s| (Some(s.abandon()), ())).await
     }
 
     /// Forgets local states that have gone quiet.
@@ -253,6 +350,117 @@ mod tests {
         s = s.record_failure(later);
         assert_eq!(s.failures, 1);
         assert_eq!(s.check(later), Ok(()));
+    }
+
+    #[test]
+    fn attempts_count_before_the_verdict() {
+        let s = Softlock::default().begin(0).unwrap();
+        assert_eq!(s.failures, 1, "an admitted attempt counts at once");
+        // Taken back when it never reached a verdict.
+        assert_eq!(s.abandon(), Softlock { failures: 0, ..s });
+        // Parallel attempts at one instant: exactly FREE are admitted, then
+        // the delay holds, however many arrive.
+        let mut s = Softlock::default();
+        let admitted = (0..100)
+            .filter(|_| match s.begin(7) {
+                Ok(next) => {
+                    s = next;
+                    true
+                }
+                Err(_) => false,
+            })
+            .count();
+        assert_eq!(admitted, FREE as usize);
+        assert_eq!(s.begin(7), Err(1000), "a refused attempt changes nothing");
+    }
+
+    #[test]
+    fn abandon_never_lifts_a_delay_or_a_lock() {
+        let mut s = Softlock::default();
+        for _ in 0..LOCK_AT {
+            s = s.record_failure(0);
+        }
+        let a = s.abandon();
+        assert_eq!(a.failures, LOCK_AT - 1);
+        assert_eq!(a.check(0), Err(LOCK_MS), "the lock stays");
+        assert_eq!(Softlock::default().abandon(), Softlock::default());
+    }
+
+    /// Every sequence of up to 7 steps (attempt with a wrong password, a
+    /// right one, one shed before the verdict; 1 s, 61 s or 16 min passing):
+    /// the rules hold whatever the order.
+    #[test]
+    fn every_short_sequence_keeps_the_rules() {
+        #[derive(Clone, Copy, Debug)]
+        enum Step {
+            Wrong,
+            Right,
+            Shed,
+            Wait(i64),
+        }
+        const STEPS: [Step; 6] = [
+            Step::Wrong,
+            Step::Right,
+            Step::Shed,
+            Step::Wait(1_000),
+            Step::Wait(61_000),
+            Step::Wait(RESET_AFTER_MS + 1),
+        ];
+        let mut seq = vec![0usize; 7];
+        loop {
+            let (mut s, mut now) = (Softlock::default(), 1_000_000i64);
+            // Attempts admitted (wrong or shed) since the last right password.
+            let mut since_right = 0u32;
+            for &i in &seq {
+                let before = s;
+                match STEPS[i] {
+                    Step::Wait(ms) => now += ms,
+                    step => match s.begin(now) {
+                        Err(retry) => {
+                            assert!(retry > 0 && retry <= LOCK_MS, "{seq:?}");
+                            assert!(
+                                since_right >= FREE,
+                                "refused after {since_right} attempts: {seq:?}"
+                            );
+                        }
+                        Ok(next) => {
+                            since_right += 1;
+                            s = match step {
+                                Step::Right => {
+                                    since_right = 0;
+                                    Softlock::default()
+                                }
+                                Step::Shed => {
+                                    let back = next.abandon();
+                                    let idle_reset = now - before.last_failure > RESET_AFTER_MS;
+                                    let expected = if idle_reset { 0 } else { before.failures };
+                                    assert_eq!(back.failures, expected, "taken back: {seq:?}");
+                                    assert_eq!(back.blocked_until, next.blocked_until, "{seq:?}");
+                                    back
+                                }
+                                _ => next,
+                            };
+                        }
+                    },
+                }
+                assert!(s.failures <= since_right, "never more than the attempts: {seq:?}");
+                assert!(s.blocked_until <= now + LOCK_MS, "a lock is bounded: {seq:?}");
+                assert!(s.check(now + LOCK_MS).is_ok(), "every block ends: {seq:?}");
+            }
+            // Next sequence (odometer).
+            let mut k = 0;
+            while k < seq.len() {
+                seq[k] += 1;
+                if seq[k] < STEPS.len() {
+                    break;
+                }
+                seq[k] = 0;
+                k += 1;
+            }
+            if k == seq.len() {
+                break;
+            }
+        }
     }
 
     #[test]

@@ -32,11 +32,12 @@ pub enum PolicyName {
     LoginAccount,
     VerifyAccount,
     RefreshSession,
+    PasswordAccount,
     Validate,
 }
 
 impl PolicyName {
-    pub const ALL: [PolicyName; 11] = [
+    pub const ALL: [PolicyName; 12] = [
         PolicyName::RegisterIp,
         PolicyName::RegisterEmail,
         PolicyName::ResendIp,
@@ -47,6 +48,7 @@ impl PolicyName {
         PolicyName::LoginAccount,
         PolicyName::VerifyAccount,
         PolicyName::RefreshSession,
+        PolicyName::PasswordAccount,
         PolicyName::Validate,
     ];
 
@@ -62,6 +64,7 @@ impl PolicyName {
             PolicyName::LoginAccount => "login_account",
             PolicyName::VerifyAccount => "verify_account",
             PolicyName::RefreshSession => "refresh_session",
+            PolicyName::PasswordAccount => "password_account",
             PolicyName::Validate => "validate",
         }
     }
@@ -79,6 +82,9 @@ impl PolicyName {
             PolicyName::LoginAccount => (60, 60),
             PolicyName::VerifyAccount => (30, 600),
             PolicyName::RefreshSession => (120, 60),
+            // Password changes per account: a stolen access token must not
+            // become an unlimited oracle for the current password.
+            PolicyName::PasswordAccount => (10, 600),
             PolicyName::Validate => return None,
         })
     }

@@ -12,6 +12,8 @@ crate::on_every_backend!(
     limited_answers_carry_retry_after_and_ratelimit_headers,
     brute_force_delays_then_answers_the_same_for_unknown_accounts,
     a_success_resets_the_brute_force_count,
+    parallel_guesses_cannot_outrun_the_brute_force_rules,
+    password_changes_are_limited_per_account,
     hot_keys_never_exceed_the_limit_and_lease_from_redis,
 );
 
@@ -135,6 +137,85 @@ async fn a_success_resets_the_brute_force_count(app: &TestApp) {
             "the count started over"
         );
     }
+}
+
+/// Guesses sent all at once are counted before any password is checked, so
+/// exactly the free ones are judged and the rest wait, as if they had come
+/// one by one; on PostgreSQL + Redis spread over two instances.
+async fn parallel_guesses_cannot_outrun_the_brute_force_rules(app: &TestApp) {
+    let email = unique_email("bf-parallel");
+    app.register_verified(&email, PASSWORD).await;
+    let twin = if app.is_postgres() {
+        Some(app.twin().await)
+    } else {
+        None
+    };
+    let apps: Vec<&TestApp> = std::iter::once(app).chain(twin.as_ref()).collect();
+    let guesses = (0..40).map(|i| apps[i % apps.len()].login(&email, "wrong password"));
+    let mut counts: HashMap<(u16, String), usize> = HashMap::new();
+    for r in futures_util::future::join_all(guesses).await {
+        let status = r.status().as_u16();
+        let error = r.json::<Value>().await.unwrap()["error"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        *counts.entry((status, error)).or_insert(0) += 1;
+    }
+    assert_eq!(
+        counts.get(&(401, "INVALID_CREDENTIALS".to_string())),
+        Some(&5),
+        "only the free attempts are judged: {counts:?}"
+    );
+    assert_eq!(
+        counts.get(&(429, "TOO_MANY_ATTEMPTS".to_string())),
+        Some(&35),
+        "{counts:?}"
+    );
+    // The right password must wait out the delay too, then works.
+    assert_eq!(app.login(&email, PASSWORD).await.status(), 429);
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    assert_eq!(app.login(&email, PASSWORD).await.status(), 200);
+    if let Some(t) = twin {
+        t.stop().await;
+    }
+}
+
+/// A stolen access token is no unlimited oracle for the current password.
+async fn password_changes_are_limited_per_account(app: &TestApp) {
+    let mut settings = app.settings.clone();
+    settings.push(("rate_limit_password_account".into(), "3/600".into()));
+    let a = app.twin_with(&settings).await;
+    let email = unique_email("pw-limit");
+    let at = a.register_verified(&email, PASSWORD).await["access_token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let change = |current: &'static str| {
+        a.http
+            .post(a.url("/auth/password"))
+            .bearer_auth(&at)
+            .json(&json!({"current_password": current, "new_password": "a brand new password"}))
+            .send()
+    };
+    for _ in 0..3 {
+        assert_eq!(change("wrong password").await.unwrap().status(), 401);
+    }
+    let r = change(PASSWORD).await.unwrap();
+    assert_eq!(r.status(), 429, "even the right password waits");
+    assert!(r.headers().contains_key("retry-after"));
+    assert_eq!(r.json::<Value>().await.unwrap()["error"], "RATE_LIMITED");
+    // Another account is not affected.
+    let other = a.register_verified(&unique_email("pw-other"), PASSWORD).await;
+    let r = a
+        .http
+        .post(a.url("/auth/password"))
+        .bearer_auth(other["access_token"].as_str().unwrap())
+        .json(&json!({"current_password": PASSWORD, "new_password": "a brand new password"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    a.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
