@@ -376,11 +376,17 @@ def run_wrk(url, conns, secs, tokens, raw, label):
     return j
 
 
-def run_k6(url, rate, secs, tokens, raw, label):
+def pin(pids, cpus):
+    """Moves every thread of each process to `cpus` (taskset syntax, e.g. "0" or "0,1")."""
+    for pid in pids:
+        subprocess.run(["taskset", "-a", "-p", "-c", cpus, str(pid)], check=True, capture_output=True)
+
+
+def run_k6(url, rate, secs, tokens, raw, label, cpu=None):
     summary = os.path.join(raw, f"k6-{label}.json")
     c0 = children_cpu()
     out = subprocess.run(
-        [
+        (["taskset", "-c", cpu] if cpu is not None else []) + [
             "k6", "run", "--quiet", "--no-usage-report", "--summary-export", summary,
             "-e", f"URL={url}", "-e", f"TOKENS_FILE={tokens}", "-e", f"RATE={rate}", "-e", f"DURATION={secs}",
             os.path.join(HERE, "rate.js"),
@@ -413,13 +419,16 @@ def run_k6(url, rate, secs, tokens, raw, label):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--wrk-secs", type=int, default=15)
-    ap.add_argument("--k6-secs", type=int, default=20)
+    ap.add_argument("--k6-secs", type=int, default=60)
     ap.add_argument("--k6-rounds", type=int, default=3)
     ap.add_argument("--rate", type=int, default=5000)
     ap.add_argument("--conns", default="50,100")
     ap.add_argument("--targets", default="upstream,gateway-local,gateway-redis,haproxy,haproxy-plain")
     ap.add_argument("--k6-targets", default="upstream,gateway-local,gateway-redis,haproxy")
     ap.add_argument("--no-k6", action="store_true")
+    ap.add_argument("--pin", action="store_true",
+                    help="k6 runs: k6 alone on CPU 1, everything else (upstream, gateway or HAProxy, Redis, "
+                         "the service) on CPU 0, as with the load generator on another machine")
     ap.add_argument("--no-wrk", action="store_true")
     ap.add_argument("--perf", action="store_true",
                     help="record a CPU profile (perf, call graphs) of each target during its first wrk run")
@@ -549,12 +558,16 @@ def main():
                     f"non-2xx {w['errors']['status']}, {w['cpu_us_per_req']:.1f} us CPU/req")
 
         k6_targets = [t for t in args.k6_targets.split(",") if t in targets] if not args.no_k6 else []
+        if args.pin and k6_targets:
+            pin(procs.pids(), "0")
+            say("k6 runs pinned: k6 on CPU 1, the rest on CPU 0")
         for rnd in range(1, args.k6_rounds + 1):
             for target in k6_targets:
                 url, pid = urls[target], pid_of[target]
                 def one_k6():
                     c0 = cpu_seconds(pid)
-                    k = run_k6(url, args.rate, args.k6_secs, tokens_file, raw, f"{target}-r{rnd}")
+                    k = run_k6(url, args.rate, args.k6_secs, tokens_file, raw, f"{target}-r{rnd}",
+                               cpu="1" if args.pin else None)
                     k["cpu_share"] = (cpu_seconds(pid) - c0) / args.k6_secs
                     return k
                 k = measure(procs, f"{target} k6 round {rnd}", one_k6)
@@ -628,7 +641,8 @@ def render(results, args, started):
     if any(r["k6"] for r in results.values()):
         lines += [
             f"Open model, k6 constant-arrival-rate {args.rate}/s, {args.k6_secs} s per run, "
-            f"{args.k6_rounds} rounds with the targets interleaved; medians over the rounds "
+            + ("k6 alone on CPU 1 and everything else on CPU 0 (--pin), " if args.pin else "k6 and the rest sharing both cores, ")
+            + f"{args.k6_rounds} rounds with the targets interleaved; medians over the rounds "
             "(P99 of each round in brackets):",
             "",
             "| target | achieved req/s | P50 ms | P90 ms | P99 ms | P99.9 ms | max ms | failed | dropped | "

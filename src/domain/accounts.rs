@@ -19,7 +19,7 @@ use super::tokens::{Tokens, Verified};
 use super::AuthError;
 use crate::cache::{Revocations, UserCache};
 use crate::crypto::{ct_eq, random_code, random_token, sha256, MacKey, Sealer};
-use crate::limits::{BruteForce, Limiter, PolicyName};
+use crate::limits::{BruteForce, IpKey, Limiter, PolicyName};
 use crate::mail::Message;
 use crate::store::{now_ms, NewCode, NewSession, Purpose, RegisterOutcome, Store, UserRecord};
 
@@ -82,7 +82,7 @@ impl Accounts {
         name: Option<String>,
     ) -> Result<(), AuthError> {
         self.limiter
-            .check(PolicyName::RegisterIp, &ip.to_string())
+            .check(PolicyName::RegisterIp, IpKey::new(ip).as_str())
             .await?;
         self.limiter
             .check(PolicyName::RegisterEmail, email.as_str())
@@ -125,7 +125,9 @@ impl Accounts {
     }
 
     pub async fn resend_code(&self, ip: IpAddr, email: Email) -> Result<(), AuthError> {
-        self.limiter.check(PolicyName::ResendIp, &ip.to_string()).await?;
+        self.limiter
+            .check(PolicyName::ResendIp, IpKey::new(ip).as_str())
+            .await?;
         self.limiter
             .check(PolicyName::ResendEmail, email.as_str())
             .await?;
@@ -138,7 +140,9 @@ impl Accounts {
     }
 
     pub async fn request_password_reset(&self, ip: IpAddr, email: Email) -> Result<(), AuthError> {
-        self.limiter.check(PolicyName::ResetIp, &ip.to_string()).await?;
+        self.limiter
+            .check(PolicyName::ResetIp, IpKey::new(ip).as_str())
+            .await?;
         self.limiter.check(PolicyName::ResetEmail, email.as_str()).await?;
         if let Some(user) = self.store.user_by_email(email.as_str()).await? {
             self.issue_code(&user, &email, Purpose::ResetPassword).await?;
@@ -315,7 +319,9 @@ impl Accounts {
         password: Password,
         client_id: Option<&str>,
     ) -> Result<TokenPair, AuthError> {
-        self.limiter.check(PolicyName::LoginIp, &ip.to_string()).await?;
+        self.limiter
+            .check(PolicyName::LoginIp, IpKey::new(ip).as_str())
+            .await?;
         self.limiter
             .check(PolicyName::LoginAccount, email.as_str())
             .await?;

@@ -33,6 +33,7 @@ use super::{GatewayState, Worker};
 use crate::domain::tokens::{bearer_token, Verified};
 use crate::http::error::{error_response, invalid_token, rate_limited};
 use crate::http::extract::client_ip;
+use crate::limits::IpKey;
 
 const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -150,9 +151,10 @@ async fn forward<'t>(
     }
 
     // Limits by address come first: a flood of forged tokens costs no signature check.
-    if let Some(rl) = rc.rate_limit.as_ref().filter(|rl| rl.key == LimitKey::Ip) {
+    let limit = rc.rate_limit.as_ref().zip(route.limit_metrics.as_ref());
+    if let Some((rl, m)) = limit.filter(|(rl, _)| rl.key == LimitKey::Ip) {
         if let Err(l) = limiter
-            .check_policy(route.policy_name, rl.policy, &client_addr.to_string())
+            .check_policy(route.policy_name, rl.policy, m, IpKey::new(client_addr).as_str())
             .await
         {
             route.metrics.rate_limited.increment(1);
@@ -171,14 +173,14 @@ async fn forward<'t>(
     } else {
         None
     };
-    if let (Some(rl), Some(v)) = (&rc.rate_limit, &verified) {
+    if let (Some((rl, m)), Some(v)) = (limit, &verified) {
         let key = match rl.key {
             LimitKey::Subject => Some(v.claims.sub.as_str()),
             LimitKey::ClientId => Some(v.claims.client_id.as_str()),
             LimitKey::Ip => None,
         };
         if let Some(key) = key {
-            if let Err(l) = limiter.check_policy(route.policy_name, rl.policy, key).await {
+            if let Err(l) = limiter.check_policy(route.policy_name, rl.policy, m, key).await {
                 route.metrics.rate_limited.increment(1);
                 return Outcome::refused(Some(route), rate_limited(&l));
             }

@@ -8,7 +8,8 @@ use std::sync::Mutex;
 
 use metrics::{Counter, Gauge, Histogram};
 
-use super::config::{GatewayConfig, HostMatch, IdentityHeaders, RouteConfig};
+use super::config::{GatewayConfig, HostMatch, IdentityHeaders, LimiterStore, RouteConfig};
+use crate::limits::PolicyMetrics;
 
 /// A `&'static str` for a name that lives as long as the process (route
 /// names are metric labels and rate-limit policy names). Interned, so that
@@ -62,6 +63,8 @@ pub struct Route {
     pub policy_name: &'static str,
     pub config: RouteConfig,
     pub metrics: RouteMetrics,
+    /// The counters of the route's rate limit, if it has one.
+    pub limit_metrics: Option<PolicyMetrics>,
 }
 
 pub struct RouteTable {
@@ -77,19 +80,26 @@ pub struct RouteTable {
 
 impl RouteTable {
     pub fn new(cfg: &GatewayConfig) -> RouteTable {
+        let limits_in_redis = cfg.limiter == LimiterStore::Redis && cfg.redis.is_some();
         let mut routes: Vec<(usize, Route)> = cfg
             .routes
             .iter()
             .enumerate()
             .map(|(i, r)| {
                 let name = intern(r.name.clone());
+                let policy_name = intern(format!("gateway.{}", r.name));
+                let limit_metrics = r
+                    .rate_limit
+                    .as_ref()
+                    .map(|rl| PolicyMetrics::new(policy_name, &rl.policy, limits_in_redis));
                 (
                     i,
                     Route {
                         name,
-                        policy_name: intern(format!("gateway.{}", r.name)),
+                        policy_name,
                         config: r.clone(),
                         metrics: RouteMetrics::new(name),
+                        limit_metrics,
                     },
                 )
             })

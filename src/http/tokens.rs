@@ -10,7 +10,7 @@ use super::error::{invalid_token, rate_limited, ErrorBody};
 use super::extract::ClientIp;
 use super::AppState;
 use crate::domain::tokens::{bearer_token, AccessClaims};
-use crate::limits::PolicyName;
+use crate::limits::{IpKey, PolicyName};
 
 /// The hot path: a cache hit costs a hash, a lookup and a revocation check.
 #[utoipa::path(get, path = "/auth/validate", tag = "tokens", security(("bearer" = [])),
@@ -19,7 +19,11 @@ use crate::limits::PolicyName;
 pub async fn validate(State(st): State<AppState>, ClientIp(ip): ClientIp, headers: HeaderMap) -> Response {
     // Unlimited by default; `rate_limit_validate` turns a per-IP limit on.
     if st.limiter.is_active(PolicyName::Validate) {
-        if let Err(l) = st.limiter.check(PolicyName::Validate, &ip.to_string()).await {
+        if let Err(l) = st
+            .limiter
+            .check(PolicyName::Validate, IpKey::new(ip).as_str())
+            .await
+        {
             return rate_limited(&l);
         }
     }

@@ -43,8 +43,12 @@ pub fn step(tat: Option<i64>, now: i64, interval: i64, window: i64) -> (Outcome,
     }
 }
 
+/// Per shard: policy -> key -> TAT, nested so that a lookup by `&str`
+/// allocates nothing (only a new key does).
+type Shard = HashMap<&'static str, HashMap<Box<str>, i64>>;
+
 pub struct LocalBuckets {
-    shards: Vec<Mutex<HashMap<(&'static str, String), i64>>>,
+    shards: Vec<Mutex<Shard>>,
     hasher: std::collections::hash_map::RandomState,
 }
 
@@ -68,18 +72,33 @@ impl LocalBuckets {
         key.hash(&mut h);
         let shard = &self.shards[h.finish() as usize % SHARDS];
         let mut map = shard.lock().expect("bucket lock");
-        let k = (policy, key.to_string());
-        let (outcome, new_tat) = step(map.get(&k).copied(), now, interval, window);
-        if let Some(t) = new_tat {
-            map.insert(k, t);
+        let keys = map.entry(policy).or_default();
+        match keys.get_mut(key) {
+            Some(tat) => {
+                let (outcome, new_tat) = step(Some(*tat), now, interval, window);
+                if let Some(t) = new_tat {
+                    *tat = t;
+                }
+                outcome
+            }
+            None => {
+                let (outcome, new_tat) = step(None, now, interval, window);
+                if let Some(t) = new_tat {
+                    keys.insert(key.into(), t);
+                }
+                outcome
+            }
         }
-        outcome
     }
 
     /// Forgets buckets that are full again (TAT in the past).
     pub fn purge(&self, now: i64) {
         for shard in &self.shards {
-            shard.lock().expect("bucket lock").retain(|_, tat| *tat > now);
+            let mut map = shard.lock().expect("bucket lock");
+            for keys in map.values_mut() {
+                keys.retain(|_, tat| *tat > now);
+            }
+            map.retain(|_, keys| !keys.is_empty());
         }
     }
 }

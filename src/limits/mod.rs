@@ -20,6 +20,8 @@ use std::time::Duration;
 use crate::cache::RedisHandle;
 use crate::config::{ConfigError, Sources};
 
+/// The service's named policies; `ALL` lists them in declaration order (an
+/// index into the limiter's table).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PolicyName {
     RegisterIp,
@@ -198,9 +200,49 @@ redis.call('SET', KEYS[1], new_tat, 'PX', math.max(1, math.ceil((new_tat - now) 
 return {grant, 0, new_tat - now}
 "#;
 
+/// A policy's counters, registered once (so that they show from the first
+/// scrape, and a check does no registry lookup by name and label).
+#[derive(Clone)]
+pub struct PolicyMetrics {
+    allowed: metrics::Counter,
+    limited: metrics::Counter,
+    /// Only with Redis (no-op handles otherwise).
+    leased: metrics::Counter,
+    fallback: metrics::Counter,
+}
+
+impl PolicyMetrics {
+    /// The counters of policy `name`; `with_redis`: whether its buckets live in Redis.
+    pub fn new(name: &'static str, p: &Policy, with_redis: bool) -> PolicyMetrics {
+        let (leased, fallback) = if with_redis {
+            let mode = match p.fallback {
+                Fallback::Local => "local",
+                Fallback::Open => "open",
+            };
+            (
+                metrics::counter!("latchkey_ratelimit_leased_total", "policy" => name),
+                metrics::counter!("latchkey_ratelimit_fallback_total", "policy" => name, "mode" => mode),
+            )
+        } else {
+            (metrics::Counter::noop(), metrics::Counter::noop())
+        };
+        let m = PolicyMetrics {
+            allowed: metrics::counter!("latchkey_ratelimit_allowed_total", "policy" => name),
+            limited: metrics::counter!("latchkey_ratelimit_limited_total", "policy" => name),
+            leased,
+            fallback,
+        };
+        for c in [&m.allowed, &m.limited, &m.leased, &m.fallback] {
+            c.increment(0);
+        }
+        m
+    }
+}
+
 pub struct Limiter {
     enabled: bool,
-    policies: Policies,
+    /// The named policies, indexed by `PolicyName as usize`.
+    named: Vec<Option<(Policy, PolicyMetrics)>>,
     local: std::sync::Arc<LocalBuckets>,
     leases: std::sync::Arc<lease::Leases>,
     redis: Option<RedisHandle>,
@@ -209,26 +251,19 @@ pub struct Limiter {
 
 impl Limiter {
     pub fn new(enabled: bool, policies: Policies, redis: Option<RedisHandle>) -> Self {
-        // Register the per-policy series so that they show from the first scrape.
-        for name in PolicyName::ALL {
-            if let Some(p) = policies.get(name) {
-                let policy = name.as_str();
-                metrics::counter!("latchkey_ratelimit_allowed_total", "policy" => policy).increment(0);
-                metrics::counter!("latchkey_ratelimit_limited_total", "policy" => policy).increment(0);
-                if redis.is_some() {
-                    let mode = match p.fallback {
-                        Fallback::Local => "local",
-                        Fallback::Open => "open",
-                    };
-                    metrics::counter!("latchkey_ratelimit_fallback_total", "policy" => policy, "mode" => mode)
-                        .increment(0);
-                    metrics::counter!("latchkey_ratelimit_leased_total", "policy" => policy).increment(0);
-                }
-            }
-        }
+        let named = PolicyName::ALL
+            .iter()
+            .enumerate()
+            .map(|(i, &name)| {
+                debug_assert_eq!(i, name as usize);
+                policies
+                    .get(name)
+                    .map(|p| (p, PolicyMetrics::new(name.as_str(), &p, redis.is_some())))
+            })
+            .collect();
         Limiter {
             enabled,
-            policies,
+            named,
             local: std::sync::Arc::new(LocalBuckets::new()),
             leases: std::sync::Arc::new(lease::Leases::new()),
             redis,
@@ -242,7 +277,7 @@ impl Limiter {
     pub fn with_redis_connection(&self, redis: RedisHandle) -> Limiter {
         Limiter {
             enabled: self.enabled,
-            policies: self.policies.clone(),
+            named: self.named.clone(),
             local: self.local.clone(),
             leases: self.leases.clone(),
             redis: Some(redis),
@@ -256,7 +291,7 @@ impl Limiter {
 
     /// Whether `policy` limits anything (limits on and the policy configured).
     pub fn is_active(&self, policy: PolicyName) -> bool {
-        self.enabled && self.policies.get(policy).is_some()
+        self.enabled && self.named[policy as usize].is_some()
     }
 
     /// Takes one token from the bucket of (`policy`, `key`).
@@ -264,15 +299,21 @@ impl Limiter {
         if !self.enabled {
             return Ok(());
         }
-        let Some(p) = self.policies.get(policy) else {
+        let Some((p, m)) = &self.named[policy as usize] else {
             return Ok(());
         };
-        self.check_policy(policy.as_str(), p, key).await
+        self.check_policy(policy.as_str(), *p, m, key).await
     }
 
-    /// Takes one token from the bucket of (`name`, `key`) under policy `p`
-    /// (the gateway's per-route policies use this directly).
-    pub async fn check_policy(&self, name: &'static str, p: Policy, key: &str) -> Result<(), Limited> {
+    /// Takes one token from the bucket of (`name`, `key`) under policy `p`,
+    /// counted in `m` (the gateway's per-route policies use this directly).
+    pub async fn check_policy(
+        &self,
+        name: &'static str,
+        p: Policy,
+        m: &PolicyMetrics,
+        key: &str,
+    ) -> Result<(), Limited> {
         if !self.enabled {
             return Ok(());
         }
@@ -284,9 +325,8 @@ impl Limiter {
             Some(r) => {
                 let want = match self.leases.take(policy, key, now_us()) {
                     lease::Take::Leased => {
-                        metrics::counter!("latchkey_ratelimit_allowed_total", "policy" => policy)
-                            .increment(1);
-                        metrics::counter!("latchkey_ratelimit_leased_total", "policy" => policy).increment(1);
+                        m.allowed.increment(1);
+                        m.leased.increment(1);
                         return Ok(());
                     }
                     lease::Take::Ask(n) => n,
@@ -316,9 +356,7 @@ impl Limiter {
                         }
                     }
                     Err(e) => {
-                        metrics::counter!("latchkey_ratelimit_fallback_total", "policy" => policy,
-                            "mode" => match p.fallback { Fallback::Local => "local", Fallback::Open => "open" })
-                        .increment(1);
+                        m.fallback.increment(1);
                         tracing::warn!(policy = policy, error = %e, fallback = ?p.fallback,
                             "rate limit store unavailable");
                         match p.fallback {
@@ -330,10 +368,10 @@ impl Limiter {
             }
         };
         if outcome.allowed {
-            metrics::counter!("latchkey_ratelimit_allowed_total", "policy" => policy).increment(1);
+            m.allowed.increment(1);
             Ok(())
         } else {
-            metrics::counter!("latchkey_ratelimit_limited_total", "policy" => policy).increment(1);
+            m.limited.increment(1);
             let remaining = ((window_us - outcome.reset).max(0) / interval_us) as u32;
             Err(Limited {
                 limit: p.limit,
@@ -348,6 +386,29 @@ impl Limiter {
     pub fn purge(&self) {
         self.local.purge(now_us());
         self.leases.purge(now_us());
+    }
+}
+
+/// An IP address as a bucket key, formatted on the stack (a check on the
+/// hot path allocates nothing for its key).
+pub struct IpKey {
+    buf: [u8; 48],
+    len: usize,
+}
+
+impl IpKey {
+    pub fn new(ip: std::net::IpAddr) -> IpKey {
+        use std::io::Write;
+        let mut buf = [0u8; 48];
+        let mut cur = std::io::Cursor::new(&mut buf[..]);
+        // At most 45 bytes (an IPv4-mapped IPv6 address): always fits.
+        let _ = write!(cur, "{ip}");
+        let len = cur.position() as usize;
+        IpKey { buf, len }
+    }
+
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.buf[..self.len]).unwrap_or("")
     }
 }
 
@@ -410,6 +471,21 @@ mod tests {
         }
         // A burst of 5000, plus what refills while the loop runs (200 us per token).
         assert!((5000..5100).contains(&allowed), "{allowed}");
+    }
+
+    #[test]
+    fn ip_keys_are_the_addresses_text() {
+        for ip in [
+            "10.0.0.1",
+            "255.255.255.255",
+            "::1",
+            "::ffff:255.255.255.255",
+            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            "2001:db8::8a2e:370:7334",
+        ] {
+            let ip: std::net::IpAddr = ip.parse().unwrap();
+            assert_eq!(IpKey::new(ip).as_str(), ip.to_string());
+        }
     }
 
     #[tokio::test]

@@ -40,6 +40,16 @@ impl OutboxWorker {
         tracing::debug!(sink = self.sink.kind(), "outbox worker started");
         metrics::counter!("latchkey_outbox_deliveries_total", "sink" => self.sink.kind()).increment(0);
         metrics::counter!("latchkey_outbox_failures_total", "sink" => self.sink.kind()).increment(0);
+        // The embedded backend is one process: a claim found at start-up was
+        // left by a crash of this service, and waiting out its lease would
+        // only delay the mail by up to a minute.
+        if self.store.backend_name() == "sqlite" {
+            match self.store.release_outbox_claims().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(messages = n, "outbox: claims left by a crash released"),
+                Err(e) => tracing::warn!(error = %e, "outbox: releasing stale claims failed"),
+            }
+        }
         loop {
             let delivered = match self.deliver_batch().await {
                 Ok(n) => n,

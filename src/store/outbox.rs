@@ -75,6 +75,16 @@ impl Store {
         })
     }
 
+    /// Releases every claim (start-up of the single-process embedded backend).
+    pub async fn release_outbox_claims(&self) -> StoreResult<u64> {
+        db_op!(self, "release_outbox_claims", conn => {
+            Ok(sqlx::query("UPDATE outbox SET claimed_until = NULL WHERE claimed_until IS NOT NULL")
+                .execute(&mut *conn)
+                .await?
+                .rows_affected())
+        })
+    }
+
     /// Backlog size and the creation time of the oldest message.
     pub async fn outbox_backlog(&self) -> StoreResult<(i64, Option<i64>)> {
         db_op!(self, "outbox_backlog", conn => {

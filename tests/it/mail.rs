@@ -138,6 +138,18 @@ async fn sigkill_after_register_loses_neither_account_nor_mail() {
     assert_eq!(r.status(), 201);
     server.child.kill().unwrap(); // SIGKILL
     server.child.wait().unwrap();
+    // The worst moment for the kill: while the worker held the message (a
+    // claim with a lease of a minute). The restarted instance must not wait
+    // the lease out.
+    let db = format!("sqlite://{}", dir.path().join("data/latchkey.db").display());
+    let pool = sqlx::SqlitePool::connect(&db).await.unwrap();
+    let held = sqlx::query("UPDATE outbox SET claimed_until = 9000000000000")
+        .execute(&pool)
+        .await
+        .unwrap()
+        .rows_affected();
+    assert_eq!(held, 1, "the message waits in the outbox");
+    pool.close().await;
 
     let mail_dir = dir.path().join("mail");
     let _server = Server::spawn(dir.path(), port, &format!("file:{}", mail_dir.display()));
