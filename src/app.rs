@@ -106,7 +106,7 @@ impl Services {
             tokens: tokens.clone(),
             revocations: revocations.clone(),
             limiter: limiter.clone(),
-            brute_force: BruteForce::new(config.rate_limit, redis.clone()),
+            brute_force: BruteForce::new(config.rate_limit, config.brute_force, redis.clone()),
             code_key: codes,
             outbox_sealer: Arc::new(outbox),
             mail_wake: mail_wake.clone(),

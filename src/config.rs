@@ -131,6 +131,7 @@ pub struct Config {
     pub mail_from: String,
     pub rate_limit: bool,
     pub policies: Policies,
+    pub brute_force: crate::limits::BruteForceRules,
     pub trusted_proxies: Vec<IpAddr>,
     pub log_format: LogFormat,
     pub log_level: String,
@@ -267,6 +268,34 @@ fn parse_secs(min: u64, max: u64) -> impl Fn(&str) -> Result<Duration, String> {
 
 fn parse_millis(min: u64, max: u64) -> impl Fn(&str) -> Result<Duration, String> {
     move |s| parse_num(min, max)(s).map(Duration::from_millis)
+}
+
+/// The brute-force thresholds (docs/design.md, brute force): the lock stays
+/// bounded (an hour at most), so that nobody can keep a victim out for long.
+fn brute_force_rules(src: &Sources) -> Result<crate::limits::BruteForceRules, ConfigError> {
+    let d = crate::limits::BruteForceRules::DEFAULT;
+    let secs =
+        |name: &str, default: i64, max: i64| src.get(name, default, parse_num(1, max)).map(|s| s * 1000);
+    let rules = crate::limits::BruteForceRules {
+        free: src.get("brute_force_free_failures", d.free, parse_num(0, 100))?,
+        lock_at: src.get("brute_force_lock_after", d.lock_at, parse_num(1, 1000))?,
+        max_delay_ms: secs("brute_force_max_delay_secs", d.max_delay_ms / 1000, 3600)?,
+        lock_ms: secs("brute_force_lock_secs", d.lock_ms / 1000, 3600)?,
+        reset_after_ms: secs("brute_force_reset_secs", d.reset_after_ms / 1000, 86_400)?,
+    };
+    if rules.lock_at <= rules.free {
+        return Err(ConfigError::new(
+            src.name_of("brute_force_lock_after"),
+            "must exceed brute_force_free_failures",
+        ));
+    }
+    if rules.lock_ms < rules.max_delay_ms {
+        return Err(ConfigError::new(
+            src.name_of("brute_force_lock_secs"),
+            "must be at least brute_force_max_delay_secs",
+        ));
+    }
+    Ok(rules)
 }
 
 fn parse_switch(s: &str) -> Result<bool, String> {
@@ -438,6 +467,7 @@ impl Config {
         }
         let rate_limit = src.get("rate_limit", true, parse_switch)?;
         let policies = Policies::from_sources(src)?;
+        let brute_force = brute_force_rules(src)?;
         let trusted_proxies = src.get("trusted_proxies", Vec::new(), |s| {
             s.split(',')
                 .map(str::trim)
@@ -492,6 +522,7 @@ impl Config {
             mail_from,
             rate_limit,
             policies,
+            brute_force,
             trusted_proxies,
             log_format,
             log_level,
@@ -656,6 +687,40 @@ mod tests {
             err.contains("LATCHKEY_OTLP_ENDPOINT") && !err.contains('\n'),
             "{err}"
         );
+    }
+
+    #[test]
+    fn brute_force_rules_are_bounded_and_consistent() {
+        let c = Config::from_sources(&Sources::from_pairs([])).unwrap();
+        assert_eq!(c.brute_force, crate::limits::BruteForceRules::DEFAULT);
+        let c = Config::from_sources(&Sources::from_pairs([
+            ("brute_force_free_failures", "2"),
+            ("brute_force_lock_after", "3"),
+            ("brute_force_lock_secs", "4"),
+            ("brute_force_max_delay_secs", "1"),
+        ]))
+        .unwrap();
+        assert_eq!((c.brute_force.free, c.brute_force.lock_at), (2, 3));
+        assert_eq!(
+            (c.brute_force.lock_ms, c.brute_force.max_delay_ms),
+            (4_000, 1_000)
+        );
+        for (pairs, field) in [
+            (vec![("brute_force_lock_secs", "3601")], "brute_force_lock_secs"),
+            (vec![("brute_force_lock_secs", "0")], "brute_force_lock_secs"),
+            (
+                vec![("brute_force_free_failures", "-1")],
+                "brute_force_free_failures",
+            ),
+            (
+                vec![("brute_force_free_failures", "20")],
+                "brute_force_lock_after",
+            ),
+            (vec![("brute_force_lock_secs", "30")], "brute_force_lock_secs"),
+        ] {
+            let e = Config::from_sources(&Sources::from_pairs(pairs.clone())).unwrap_err();
+            assert!(e.to_string().to_lowercase().contains(field), "{pairs:?}: {e}");
+        }
     }
 
     #[test]

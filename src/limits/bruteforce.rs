@@ -12,8 +12,10 @@
 //!                                                         blocked LOCK_MS, bounded
 //! ```
 //! The key is the normalised email whether or not an account exists, so the
-//! answers never tell whether it does. The lock is bounded (15 minutes), and
-//! per-IP rate limits come first, so one attacker cannot keep a victim out.
+//! answers never tell whether it does. The lock is bounded (15 minutes by
+//! default, an hour at most), and per-IP rate limits come first, so one
+//! attacker cannot keep a victim out. The thresholds are [`Rules`], set by
+//! the `brute_force_*` settings.
 //!
 //! **Attempts count before the password is checked.** [`Softlock::begin`]
 //! admits an attempt and records it as a failure in one atomic step;
@@ -31,20 +33,41 @@ use std::sync::Mutex;
 use crate::cache::RedisHandle;
 use crate::store::now_ms;
 
-/// Consecutive failures allowed without delay.
-pub const FREE: u32 = 5;
-/// Failures that lock the account.
-pub const LOCK_AT: u32 = 20;
-pub const MAX_DELAY_MS: i64 = 60_000;
-pub const LOCK_MS: i64 = 15 * 60_000;
-/// A quiet period after which the count starts over.
-pub const RESET_AFTER_MS: i64 = 15 * 60_000;
-/// How long a state is kept in Redis: past it, it would be CLEAR anyway.
-const STATE_TTL_MS: i64 = if RESET_AFTER_MS > LOCK_MS {
-    RESET_AFTER_MS
-} else {
-    LOCK_MS
-} + MAX_DELAY_MS;
+/// The thresholds of the state machine (settings `brute_force_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rules {
+    /// Consecutive failures allowed without delay.
+    pub free: u32,
+    /// Failures that lock the account (more than `free`).
+    pub lock_at: u32,
+    /// The longest delay between two failures before the lock.
+    pub max_delay_ms: i64,
+    /// How long a lock lasts.
+    pub lock_ms: i64,
+    /// A quiet period after which the count starts over.
+    pub reset_after_ms: i64,
+}
+
+impl Rules {
+    pub const DEFAULT: Rules = Rules {
+        free: 5,
+        lock_at: 20,
+        max_delay_ms: 60_000,
+        lock_ms: 15 * 60_000,
+        reset_after_ms: 15 * 60_000,
+    };
+
+    /// How long a state is kept in Redis: past it, it would be CLEAR anyway.
+    fn state_ttl_ms(&self) -> i64 {
+        self.reset_after_ms.max(self.lock_ms) + self.max_delay_ms
+    }
+}
+
+impl Default for Rules {
+    fn default() -> Self {
+        Rules::DEFAULT
+    }
+}
 /// Compare-and-set rounds before an attempt is refused as contended.
 const CAS_ROUNDS: usize = 16;
 
@@ -65,16 +88,16 @@ impl Softlock {
         }
     }
 
-    pub fn record_failure(self, now: i64) -> Softlock {
-        let failures = if now - self.last_failure > RESET_AFTER_MS {
+    pub fn record_failure(self, now: i64, rules: &Rules) -> Softlock {
+        let failures = if now - self.last_failure > rules.reset_after_ms {
             1
         } else {
-            self.failures + 1
+            self.failures.saturating_add(1)
         };
-        let blocked_until = if failures >= LOCK_AT {
-            now + LOCK_MS
-        } else if failures >= FREE {
-            now + (1000i64 << (failures - FREE).min(16)).min(MAX_DELAY_MS)
+        let blocked_until = if failures >= rules.lock_at {
+            now + rules.lock_ms
+        } else if failures >= rules.free {
+            now + (1000i64 << (failures - rules.free).min(16)).min(rules.max_delay_ms)
         } else {
             0
         };
@@ -87,9 +110,9 @@ impl Softlock {
 
     /// Admits an attempt, counted as a failure until it proves otherwise
     /// (`Err(retry_after_ms)` while blocked, and then nothing changes).
-    pub fn begin(self, now: i64) -> Result<Softlock, i64> {
+    pub fn begin(self, now: i64, rules: &Rules) -> Result<Softlock, i64> {
         self.check(now)?;
-        Ok(self.record_failure(now))
+        Ok(self.record_failure(now, rules))
     }
 
     /// Takes back an attempt that never reached a verdict. The count drops by
@@ -102,8 +125,8 @@ impl Softlock {
         }
     }
 
-    pub fn is_locked(&self) -> bool {
-        self.failures >= LOCK_AT
+    pub fn is_locked(&self, rules: &Rules) -> bool {
+        self.failures >= rules.lock_at
     }
 
     fn encode(&self) -> String {
@@ -138,15 +161,17 @@ return {1, ''}
 /// the module documentation).
 pub struct BruteForce {
     enabled: bool,
+    rules: Rules,
     local: Mutex<HashMap<String, Softlock>>,
     redis: Option<RedisHandle>,
     cas: redis::Script,
 }
 
 impl BruteForce {
-    pub fn new(enabled: bool, redis: Option<RedisHandle>) -> Self {
+    pub fn new(enabled: bool, rules: Rules, redis: Option<RedisHandle>) -> Self {
         BruteForce {
             enabled,
+            rules,
             local: Mutex::new(HashMap::new()),
             redis,
             cas: redis::Script::new(CAS_SCRIPT),
@@ -210,14 +235,14 @@ impl BruteForce {
             if known && next.as_deref().unwrap_or("") == current {
                 return Ok(out);
             }
-            let (cas, key, expected) = (&self.cas, &key, &current);
+            let (cas, key, expected, ttl) = (&self.cas, &key, &current, self.rules.state_ttl_ms());
             let next = next.unwrap_or_default();
             let (swapped, actual) = r
                 .run("bruteforce", |mut c| async move {
                     cas.key(key)
                         .arg(expected)
                         .arg(&next)
-                        .arg(STATE_TTL_MS)
+                        .arg(ttl)
                         .invoke_async::<(i64, String)>(&mut c)
                         .await
                 })
@@ -238,16 +263,16 @@ impl BruteForce {
         if !self.enabled {
             return Ok(());
         }
-        let now = now_ms();
+        let (now, rules) = (now_ms(), &self.rules);
         let out = self
-            .transition(account, Err(1000), |s| match s.begin(now) {
+            .transition(account, Err(1000), |s| match s.begin(now, rules) {
                 Ok(next) => (Some(next), Ok(next.failures)),
                 Err(ms) => (Some(s), Err(ms)),
             })
             .await;
         match out {
             Ok(failures) => {
-                if failures == LOCK_AT {
+                if failures == self.rules.lock_at {
                     metrics::counter!("latchkey_bruteforce_locks_total").increment(1);
                     tracing::warn!("account locked after repeated failed logins");
                 }
@@ -290,11 +315,11 @@ impl BruteForce {
 
     /// Forgets local states that have gone quiet.
     pub fn purge(&self) {
-        let now = now_ms();
+        let (now, reset) = (now_ms(), self.rules.reset_after_ms);
         self.local
             .lock()
             .expect("softlock")
-            .retain(|_, s| now - s.last_failure <= RESET_AFTER_MS || now < s.blocked_until);
+            .retain(|_, s| now - s.last_failure <= reset || now < s.blocked_until);
     }
 }
 
@@ -302,17 +327,24 @@ impl BruteForce {
 mod tests {
     use super::*;
 
+    const R: Rules = Rules::DEFAULT;
+    const FREE: u32 = R.free;
+    const LOCK_AT: u32 = R.lock_at;
+    const MAX_DELAY_MS: i64 = R.max_delay_ms;
+    const LOCK_MS: i64 = R.lock_ms;
+    const RESET_AFTER_MS: i64 = R.reset_after_ms;
+
     #[test]
     fn free_failures_then_growing_delays_then_lock() {
         let mut s = Softlock::default();
         let mut now = 1_000_000;
         for _ in 1..FREE {
-            s = s.record_failure(now);
+            s = s.record_failure(now, &R);
             assert_eq!(s.check(now), Ok(()));
         }
         let mut last_delay = 0;
         for n in FREE..LOCK_AT {
-            s = s.record_failure(now);
+            s = s.record_failure(now, &R);
             assert_eq!(s.failures, n);
             let delay = s.check(now).unwrap_err();
             assert!(
@@ -324,8 +356,8 @@ mod tests {
             now += delay;
         }
         assert_eq!(FREE, 5);
-        s = s.record_failure(now);
-        assert!(s.is_locked());
+        s = s.record_failure(now, &R);
+        assert!(s.is_locked(&R));
         assert_eq!(s.check(now), Err(LOCK_MS));
         assert_eq!(s.check(now + LOCK_MS - 1), Err(1));
         assert_eq!(s.check(now + LOCK_MS), Ok(()), "the lock is bounded");
@@ -335,7 +367,7 @@ mod tests {
     fn first_delayed_failure_waits_one_second() {
         let mut s = Softlock::default();
         for _ in 0..FREE {
-            s = s.record_failure(0);
+            s = s.record_failure(0, &R);
         }
         assert_eq!(s.check(0), Err(1000));
     }
@@ -344,17 +376,17 @@ mod tests {
     fn quiet_period_starts_over() {
         let mut s = Softlock::default();
         for _ in 0..FREE + 2 {
-            s = s.record_failure(0);
+            s = s.record_failure(0, &R);
         }
         let later = RESET_AFTER_MS + 1;
-        s = s.record_failure(later);
+        s = s.record_failure(later, &R);
         assert_eq!(s.failures, 1);
         assert_eq!(s.check(later), Ok(()));
     }
 
     #[test]
     fn attempts_count_before_the_verdict() {
-        let s = Softlock::default().begin(0).unwrap();
+        let s = Softlock::default().begin(0, &R).unwrap();
         assert_eq!(s.failures, 1, "an admitted attempt counts at once");
         // Taken back when it never reached a verdict.
         assert_eq!(s.abandon(), Softlock { failures: 0, ..s });
@@ -362,7 +394,7 @@ mod tests {
         // the delay holds, however many arrive.
         let mut s = Softlock::default();
         let admitted = (0..100)
-            .filter(|_| match s.begin(7) {
+            .filter(|_| match s.begin(7, &R) {
                 Ok(next) => {
                     s = next;
                     true
@@ -371,14 +403,14 @@ mod tests {
             })
             .count();
         assert_eq!(admitted, FREE as usize);
-        assert_eq!(s.begin(7), Err(1000), "a refused attempt changes nothing");
+        assert_eq!(s.begin(7, &R), Err(1000), "a refused attempt changes nothing");
     }
 
     #[test]
     fn abandon_never_lifts_a_delay_or_a_lock() {
         let mut s = Softlock::default();
         for _ in 0..LOCK_AT {
-            s = s.record_failure(0);
+            s = s.record_failure(0, &R);
         }
         let a = s.abandon();
         assert_eq!(a.failures, LOCK_AT - 1);
@@ -386,11 +418,56 @@ mod tests {
         assert_eq!(Softlock::default().abandon(), Softlock::default());
     }
 
+    #[test]
+    fn configured_rules_are_followed() {
+        let r = Rules {
+            free: 2,
+            lock_at: 3,
+            max_delay_ms: 1_000,
+            lock_ms: 3_000,
+            reset_after_ms: 60_000,
+        };
+        let s = Softlock::default().begin(0, &r).unwrap();
+        assert_eq!(s.check(0), Ok(()), "one free failure");
+        let s = s.begin(0, &r).unwrap();
+        assert_eq!(s.check(0), Err(1_000), "then a delay");
+        assert_eq!(s.begin(999, &r), Err(1));
+        let s = s.begin(1_000, &r).unwrap();
+        assert!(s.is_locked(&r));
+        assert_eq!(s.check(1_000), Err(3_000));
+        assert_eq!(s.check(3_999), Err(1));
+        assert_eq!(s.check(4_000), Ok(()), "the lock ends on time");
+        assert_eq!(s.record_failure(64_001, &r).failures, 1, "quiet period");
+        // Delays grow up to max_delay_ms and no further.
+        let r = Rules {
+            lock_at: 100,
+            max_delay_ms: 1_500,
+            ..r
+        };
+        let mut s = Softlock::default();
+        for _ in 0..10 {
+            s = s.record_failure(0, &r);
+        }
+        assert_eq!(s.check(0), Err(1_500));
+    }
+
     /// Every sequence of up to 7 steps (attempt with a wrong password, a
-    /// right one, one shed before the verdict; 1 s, 61 s or 16 min passing):
-    /// the rules hold whatever the order.
+    /// right one, one shed before the verdict; 1 s, 61 s or the quiet period
+    /// passing): the rules hold whatever the order, with the default rules
+    /// and with short ones (lock after the first delay).
     #[test]
     fn every_short_sequence_keeps_the_rules() {
+        every_short_sequence_keeps(&R);
+        every_short_sequence_keeps(&Rules {
+            free: 1,
+            lock_at: 2,
+            max_delay_ms: 1_000,
+            lock_ms: 5_000,
+            reset_after_ms: 60_000,
+        });
+    }
+
+    fn every_short_sequence_keeps(r: &Rules) {
         #[derive(Clone, Copy, Debug)]
         enum Step {
             Wrong,
@@ -398,13 +475,13 @@ mod tests {
             Shed,
             Wait(i64),
         }
-        const STEPS: [Step; 6] = [
+        let steps = [
             Step::Wrong,
             Step::Right,
             Step::Shed,
             Step::Wait(1_000),
             Step::Wait(61_000),
-            Step::Wait(RESET_AFTER_MS + 1),
+            Step::Wait(r.reset_after_ms + 1),
         ];
         let mut seq = vec![0usize; 7];
         loop {
@@ -413,13 +490,13 @@ mod tests {
             let mut since_right = 0u32;
             for &i in &seq {
                 let before = s;
-                match STEPS[i] {
+                match steps[i] {
                     Step::Wait(ms) => now += ms,
-                    step => match s.begin(now) {
+                    step => match s.begin(now, r) {
                         Err(retry) => {
-                            assert!(retry > 0 && retry <= LOCK_MS, "{seq:?}");
+                            assert!(retry > 0 && retry <= r.lock_ms, "{seq:?}");
                             assert!(
-                                since_right >= FREE,
+                                since_right >= r.free,
                                 "refused after {since_right} attempts: {seq:?}"
                             );
                         }
@@ -432,7 +509,7 @@ mod tests {
                                 }
                                 Step::Shed => {
                                     let back = next.abandon();
-                                    let idle_reset = now - before.last_failure > RESET_AFTER_MS;
+                                    let idle_reset = now - before.last_failure > r.reset_after_ms;
                                     let expected = if idle_reset { 0 } else { before.failures };
                                     assert_eq!(back.failures, expected, "taken back: {seq:?}");
                                     assert_eq!(back.blocked_until, next.blocked_until, "{seq:?}");
@@ -444,14 +521,14 @@ mod tests {
                     },
                 }
                 assert!(s.failures <= since_right, "never more than the attempts: {seq:?}");
-                assert!(s.blocked_until <= now + LOCK_MS, "a lock is bounded: {seq:?}");
-                assert!(s.check(now + LOCK_MS).is_ok(), "every block ends: {seq:?}");
+                assert!(s.blocked_until <= now + r.lock_ms, "a lock is bounded: {seq:?}");
+                assert!(s.check(now + r.lock_ms).is_ok(), "every block ends: {seq:?}");
             }
             // Next sequence (odometer).
             let mut k = 0;
             while k < seq.len() {
                 seq[k] += 1;
-                if seq[k] < STEPS.len() {
+                if seq[k] < steps.len() {
                     break;
                 }
                 seq[k] = 0;

@@ -12,7 +12,7 @@ mod bruteforce;
 mod gcra;
 mod lease;
 
-pub use bruteforce::{BruteForce, Softlock};
+pub use bruteforce::{BruteForce, Rules as BruteForceRules, Softlock};
 pub use gcra::LocalBuckets;
 
 use std::time::Duration;

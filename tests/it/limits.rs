@@ -12,6 +12,7 @@ crate::on_every_backend!(
     limited_answers_carry_retry_after_and_ratelimit_headers,
     brute_force_delays_then_answers_the_same_for_unknown_accounts,
     a_success_resets_the_brute_force_count,
+    a_lock_expires_on_time,
     parallel_guesses_cannot_outrun_the_brute_force_rules,
     password_changes_are_limited_per_account,
     hot_keys_never_exceed_the_limit_and_lease_from_redis,
@@ -121,6 +122,50 @@ async fn brute_force_delays_then_answers_the_same_for_unknown_accounts(app: &Tes
     // The delay ends on time.
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     assert_eq!(app.login(&known, PASSWORD).await.status(), 200);
+}
+
+/// Short configured rules (one free failure, a delay, then a 3 s lock): the
+/// lock refuses even the right password, tells how long in `Retry-After`,
+/// holds past the delay and ends on time.
+async fn a_lock_expires_on_time(app: &TestApp) {
+    let mut settings = app.settings.clone();
+    for (k, v) in [
+        ("brute_force_free_failures", "2"),
+        ("brute_force_lock_after", "3"),
+        ("brute_force_max_delay_secs", "1"),
+        ("brute_force_lock_secs", "3"),
+    ] {
+        settings.push((k.into(), v.into()));
+    }
+    let a = app.twin_with(&settings).await;
+    let email = unique_email("bf-lock");
+    a.register_verified(&email, PASSWORD).await;
+    assert_eq!(a.login(&email, "wrong password").await.status(), 401);
+    assert_eq!(a.login(&email, "wrong password").await.status(), 401);
+    let r = a.login(&email, PASSWORD).await;
+    assert_eq!(r.status(), 429, "the second failure brings a 1 s delay");
+    assert_eq!(r.headers()["retry-after"], "1");
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    // The third failure locks; the lock starts when the attempt is admitted,
+    // i.e. after `t0`.
+    let t0 = std::time::Instant::now();
+    assert_eq!(a.login(&email, "wrong password").await.status(), 401);
+    let r = a.login(&email, PASSWORD).await;
+    assert_eq!(r.status(), 429, "locked: even the right password waits");
+    let retry: u64 = r.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=3).contains(&retry), "Retry-After {retry}");
+    assert_eq!(r.json::<Value>().await.unwrap()["error"], "TOO_MANY_ATTEMPTS");
+    // Past what a delay would have been, still locked.
+    tokio::time::sleep_until((t0 + std::time::Duration::from_millis(2000)).into()).await;
+    assert_eq!(
+        a.login(&email, PASSWORD).await.status(),
+        429,
+        "still locked at 2 s"
+    );
+    // The lock ends 3 s after it began.
+    tokio::time::sleep_until((t0 + std::time::Duration::from_millis(3200)).into()).await;
+    assert_eq!(a.login(&email, PASSWORD).await.status(), 200, "the lock is over");
+    a.stop().await;
 }
 
 async fn a_success_resets_the_brute_force_count(app: &TestApp) {
