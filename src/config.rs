@@ -270,8 +270,9 @@ fn parse_millis(min: u64, max: u64) -> impl Fn(&str) -> Result<Duration, String>
     move |s| parse_num(min, max)(s).map(Duration::from_millis)
 }
 
-/// The brute-force thresholds (docs/design.md, brute force): the lock stays
-/// bounded (an hour at most), so that nobody can keep a victim out for long.
+/// The brute-force thresholds (docs/design.md, "Security rules as pure state
+/// machines"): the lock stays bounded (an hour at most), so that nobody can
+/// keep a victim out for long.
 fn brute_force_rules(src: &Sources) -> Result<crate::limits::BruteForceRules, ConfigError> {
     let d = crate::limits::BruteForceRules::DEFAULT;
     let secs =
