@@ -394,7 +394,12 @@ def run_wrk(url, conns, secs, tokens, raw, label):
 
 
 def vegeta_bin():
+    """vegeta on PATH, or where `go install` puts it."""
     return shutil.which("vegeta") or os.path.expanduser("~/go/bin/vegeta")
+
+
+def installed(tool):
+    return os.path.exists(vegeta_bin()) if tool == "vegeta" else shutil.which(tool) is not None
 
 
 def run_vegeta(url, rate, secs, tokens, raw, label, tmp):
@@ -421,7 +426,6 @@ def run_vegeta(url, rate, secs, tokens, raw, label, tmp):
     j = json.loads(rep.stdout)
     lat = j["latencies"]
     ms = lambda ns: ns / 1e6
-    codes = j.get("status_codes", {})
     os.remove(results)
     return {
         "requests": j["requests"],
@@ -432,10 +436,9 @@ def run_vegeta(url, rate, secs, tokens, raw, label, tmp):
         "p50": ms(lat["50th"]),
         "p90": ms(lat["90th"]),
         "p99": ms(lat["99th"]),
-        "p999": float("nan"),
         "max": ms(lat["max"]),
         "generator_cores": generator,
-        "codes": codes,
+        "codes": j.get("status_codes", {}),
     }
 
 
@@ -498,7 +501,7 @@ def main():
         if not os.path.exists(b):
             raise SystemExit(f"{b} missing: cargo build --release && cargo build --release --example bench_upstream")
     for tool in ("wrk", "haproxy", "redis-server") + tuple(args.generators.split(",")):
-        if not (shutil.which(tool) or (tool == "vegeta" and os.path.exists(vegeta_bin()))):
+        if not installed(tool):
             hint = " (go install github.com/tsenart/vegeta/v12@latest)" if tool == "vegeta" else ""
             raise SystemExit(f"{tool} is not installed{hint}")
     targets = args.targets.split(",")

@@ -2,14 +2,14 @@
 //! passed in), in the spirit of kanidm's softlock.
 //!
 //! ```text
-//!             failure (n < FREE)                 failure (FREE <= n < LOCK_AT)
+//!             failure (n < free)                 failure (free <= n < lock_at)
 //!   CLEAR ------------------------> COUNTING ----------------------------------> DELAYED
-//!     ^                               |   ^       blocked for 2^(n-FREE) s (<= 60 s)  |
+//!     ^                               |   ^  blocked 2^(n-free) s (<= max_delay_ms)  |
 //!     |            success            |   +---------------- wait ---------------------+
 //!     +-------------------------------+                                              |
-//!     |            idle RESET_AFTER                      failure (n >= LOCK_AT)      v
+//!     |            idle reset_after_ms                   failure (n >= lock_at)      v
 //!     +------------------------------------------------------------------------- LOCKED
-//!                                                         blocked LOCK_MS, bounded
+//!                                                         blocked lock_ms, bounded
 //! ```
 //! The key is the normalised email whether or not an account exists, so the
 //! answers never tell whether it does. The lock is bounded (15 minutes by
@@ -60,12 +60,6 @@ impl Rules {
     /// How long a state is kept in Redis: past it, it would be CLEAR anyway.
     fn state_ttl_ms(&self) -> i64 {
         self.reset_after_ms.max(self.lock_ms) + self.max_delay_ms
-    }
-}
-
-impl Default for Rules {
-    fn default() -> Self {
-        Rules::DEFAULT
     }
 }
 /// Compare-and-set rounds before an attempt is refused as contended.

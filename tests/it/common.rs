@@ -158,9 +158,12 @@ impl TestApp {
         Self::launch(self.tmp.clone(), self.settings.clone()).await
     }
 
-    /// A second instance with other settings (later pairs win).
-    pub async fn twin_with(&self, settings: &[(String, String)]) -> TestApp {
-        Self::launch(self.tmp.clone(), settings.to_vec()).await
+    /// A second instance with these settings on top of this one's (later
+    /// pairs win).
+    pub async fn twin_with(&self, extra: &[(&str, &str)]) -> TestApp {
+        let mut settings = self.settings.clone();
+        settings.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        Self::launch(self.tmp.clone(), settings).await
     }
 
     pub fn is_postgres(&self) -> bool {

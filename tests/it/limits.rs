@@ -47,9 +47,7 @@ async fn burst(apps: &[&TestApp], n: usize) -> HashMap<u16, usize> {
 }
 
 async fn with_policy(app: &TestApp) -> TestApp {
-    let mut settings = app.settings.clone();
-    settings.extend(POLICY.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    app.twin_with(&settings).await
+    app.twin_with(POLICY).await
 }
 
 async fn a_policy_of_n_lets_exactly_n_of_10n_concurrent_requests_through(app: &TestApp) {
@@ -60,13 +58,11 @@ async fn a_policy_of_n_lets_exactly_n_of_10n_concurrent_requests_through(app: &T
     a.stop().await;
     if app.is_postgres() {
         // Two instances sharing Redis share the buckets.
-        let mut settings = app.settings.clone();
-        settings.extend(POLICY.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        settings.push((
-            "redis_key_prefix".into(),
-            format!("t{}:", uuid::Uuid::new_v4().simple()),
-        ));
-        let (x, y) = (app.twin_with(&settings).await, app.twin_with(&settings).await);
+        let prefix = format!("t{}:", uuid::Uuid::new_v4().simple());
+        let x = app
+            .twin_with(&[POLICY, &[("redis_key_prefix", prefix.as_str())]].concat())
+            .await;
+        let y = x.twin().await;
         let counts = burst(&[&x, &y], 50).await;
         assert_eq!(counts.get(&202), Some(&5), "two instances: {counts:?}");
         x.stop().await;
@@ -128,16 +124,14 @@ async fn brute_force_delays_then_answers_the_same_for_unknown_accounts(app: &Tes
 /// lock refuses even the right password, tells how long in `Retry-After`,
 /// holds past the delay and ends on time.
 async fn a_lock_expires_on_time(app: &TestApp) {
-    let mut settings = app.settings.clone();
-    for (k, v) in [
-        ("brute_force_free_failures", "2"),
-        ("brute_force_lock_after", "3"),
-        ("brute_force_max_delay_secs", "1"),
-        ("brute_force_lock_secs", "3"),
-    ] {
-        settings.push((k.into(), v.into()));
-    }
-    let a = app.twin_with(&settings).await;
+    let a = app
+        .twin_with(&[
+            ("brute_force_free_failures", "2"),
+            ("brute_force_lock_after", "3"),
+            ("brute_force_max_delay_secs", "1"),
+            ("brute_force_lock_secs", "3"),
+        ])
+        .await;
     let email = unique_email("bf-lock");
     a.register_verified(&email, PASSWORD).await;
     assert_eq!(a.login(&email, "wrong password").await.status(), 401);
@@ -227,9 +221,7 @@ async fn parallel_guesses_cannot_outrun_the_brute_force_rules(app: &TestApp) {
 
 /// A stolen access token is no unlimited oracle for the current password.
 async fn password_changes_are_limited_per_account(app: &TestApp) {
-    let mut settings = app.settings.clone();
-    settings.push(("rate_limit_password_account".into(), "3/600".into()));
-    let a = app.twin_with(&settings).await;
+    let a = app.twin_with(&[("rate_limit_password_account", "3/600")]).await;
     let email = unique_email("pw-limit");
     let at = a.register_verified(&email, PASSWORD).await["access_token"]
         .as_str()
@@ -336,19 +328,19 @@ async fn validation_is_unlimited_by_default_and_limitable() {
 /// two instances. (On the embedded backend: the in-process buckets, exact.)
 async fn hot_keys_never_exceed_the_limit_and_lease_from_redis(app: &TestApp) {
     const N: usize = 400;
-    let mut settings = app.settings.clone();
-    settings.push(("rate_limit_validate".into(), format!("{N}/600")));
-    settings.push((
-        "redis_key_prefix".into(),
-        format!("t{}:", uuid::Uuid::new_v4().simple()),
-    ));
-    let x = app.twin_with(&settings).await;
+    let (limit, prefix) = (format!("{N}/600"), format!("t{}:", uuid::Uuid::new_v4().simple()));
+    let x = app
+        .twin_with(&[
+            ("rate_limit_validate", limit.as_str()),
+            ("redis_key_prefix", prefix.as_str()),
+        ])
+        .await;
     let at = x.register_verified(&unique_email("lease"), PASSWORD).await["access_token"]
         .as_str()
         .unwrap()
         .to_string();
     let apps = if app.is_postgres() {
-        vec![x.twin_with(&settings).await, x]
+        vec![x.twin().await, x]
     } else {
         vec![x]
     };

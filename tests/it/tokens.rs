@@ -247,9 +247,7 @@ async fn rotation_keeps_old_tokens_valid_and_reaches_other_instances(app: &TestA
     let old = session(app, "rot-old").await;
     let old_at = old["access_token"].as_str().unwrap().to_string();
     let old_kid = parts(&old_at).0["kid"].as_str().unwrap().to_string();
-    let mut settings = app.settings.clone();
-    settings.push(("key_refresh_secs".into(), "1".into()));
-    let twin = app.twin_with(&settings).await;
+    let twin = app.twin_with(&[("key_refresh_secs", "1")]).await;
 
     let new_kid = app.services.tokens.rotate().await.unwrap();
     assert_ne!(new_kid, old_kid);
@@ -289,9 +287,7 @@ async fn rotation_keeps_old_tokens_valid_and_reaches_other_instances(app: &TestA
 
 async fn a_third_party_library_verifies_tokens_from_the_jwks(app: &TestApp) {
     for alg in ["EdDSA", "ES256"] {
-        let mut settings = app.settings.clone();
-        settings.push(("signing_algorithm".into(), alg.into()));
-        let other = app.twin_with(&settings).await;
+        let other = app.twin_with(&[("signing_algorithm", alg)]).await;
         if alg == "ES256" {
             other.services.tokens.rotate().await.unwrap();
         }
