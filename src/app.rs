@@ -18,7 +18,7 @@ use crate::domain::accounts::Accounts;
 use crate::domain::credcache::CredentialCache;
 use crate::domain::hashing::HashPool;
 use crate::domain::tokens::{TokenSettings, Tokens, LEEWAY_SECS};
-use crate::limits::{BruteForce, Limiter};
+use crate::limits::{BruteForce, Limiter, Softlocks};
 use crate::mail::{MailSink, OutboxWorker};
 use crate::store::{now_ms, Store};
 
@@ -60,7 +60,18 @@ impl Services {
             codes,
             outbox,
             signing_keys,
+            secret_check,
         } = ServerKeys::derive(&master);
+        let stored = store
+            .installation_value("secret_check", &secret_check)
+            .await
+            .context("reading the master secret's check value")?;
+        if !crate::crypto::ct_eq(&stored, &secret_check) {
+            anyhow::bail!(
+                "LATCHKEY_SECRET_KEY: this database was initialised under another master secret; \
+                 every instance must use the same LATCHKEY_SECRET_KEY (or the same <data_dir>/secret.key)"
+            );
+        }
         let users = Arc::new(UserCache::new(100_000, Duration::from_secs(60)));
         let retention = config.access_token_ttl + Duration::from_secs(LEEWAY_SECS as u64);
         let revocations = Arc::new(Revocations::new(redis.clone(), users.clone(), retention));
@@ -106,7 +117,13 @@ impl Services {
             tokens: tokens.clone(),
             revocations: revocations.clone(),
             limiter: limiter.clone(),
-            brute_force: BruteForce::new(config.rate_limit, config.brute_force, redis.clone()),
+            brute_force: BruteForce::new(
+                config.rate_limit,
+                config.brute_force,
+                config.brute_force_account,
+                redis.clone(),
+            ),
+            code_guesses: Softlocks::new(config.rate_limit, redis.clone()),
             code_key: codes,
             outbox_sealer: Arc::new(outbox),
             mail_wake: mail_wake.clone(),
@@ -128,9 +145,11 @@ impl Services {
     }
 }
 
-/// A bound listener and the services behind it, ready to run.
+/// Bound listeners (the public one, and the operators' one for `/metrics`)
+/// and the services behind them, ready to run.
 pub struct Application {
     listener: TcpListener,
+    admin: Option<TcpListener>,
     services: Arc<Services>,
 }
 
@@ -145,13 +164,32 @@ impl Application {
         let listener = TcpListener::bind(listen)
             .await
             .with_context(|| format!("binding LATCHKEY_LISTEN={listen}"))?;
-        Ok(Application { listener, services })
+        let admin = match services.config.admin_listen {
+            None => None,
+            Some(a) => Some(
+                TcpListener::bind(a)
+                    .await
+                    .with_context(|| format!("binding LATCHKEY_ADMIN_LISTEN={a}"))?,
+            ),
+        };
+        Ok(Application {
+            listener,
+            admin,
+            services,
+        })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.listener
             .local_addr()
             .expect("a bound listener has an address")
+    }
+
+    /// Where `/metrics` is served, if anywhere.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin
+            .as_ref()
+            .map(|l| l.local_addr().expect("a bound listener has an address"))
     }
 
     pub fn services(&self) -> &Arc<Services> {
@@ -169,10 +207,11 @@ impl Application {
     pub async fn run_until(self, stop: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
         let st = self.services.clone();
         let (bg_tx, bg_rx) = watch::channel(false);
-        let tasks = spawn_background(&st, bg_rx);
+        let mut tasks = spawn_background(&st, bg_rx);
         let (stop_tx, mut stop_rx) = watch::channel(false);
         let app = crate::http::router(st.clone());
         let listener = self.listener;
+        let admin_stop = stop_rx.clone();
         let server = tokio::spawn(async move {
             axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
                 .with_graceful_shutdown(async move {
@@ -180,6 +219,20 @@ impl Application {
                 })
                 .await
         });
+        if let Some(admin) = self.admin {
+            let app = crate::http::admin_router(st.clone());
+            let mut stop = admin_stop;
+            tasks.push(tokio::spawn(async move {
+                let served = axum::serve(admin, app)
+                    .with_graceful_shutdown(async move {
+                        let _ = stop.changed().await;
+                    })
+                    .await;
+                if let Err(e) = served {
+                    tracing::warn!(error = %e, "admin listener failed");
+                }
+            }));
+        }
         stop.await;
         tracing::info!("shutting down: no new connections, finishing in-flight requests");
         let _ = stop_tx.send(true);
@@ -252,6 +305,7 @@ async fn housekeeping(st: Arc<Services>, mut shutdown: watch::Receiver<bool>) {
     let mut last_resync = Instant::now();
     let mut last_purge = Instant::now();
     let mut resync_from = now_ms() - 10_000;
+    let mut users_from = now_ms() - 10_000;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -273,10 +327,23 @@ async fn housekeeping(st: Arc<Services>, mut shutdown: watch::Receiver<bool>) {
             // Histogram samples wait in lock-free buckets until drained: drain
             // them even when nothing scrapes /metrics, or they pile up.
             st.metrics.run_upkeep();
-            if let Ok((backlog, oldest)) = st.store.outbox_backlog().await {
+            if let Ok((backlog, oldest, dead)) = st.store.outbox_backlog().await {
                 metrics::gauge!("latchkey_outbox_backlog").set(backlog as f64);
                 let age = oldest.map(|t| (now - t).max(0) as f64 / 1000.0).unwrap_or(0.0);
                 metrics::gauge!("latchkey_outbox_oldest_age_seconds").set(age);
+                metrics::gauge!("latchkey_outbox_dead_letters").set(dead as f64);
+            }
+            // The safety net under "user changed" events: a password changed
+            // on another instance whose Redis publish was lost is forgotten
+            // here within seconds, not at the end of the cache's lifetime.
+            match st.store.users_changed_since(users_from).await {
+                Ok(emails) => {
+                    users_from = now - 10_000;
+                    for e in emails {
+                        st.users.forget(&e);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "user cache resync failed"),
             }
         }
         if last_purge.elapsed() >= Duration::from_secs(60) {
@@ -290,6 +357,21 @@ async fn housekeeping(st: Arc<Services>, mut shutdown: watch::Receiver<bool>) {
             }
             if let Err(e) = st.tokens.purge_retired().await {
                 tracing::warn!(error = %e, "purging retired keys failed");
+            }
+            let now = now_ms();
+            // Codes, real and shadow alike, a day after they expired.
+            if let Err(e) = st.store.purge_codes(now - 86_400_000).await {
+                tracing::warn!(error = %e, "purging codes failed");
+            }
+            let ttl = st.config.unverified_account_ttl.as_millis() as i64;
+            match st.store.purge_unverified_users(now - ttl).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(accounts = n, "deleted accounts never verified"),
+                Err(e) => tracing::warn!(error = %e, "purging unverified accounts failed"),
+            }
+            let ttl = st.config.mail_dead_letter_ttl.as_millis() as i64;
+            if let Err(e) = st.store.purge_dead_letters(now - ttl).await {
+                tracing::warn!(error = %e, "purging dead letters failed");
             }
         }
     }

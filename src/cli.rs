@@ -211,6 +211,7 @@ async fn serve(config: Config, started: Instant) -> anyhow::Result<()> {
     let st = app.services();
     tracing::info!(
         address = %app.local_addr(),
+        admin = %app.admin_addr().map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
         database = st.store.backend_name(),
         redis = st.redis.is_some(),
         startup_ms = started.elapsed().as_millis() as u64,

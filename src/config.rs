@@ -79,7 +79,22 @@ pub enum MailConfig {
         port: u16,
         credentials: Option<(String, Secret<String>)>,
         from: String,
+        tls: SmtpTls,
+        /// Extra trusted root certificates (PEM), for a relay with a private CA.
+        ca_file: Option<PathBuf>,
     },
+}
+
+/// How mail reaches the SMTP relay. Real providers require TLS, and so does
+/// latchkey unless plain text is asked for by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SmtpTls {
+    /// `smtps://`: TLS from the first byte (port 465 by default).
+    Implicit,
+    /// `smtp://`: STARTTLS, and no mail if the relay does not offer it.
+    StartTls,
+    /// `smtp://...?tls=none`: plain text (a relay on the same host or a test).
+    None,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,6 +129,31 @@ impl FromStr for SigningAlgorithm {
     }
 }
 
+/// The one forwarding header a trusted proxy writes; the client address is
+/// its right-most hop that is not a trusted proxy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProxyHeader {
+    XForwardedFor,
+    Forwarded,
+}
+
+impl ProxyHeader {
+    pub fn name(self) -> &'static str {
+        match self {
+            ProxyHeader::XForwardedFor => "x-forwarded-for",
+            ProxyHeader::Forwarded => "forwarded",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<ProxyHeader, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "x-forwarded-for" => Ok(ProxyHeader::XForwardedFor),
+            "forwarded" => Ok(ProxyHeader::Forwarded),
+            _ => Err("expected x-forwarded-for or forwarded (the header your proxy writes)".into()),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Argon2Config {
     pub memory_kib: u32,
@@ -132,7 +172,17 @@ pub struct Config {
     pub rate_limit: bool,
     pub policies: Policies,
     pub brute_force: crate::limits::BruteForceRules,
+    /// Per account over every address (delays only).
+    pub brute_force_account: crate::limits::BruteForceRules,
+    /// Accounts never verified are deleted this long after their last registration.
+    pub unverified_account_ttl: Duration,
+    /// Mail given up on is kept this long as a dead letter.
+    pub mail_dead_letter_ttl: Duration,
+    /// Where `/metrics` is served (an operator's listener, loopback by
+    /// default); `None`: nowhere.
+    pub admin_listen: Option<SocketAddr>,
     pub trusted_proxies: Vec<IpAddr>,
+    pub trusted_proxy_header: ProxyHeader,
     pub log_format: LogFormat,
     pub log_level: String,
     /// Where to export spans over OTLP/HTTP (the full `.../v1/traces` URL);
@@ -299,6 +349,37 @@ fn brute_force_rules(src: &Sources) -> Result<crate::limits::BruteForceRules, Co
     Ok(rules)
 }
 
+/// The account-wide thresholds: far above the per-address ones, growing
+/// delays and no lock, so that distributed guessing is capped and nobody
+/// can lock an owner out.
+fn brute_force_account_rules(
+    src: &Sources,
+    per_address: &crate::limits::BruteForceRules,
+) -> Result<crate::limits::BruteForceRules, ConfigError> {
+    let d = crate::limits::BruteForceRules::ACCOUNT_DEFAULT;
+    let rules = crate::limits::BruteForceRules {
+        free: src.get("brute_force_account_free_failures", d.free, parse_num(1, 100_000))?,
+        max_delay_ms: src.get(
+            "brute_force_account_max_delay_secs",
+            d.max_delay_ms / 1000,
+            parse_num(1, 3600),
+        )? * 1000,
+        reset_after_ms: src.get(
+            "brute_force_account_reset_secs",
+            d.reset_after_ms / 1000,
+            parse_num(60, 7 * 86_400),
+        )? * 1000,
+        ..d
+    };
+    if rules.free <= per_address.free {
+        return Err(ConfigError::new(
+            src.name_of("brute_force_account_free_failures"),
+            "must exceed brute_force_free_failures (the account-wide count covers every address)",
+        ));
+    }
+    Ok(rules)
+}
+
 fn parse_switch(s: &str) -> Result<bool, String> {
     match s.to_ascii_lowercase().as_str() {
         "on" | "true" | "1" | "yes" => Ok(true),
@@ -341,14 +422,32 @@ pub fn parse_mail(s: &str) -> Result<MailConfig, String> {
         }
         return Ok(MailConfig::File(PathBuf::from(dir)));
     }
-    if s.starts_with("smtp://") {
+    if s.starts_with("smtp://") || s.starts_with("smtps://") {
         let u = url::Url::parse(s).map_err(|e| format!("not a valid URL: {e}"))?;
         let host = u
             .host_str()
             .filter(|h| !h.is_empty())
             .ok_or("smtp:// needs a host")?
+            .trim_start_matches('[')
+            .trim_end_matches(']')
             .to_string();
-        let port = u.port().unwrap_or(25);
+        let implicit = u.scheme() == "smtps";
+        let mut tls = if implicit {
+            SmtpTls::Implicit
+        } else {
+            SmtpTls::StartTls
+        };
+        for (k, v) in u.query_pairs() {
+            match (k.as_ref(), v.as_ref(), implicit) {
+                ("tls", "none", false) => tls = SmtpTls::None,
+                ("tls", "starttls", false) => tls = SmtpTls::StartTls,
+                ("tls", _, _) => {
+                    return Err("tls= takes starttls (the default) or none, and only with smtp://".into())
+                }
+                (other, _, _) => return Err(format!("unknown parameter {other:?} (known: tls)")),
+            }
+        }
+        let port = u.port().unwrap_or(if implicit { 465 } else { 587 });
         let credentials = if u.username().is_empty() {
             None
         } else {
@@ -361,9 +460,11 @@ pub fn parse_mail(s: &str) -> Result<MailConfig, String> {
             port,
             credentials,
             from: String::new(),
+            tls,
+            ca_file: None,
         });
     }
-    Err("expected log, file:DIR or smtp://[user:pass@]host:port".into())
+    Err("expected log, file:DIR, smtps://[user:pass@]host[:port] or smtp://[user:pass@]host[:port][?tls=none]".into())
 }
 
 fn percent_decode(s: &str) -> String {
@@ -463,12 +564,27 @@ impl Config {
             }
         })?;
         let mut mail = src.get("mail", MailConfig::Log, parse_mail)?;
-        if let MailConfig::Smtp { from, .. } = &mut mail {
+        let mail_ca = src.get("mail_tls_ca_file", None, |s| Ok(Some(PathBuf::from(s))))?;
+        if let MailConfig::Smtp { from, ca_file, .. } = &mut mail {
             *from = mail_from.clone();
+            *ca_file = mail_ca;
         }
         let rate_limit = src.get("rate_limit", true, parse_switch)?;
         let policies = Policies::from_sources(src)?;
         let brute_force = brute_force_rules(src)?;
+        let brute_force_account = brute_force_account_rules(src, &brute_force)?;
+        let admin_listen = src.get(
+            "admin_listen",
+            Some(SocketAddr::from(([127, 0, 0, 1], 9180))),
+            |s| {
+                if s.eq_ignore_ascii_case("off") {
+                    return Ok(None);
+                }
+                s.parse()
+                    .map(Some)
+                    .map_err(|_| format!("expected host:port such as 127.0.0.1:9180, or off, got {s:?}"))
+            },
+        )?;
         let trusted_proxies = src.get("trusted_proxies", Vec::new(), |s| {
             s.split(',')
                 .map(str::trim)
@@ -479,6 +595,11 @@ impl Config {
                 })
                 .collect()
         })?;
+        let trusted_proxy_header = src.get(
+            "trusted_proxy_header",
+            ProxyHeader::XForwardedFor,
+            ProxyHeader::parse,
+        )?;
         let log_format = src.get("log_format", LogFormat::Human, |s| match s {
             "human" | "text" => Ok(LogFormat::Human),
             "json" => Ok(LogFormat::Json),
@@ -524,7 +645,20 @@ impl Config {
             rate_limit,
             policies,
             brute_force,
+            brute_force_account,
+            unverified_account_ttl: src.get(
+                "unverified_account_ttl_secs",
+                Duration::from_secs(7 * 86_400),
+                parse_secs(60, 365 * 86_400),
+            )?,
+            mail_dead_letter_ttl: src.get(
+                "mail_dead_letter_ttl_secs",
+                Duration::from_secs(7 * 86_400),
+                parse_secs(60, 365 * 86_400),
+            )?,
+            admin_listen,
             trusted_proxies,
+            trusted_proxy_header,
             log_format,
             log_level,
             otlp_traces_url,
@@ -643,6 +777,16 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(parse_mail("carrier-pigeon").is_err());
+        // TLS unless plain text is asked for by name.
+        let tls = |s: &str| match parse_mail(s).unwrap() {
+            MailConfig::Smtp { tls, port, .. } => (tls, port),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(tls("smtp://relay.example"), (SmtpTls::StartTls, 587));
+        assert_eq!(tls("smtps://relay.example"), (SmtpTls::Implicit, 465));
+        assert_eq!(tls("smtp://127.0.0.1:2525?tls=none"), (SmtpTls::None, 2525));
+        assert!(parse_mail("smtps://relay.example?tls=none").is_err());
+        assert!(parse_mail("smtp://relay.example?tls=maybe").is_err());
     }
 
     #[test]

@@ -257,6 +257,10 @@ fn describe() {
             "Age of the oldest mail in the outbox",
         ),
         (
+            "latchkey_outbox_dead_letters",
+            "Mail given up on, kept until mail_dead_letter_ttl_secs",
+        ),
+        (
             "latchkey_signing_key_age_seconds",
             "Age of the active signing key",
         ),

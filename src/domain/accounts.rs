@@ -18,8 +18,8 @@ use super::refresh::{self, RefreshDecision, RefreshState};
 use super::tokens::{Tokens, Verified};
 use super::AuthError;
 use crate::cache::{Revocations, UserCache};
-use crate::crypto::{ct_eq, random_code, random_token, sha256, MacKey, Sealer};
-use crate::limits::{BruteForce, IpKey, Limiter, PolicyName};
+use crate::crypto::{ct_eq, random_bytes, random_code, random_token, sha256, MacKey, Sealer};
+use crate::limits::{BruteForce, BruteForceRules, Limiter, PolicyName, Softlocks};
 use crate::mail::Message;
 use crate::store::{now_ms, NewCode, NewSession, Purpose, RegisterOutcome, Store, UserRecord};
 
@@ -54,6 +54,8 @@ pub struct Accounts {
     pub revocations: Arc<Revocations>,
     pub limiter: Arc<Limiter>,
     pub brute_force: BruteForce,
+    /// Wrong codes per client address, over every account.
+    pub code_guesses: Softlocks,
     pub code_key: MacKey,
     pub outbox_sealer: Arc<Sealer>,
     pub mail_wake: Arc<Notify>,
@@ -82,7 +84,7 @@ impl Accounts {
         name: Option<String>,
     ) -> Result<(), AuthError> {
         self.limiter
-            .check(PolicyName::RegisterIp, IpKey::new(ip).as_str())
+            .check(PolicyName::RegisterIp, self.limiter.ip_key(ip).as_str())
             .await?;
         self.limiter
             .check(PolicyName::RegisterEmail, email.as_str())
@@ -113,11 +115,13 @@ impl Accounts {
                     expires_at: now + CODE_TTL_MS,
                     message: &verification,
                 },
+                &random_bytes::<32>(),
                 &notice,
             )
             .await?;
-        if outcome != RegisterOutcome::Created {
-            self.users.forget(email.as_str());
+        if outcome == RegisterOutcome::ResentCode {
+            // The unverified account now holds this registration's password.
+            self.revocations.user_changed(email.as_str()).await;
         }
         tracing::debug!(?outcome, "register");
         self.mail_wake.notify_one();
@@ -126,67 +130,76 @@ impl Accounts {
 
     pub async fn resend_code(&self, ip: IpAddr, email: Email) -> Result<(), AuthError> {
         self.limiter
-            .check(PolicyName::ResendIp, IpKey::new(ip).as_str())
+            .check(PolicyName::ResendIp, self.limiter.ip_key(ip).as_str())
             .await?;
         self.limiter
             .check(PolicyName::ResendEmail, email.as_str())
             .await?;
-        if let Some(user) = self.store.user_by_email(email.as_str()).await? {
-            if user.email_verified_at.is_none() {
-                self.issue_code(&user, &email, Purpose::VerifyEmail).await?;
-            }
-        }
-        Ok(())
+        let user = self.store.user_by_email(email.as_str()).await?;
+        let real = user.is_some_and(|u| u.email_verified_at.is_none());
+        self.issue_code(&email, Purpose::VerifyEmail, real).await
     }
 
     pub async fn request_password_reset(&self, ip: IpAddr, email: Email) -> Result<(), AuthError> {
         self.limiter
-            .check(PolicyName::ResetIp, IpKey::new(ip).as_str())
+            .check(PolicyName::ResetIp, self.limiter.ip_key(ip).as_str())
             .await?;
         self.limiter.check(PolicyName::ResetEmail, email.as_str()).await?;
-        if let Some(user) = self.store.user_by_email(email.as_str()).await? {
-            self.issue_code(&user, &email, Purpose::ResetPassword).await?;
-        }
-        Ok(())
+        let real = self.store.user_by_email(email.as_str()).await?.is_some();
+        self.issue_code(&email, Purpose::ResetPassword, real).await
     }
 
-    /// A new code with its email, at most one per minute per account and purpose.
-    async fn issue_code(&self, user: &UserRecord, email: &Email, purpose: Purpose) -> Result<(), AuthError> {
+    /// A new code, at most one per minute per email and purpose: a real one
+    /// with its email, or (`real` false: no account to send it for) a shadow
+    /// that nothing matches. Both do the same work, so neither the answer
+    /// nor its timing tells them apart.
+    async fn issue_code(&self, email: &Email, purpose: Purpose, real: bool) -> Result<(), AuthError> {
         let code = random_code();
-        let hash = self.code_hash(purpose, email, &code);
+        let mac = self.code_hash(purpose, email, &code);
+        let hash = if real { mac } else { random_bytes::<32>() };
         let msg = match purpose {
             Purpose::VerifyEmail => Message::verification(email.as_str(), &code),
             Purpose::ResetPassword => Message::password_reset(email.as_str(), &code),
         };
+        let sealed = self.seal(&msg);
         let now = now_ms();
         let sent = self
             .store
             .issue_code(NewCode {
-                user_id: &user.id,
+                email: email.as_str(),
                 purpose,
                 code_hash: &hash,
                 now,
                 expires_at: now + CODE_TTL_MS,
                 quiet_ms: RESEND_QUIET_MS,
-                message: &self.seal(&msg),
+                message: real.then_some(&sealed[..]),
             })
             .await?;
-        if sent {
+        if sent && real {
             self.mail_wake.notify_one();
         }
         Ok(())
     }
 
-    /// Judges a code against the stored one, counting a wrong try.
+    /// Judges a code against the stored one for `email` (a shadow code or
+    /// none when there is no account: the same statements either way),
+    /// counting a wrong try on the code and on the client address.
     /// Returns the code's creation time (its identity) when accepted.
     async fn check_code(
         &self,
-        user: &UserRecord,
+        ip: IpAddr,
         email: &Email,
         purpose: Purpose,
         code: &Code,
     ) -> Result<i64, AuthError> {
-        let rec = self.store.code_for(&user.id, purpose).await?;
+        let address = format!("codes:{}", self.limiter.ip_key(ip).as_str());
+        let rules = BruteForceRules::CODE_GUESSES;
+        if let Err(ms) = self.code_guesses.begin(&address, &rules).await {
+            return Err(AuthError::TooManyAttempts {
+                retry_after: Some((ms.max(0) as u64).div_ceil(1000).max(1)),
+            });
+        }
+        let rec = self.store.code_for(email.as_str(), purpose).await?;
         let guess = self.code_hash(purpose, email, code.expose());
         let matches = rec.as_ref().is_some_and(|r| ct_eq(&r.code_hash, &guess));
         let state = rec.as_ref().map(|r| CodeState {
@@ -195,11 +208,15 @@ impl Accounts {
             consumed: r.consumed_at.is_some(),
         });
         match codes::judge(state, matches, now_ms()) {
-            CodeVerdict::Accept => Ok(rec.map(|r| r.created_at).unwrap_or_default()),
+            CodeVerdict::Accept => {
+                // A right code is no guess: taken back, but it wipes no count.
+                self.code_guesses.abandon(&address, &rules).await;
+                Ok(rec.map(|r| r.created_at).unwrap_or_default())
+            }
             CodeVerdict::Wrong => {
                 let r = rec.expect("a wrong guess needs a code");
                 self.store
-                    .record_code_failure(&user.id, purpose, r.created_at, MAX_FAILURES)
+                    .record_code_failure(email.as_str(), purpose, r.created_at, MAX_FAILURES)
                     .await?;
                 Err(AuthError::InvalidOtp)
             }
@@ -208,25 +225,28 @@ impl Accounts {
         }
     }
 
-    pub async fn verify_email(&self, email: Email, code: Code) -> Result<TokenPair, AuthError> {
+    pub async fn verify_email(&self, ip: IpAddr, email: Email, code: Code) -> Result<TokenPair, AuthError> {
         self.limiter
             .check(PolicyName::VerifyAccount, email.as_str())
             .await?;
-        let Some(user) = self.store.user_by_email(email.as_str()).await? else {
+        let user = self.store.user_by_email(email.as_str()).await?;
+        let code_id = self.check_code(ip, &email, Purpose::VerifyEmail, &code).await?;
+        // A shadow code never matches: an accepted code has its account
+        // (unless it was deleted meanwhile).
+        let Some(user) = user else {
             return Err(AuthError::InvalidOtp);
         };
-        let code_id = self
-            .check_code(&user, &email, Purpose::VerifyEmail, &code)
-            .await?;
         let (session, refresh) = self.new_session(None);
         let stored = self
             .store
-            .verify_email(&user.id, code_id, MAX_FAILURES, &session.as_new(&user.id))
+            .verify_email(email.as_str(), code_id, MAX_FAILURES, &session.as_new(&user.id))
             .await?;
         if !stored {
-            return Err(AuthError::InvalidOtp); // used concurrently
+            return Err(AuthError::InvalidOtp); // used concurrently, or verified by a reset
         }
-        self.users.forget(email.as_str());
+        if let Some(c) = &self.credentials {
+            c.forget(&user.id);
+        }
         self.revocations.user_changed(email.as_str()).await;
         self.pair(
             &user.id,
@@ -254,20 +274,29 @@ impl Accounts {
     /// counted before the password is checked (so parallel guesses cannot
     /// slip through), cleared by a right password, taken back if it never
     /// reached a verdict (shed by the hashing pool, or a store failure).
-    async fn check_password(&self, email: &Email, password: &Password) -> Result<Arc<UserRecord>, AuthError> {
-        if let Err(retry) = self.brute_force.begin(email.as_str()).await {
-            return Err(AuthError::TooManyAttempts {
-                retry_after: Some(retry),
-            });
-        }
+    async fn check_password(
+        &self,
+        ip: IpAddr,
+        email: &Email,
+        password: &Password,
+    ) -> Result<Arc<UserRecord>, AuthError> {
+        let client = self.limiter.ip_key(ip);
+        let (account, client) = (email.as_str(), client.as_str());
+        let attempt =
+            self.brute_force
+                .begin(account, client)
+                .await
+                .map_err(|retry| AuthError::TooManyAttempts {
+                    retry_after: Some(retry),
+                })?;
         match self.verify_password(email, password).await {
             Ok(Some(u)) => {
-                self.brute_force.success(email.as_str()).await;
+                self.brute_force.success(account, client, attempt).await;
                 Ok(u)
             }
             Ok(None) => Err(AuthError::InvalidCredentials),
             Err(e) => {
-                self.brute_force.abandon(email.as_str()).await;
+                self.brute_force.abandon(account, client, attempt).await;
                 Err(e)
             }
         }
@@ -320,12 +349,12 @@ impl Accounts {
         client_id: Option<&str>,
     ) -> Result<TokenPair, AuthError> {
         self.limiter
-            .check(PolicyName::LoginIp, IpKey::new(ip).as_str())
+            .check(PolicyName::LoginIp, self.limiter.ip_key(ip).as_str())
             .await?;
         self.limiter
             .check(PolicyName::LoginAccount, email.as_str())
             .await?;
-        let user = self.check_password(&email, &password).await?;
+        let user = self.check_password(ip, &email, &password).await?;
         if user.email_verified_at.is_none() {
             return Err(AuthError::VerificationPending);
         }
@@ -369,10 +398,11 @@ impl Accounts {
         let Some(rec) = self.store.refresh_token(&hash).await? else {
             return Err(AuthError::InvalidToken);
         };
-        if let Some(c) = client_id {
-            if rec.client_id.as_deref().unwrap_or(FIRST_PARTY_CLIENT) != c {
-                return Err(AuthError::InvalidToken);
-            }
+        // A session belongs to the client that started it: first-party
+        // sessions refresh at /auth/refresh (`None`), an OAuth client's only
+        // at /oauth/token with that client's authentication.
+        if rec.client_id.as_deref() != client_id {
+            return Err(AuthError::InvalidToken);
         }
         self.limiter
             .check(PolicyName::RefreshSession, &rec.session_id)
@@ -451,9 +481,18 @@ impl Accounts {
         Ok(())
     }
 
-    /// Revokes the session of a refresh token (RFC 7009); unknown tokens are fine.
-    pub async fn revoke_refresh_token(&self, token: &str) -> Result<(), AuthError> {
-        self.logout(token).await
+    /// Revokes the session of a refresh token (RFC 7009) if it is a
+    /// first-party token or one issued to `caller`; others and unknown
+    /// tokens are left alone (the answer is the same).
+    pub async fn revoke_refresh_token(&self, token: &str, caller: Option<&str>) -> Result<(), AuthError> {
+        let hash = sha256(token.as_bytes());
+        if let Some(rec) = self.store.refresh_token(&hash).await? {
+            let mine = rec.client_id.is_none() || rec.client_id.as_deref() == caller;
+            if mine && rec.session_revoked_at.is_none() {
+                self.revoke_session(&rec.session_id, "revoked").await?;
+            }
+        }
+        Ok(())
     }
 
     /// Revokes a session by id (an access token's `sid`).
@@ -512,12 +551,13 @@ impl Accounts {
             )
             .await?
             .ok_or(AuthError::InvalidCredentials)?;
-        self.after_password_change(&user, &revoked).await;
+        self.after_password_change(&user, revoked).await;
         Ok(())
     }
 
     pub async fn confirm_password_reset(
         &self,
+        ip: IpAddr,
         email: Email,
         code: Code,
         new: Password,
@@ -525,29 +565,44 @@ impl Accounts {
         self.limiter
             .check(PolicyName::VerifyAccount, &format!("reset:{}", email.as_str()))
             .await?;
-        let Some(user) = self.store.user_by_email(email.as_str()).await? else {
+        let user = self.store.user_by_email(email.as_str()).await?;
+        let code_id = self.check_code(ip, &email, Purpose::ResetPassword, &code).await?;
+        let Some(user) = user else {
             return Err(AuthError::InvalidOtp);
         };
-        let code_id = self
-            .check_code(&user, &email, Purpose::ResetPassword, &code)
-            .await?;
         let new_hash = self.hashing.run("hash", move |p| p.hash(new.expose())).await?;
         let revoked = self
             .store
-            .reset_password(&user.id, code_id, MAX_FAILURES, &new_hash, now_ms())
+            .reset_password(
+                &user.id,
+                email.as_str(),
+                code_id,
+                MAX_FAILURES,
+                &new_hash,
+                now_ms(),
+            )
             .await?
             .ok_or(AuthError::InvalidOtp)?;
-        self.after_password_change(&user, &revoked).await;
-        self.brute_force.success(email.as_str()).await;
+        self.after_password_change(&user, revoked).await;
+        let client = self.limiter.ip_key(ip);
+        self.brute_force.reset(email.as_str(), client.as_str()).await;
         Ok(())
     }
 
-    async fn after_password_change(&self, user: &UserRecord, revoked: &[String]) {
+    /// Makes a committed password change felt everywhere. It runs to the end
+    /// in its own task even if the request is cut short (the deadline), and
+    /// the user caches of other instances also learn it from the database
+    /// within seconds (housekeeping) if the Redis event is lost.
+    async fn after_password_change(&self, user: &UserRecord, revoked: Vec<String>) {
         if let Some(c) = &self.credentials {
             c.forget(&user.id);
         }
-        self.revocations.revoke(revoked).await;
-        self.revocations.user_changed(&user.email).await;
+        let (revocations, email) = (self.revocations.clone(), user.email.clone());
+        let _ = tokio::spawn(async move {
+            revocations.revoke(&revoked).await;
+            revocations.user_changed(&email).await;
+        })
+        .await;
     }
 
     fn new_session(&self, client_id: Option<&str>) -> (SessionDraft, String) {

@@ -16,6 +16,9 @@ pub async fn add(store: &Store, id: &str, name: Option<&str>) -> anyhow::Result<
     {
         anyhow::bail!("client id must be 1..=128 characters of A-Z a-z 0-9 - _ .");
     }
+    if id == super::accounts::FIRST_PARTY_CLIENT {
+        anyhow::bail!("client id {id:?} is reserved: it names tokens of the first-party endpoints");
+    }
     let secret = random_token();
     let rec = ClientRecord {
         id: id.to_string(),

@@ -17,8 +17,12 @@ impl FieldError {
     }
 }
 
-/// A normalised (trimmed, lower-cased) email address: 3..=254 characters,
-/// exactly one `@`, non-empty on both sides, no whitespace or control characters.
+/// A normalised (trimmed, lower-cased) email address: a plain RFC 5321
+/// addr-spec of 3..=254 characters, as lettre's `Address` parses it, with no
+/// display name (`Ceo <someone@else>` would send the code elsewhere than the
+/// text shows), no quoted local part, no address literal, and no control,
+/// white-space or invisible characters (a zero-width space would make one
+/// mailbox into any number of accounts).
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Email(String);
 
@@ -32,6 +36,14 @@ impl Email {
                 "must be an email address of 3 to 254 characters",
             ));
         }
+        if s.chars()
+            .any(|c| c.is_whitespace() || c.is_control() || is_invisible(c))
+        {
+            return Err(FieldError::new(
+                field,
+                "must not contain spaces, control or invisible characters",
+            ));
+        }
         let mut parts = s.split('@');
         let (local, domain) = match (parts.next(), parts.next(), parts.next()) {
             (Some(l), Some(d), None) => (l, d),
@@ -40,10 +52,18 @@ impl Email {
         if local.is_empty() || domain.is_empty() {
             return Err(FieldError::new(field, "must have text before and after the @"));
         }
-        if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        if local.len() > 64 {
             return Err(FieldError::new(
                 field,
-                "must not contain spaces or control characters",
+                "the part before the @ must be at most 64 bytes",
+            ));
+        }
+        if s.contains(['"', '[', ']', '<', '>', '(', ')', ',', ';', ':', '\\'])
+            || s.parse::<lettre::Address>().is_err()
+        {
+            return Err(FieldError::new(
+                field,
+                "must be a plain address such as name@example.com",
             ));
         }
         Ok(Email(s))
@@ -52,6 +72,18 @@ impl Email {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+}
+
+/// Characters that render as nothing (Unicode's default-ignorable code
+/// points: zero-width spaces and joiners, bidirectional controls, the soft
+/// hyphen, variation selectors, tags, fillers).
+fn is_invisible(c: char) -> bool {
+    matches!(c,
+        '\u{00AD}' | '\u{034F}' | '\u{061C}' | '\u{115F}' | '\u{1160}' | '\u{17B4}' | '\u{17B5}'
+        | '\u{180B}'..='\u{180F}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
+        | '\u{2060}'..='\u{206F}' | '\u{3164}' | '\u{FE00}'..='\u{FE0F}' | '\u{FEFF}' | '\u{FFA0}'
+        | '\u{FFF0}'..='\u{FFF8}' | '\u{1BCA0}'..='\u{1BCA3}' | '\u{1D173}'..='\u{1D17A}'
+        | '\u{E0000}'..='\u{E0FFF}')
 }
 
 impl fmt::Debug for Email {
@@ -154,11 +186,32 @@ mod tests {
             "no-at-sign",
             "a b@c.d",
             &format!("{}@b.c", "x".repeat(260)),
+            &format!("{}@b.c", "x".repeat(65)),
+            // A mailbox with a display name: the code would go to the attacker.
+            "ceo<attacker@evil.example>",
+            "CEO <attacker@evil.example>",
+            "\"ceo\"@evil.example",
+            "a@[127.0.0.1]",
+            "a,b@c.d",
+            // Invisible characters: one mailbox, many accounts.
+            "vic\u{200B}tim@example.com",
+            "victim@exa\u{200D}mple.com",
+            "\u{FEFF}victim@example.com",
+            "victim\u{202E}@example.com",
+            "vic\u{00AD}tim@example.com",
+            "a\u{7}b@c.d",
         ] {
             let e = Email::parse("email", bad).unwrap_err();
             assert_eq!(e.field, "email", "{bad}");
         }
         assert!(Email::parse("email", "a@b").is_ok());
+        for good in [
+            "first.last+tag@example.co.uk",
+            "o'brien@example.ie",
+            "x_y-z@sub.example.com",
+        ] {
+            assert!(Email::parse("email", good).is_ok(), "{good}");
+        }
     }
 
     #[test]

@@ -236,7 +236,24 @@ impl Tokens {
             let key = match open_key(&rec, sealer) {
                 Ok(k) => Arc::new(k),
                 Err(e) => {
-                    tracing::warn!(kid = %rec.kid, error = %e, "signing key unusable (wrong LATCHKEY_SECRET_KEY?)");
+                    // Its public half still verifies the tokens it signed.
+                    tracing::warn!(kid = %rec.kid, error = %e, "signing key cannot sign here (another LATCHKEY_SECRET_KEY?); verifying with its public key");
+                    let jwk: serde_json::Value = match serde_json::from_str(&rec.public_jwk) {
+                        Ok(j) => j,
+                        Err(_) => continue,
+                    };
+                    let Ok((alg, decoding)) = decoding_key(&jwk) else {
+                        continue;
+                    };
+                    let key = Arc::new(SigningKey {
+                        kid: rec.kid.clone(),
+                        alg,
+                        encoding: None,
+                        decoding,
+                        jwk,
+                        activated_at: rec.activated_at,
+                    });
+                    by_kid.insert(rec.kid.clone(), key);
                     continue;
                 }
             };

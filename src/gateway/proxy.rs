@@ -30,10 +30,10 @@ use super::config::LimitKey;
 use super::headers::{is_safe_path, request_host, request_id, strip_hop_by_hop};
 use super::routes::{upstream_path_and_query, Route, RouteTable};
 use super::{GatewayState, Worker};
+use crate::config::ProxyHeader;
 use crate::domain::tokens::{bearer_token, Verified};
 use crate::http::error::{error_response, invalid_token, rate_limited};
 use crate::http::extract::client_ip;
-use crate::limits::IpKey;
 
 const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -142,7 +142,12 @@ async fn forward<'t>(
         );
     };
     let rc = &route.config;
-    let client_addr = client_ip(peer, &parts.headers, &table.trusted_proxies);
+    let client_addr = client_ip(
+        peer,
+        &parts.headers,
+        &table.trusted_proxies,
+        ProxyHeader::XForwardedFor,
+    );
     let headers = &mut parts.headers;
     strip_hop_by_hop(headers);
     headers.remove(header::EXPECT); // answered by our server already
@@ -154,7 +159,12 @@ async fn forward<'t>(
     let limit = rc.rate_limit.as_ref().zip(route.limit_metrics.as_ref());
     if let Some((rl, m)) = limit.filter(|(rl, _)| rl.key == LimitKey::Ip) {
         if let Err(l) = limiter
-            .check_policy(route.policy_name, rl.policy, m, IpKey::new(client_addr).as_str())
+            .check_policy(
+                route.policy_name,
+                rl.policy,
+                m,
+                limiter.ip_key(client_addr).as_str(),
+            )
             .await
         {
             route.metrics.rate_limited.increment(1);

@@ -1,4 +1,4 @@
-//! Handlers of the Accounts section of API.md: parse, call the domain, answer.
+//! Handlers of the Accounts section of docs/api.md: parse, call the domain, answer.
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -102,11 +102,12 @@ pub async fn register(
               (status = 401, body = ErrorBody, description = "INVALID_OTP"), (status = 429, body = ErrorBody, description = "TOO_MANY_ATTEMPTS or RATE_LIMITED")))]
 pub async fn verify_otp(
     State(st): State<AppState>,
+    ClientIp(ip): ClientIp,
     JsonBody(req): JsonBody<VerifyRequest>,
 ) -> Result<Response, ApiError> {
     let email = Email::parse("email", &req.email)?;
     let code = Code::parse("code", &req.code)?;
-    Ok(token_response(st.accounts.verify_email(email, code).await?))
+    Ok(token_response(st.accounts.verify_email(ip, email, code).await?))
 }
 
 #[utoipa::path(post, path = "/auth/resend-otp", tag = "accounts", request_body = EmailRequest,
@@ -219,11 +220,12 @@ pub async fn password_reset(
               (status = 401, body = ErrorBody, description = "INVALID_OTP"), (status = 429, body = ErrorBody, description = "TOO_MANY_ATTEMPTS")))]
 pub async fn password_reset_confirm(
     State(st): State<AppState>,
+    ClientIp(ip): ClientIp,
     JsonBody(req): JsonBody<PasswordResetConfirmRequest>,
 ) -> Result<StatusCode, ApiError> {
     let email = Email::parse("email", &req.email)?;
     let code = Code::parse("code", &req.code)?;
     let new = Password::parse("new_password", &req.new_password)?;
-    st.accounts.confirm_password_reset(email, code, new).await?;
+    st.accounts.confirm_password_reset(ip, email, code, new).await?;
     Ok(StatusCode::NO_CONTENT)
 }

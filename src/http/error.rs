@@ -22,6 +22,7 @@ pub struct ErrorBody {
 pub enum ApiError {
     Auth(AuthError),
     TooLarge,
+    UnsupportedMediaType,
     NotFound,
     MethodNotAllowed,
 }
@@ -106,6 +107,11 @@ impl IntoResponse for ApiError {
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "PAYLOAD_TOO_LARGE",
                 "the body is larger than allowed",
+            ),
+            ApiError::UnsupportedMediaType => error_response(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "UNSUPPORTED_MEDIA_TYPE",
+                "the body must be JSON, sent with Content-Type: application/json",
             ),
             ApiError::NotFound => error_response(StatusCode::NOT_FOUND, "NOT_FOUND", "no such endpoint"),
             ApiError::MethodNotAllowed => error_response(

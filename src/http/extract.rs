@@ -13,18 +13,37 @@ use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 use super::AppState;
+use crate::config::ProxyHeader;
 use crate::domain::input::FieldError;
 use crate::domain::tokens::{bearer_token, Verified};
 use crate::domain::AuthError;
 
 /// A JSON body deserialised into `T`; any failure is `400 INVALID_REQUEST`
-/// naming the field, or `413` past the body limit.
+/// naming the field, or `413` past the body limit. The body must be declared
+/// `application/json` (or `application/<x>+json`), else `415`: a web page can
+/// make a visitor's browser post `text/plain` or a form to any site without
+/// asking it (a CORS "simple request"), never JSON.
 pub struct JsonBody<T>(pub T);
+
+/// Whether a `Content-Type` value names JSON.
+pub fn is_json(content_type: Option<&header::HeaderValue>) -> bool {
+    let Some(mime) = content_type.and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let essence = mime.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    essence == "application/json"
+        || essence
+            .strip_prefix("application/")
+            .is_some_and(|sub| sub.ends_with("+json"))
+}
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        if !is_json(req.headers().get(header::CONTENT_TYPE)) {
+            return Err(ApiError::UnsupportedMediaType);
+        }
         let bytes = Bytes::from_request(req, state).await.map_err(|e| {
             if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::TooLarge
@@ -83,8 +102,9 @@ fn invalid_owned(field: String, reason: String) -> ApiError {
 }
 
 /// The client's address: the socket peer, or, when the peer is a trusted
-/// proxy, the right-most address in `X-Forwarded-For` / `Forwarded` that is
-/// not itself a trusted proxy.
+/// proxy, the right-most address of the one header that proxy writes
+/// (`trusted_proxy_header`) that is not itself a trusted proxy. Every other
+/// forwarding header is the client's own writing and is ignored.
 pub struct ClientIp(pub IpAddr);
 
 impl FromRequestParts<AppState> for ClientIp {
@@ -100,48 +120,60 @@ impl FromRequestParts<AppState> for ClientIp {
             peer,
             &parts.headers,
             &state.config.trusted_proxies,
+            state.config.trusted_proxy_header,
         )))
     }
 }
 
-pub fn client_ip(peer: IpAddr, headers: &axum::http::HeaderMap, trusted: &[IpAddr]) -> IpAddr {
+pub fn client_ip(
+    peer: IpAddr,
+    headers: &axum::http::HeaderMap,
+    trusted: &[IpAddr],
+    from: ProxyHeader,
+) -> IpAddr {
     if !trusted.contains(&peer) {
         return peer;
     }
-    let mut hops: Vec<IpAddr> = Vec::new();
-    for v in headers.get_all("forwarded") {
-        for part in v.to_str().unwrap_or("").split([',', ';']) {
-            let part = part.trim();
-            if let Some(f) = part.strip_prefix("for=").or_else(|| part.strip_prefix("For=")) {
-                let f = f.trim_matches('"');
-                let f = f
-                    .strip_prefix('[')
-                    .map(|r| r.split(']').next().unwrap_or(r))
-                    .unwrap_or(f);
-                let f = if f.matches(':').count() == 1 {
-                    f.split(':').next().unwrap_or(f)
-                } else {
-                    f
-                };
-                if let Ok(ip) = f.parse() {
-                    hops.push(ip);
-                }
-            }
+    // Every line of the header, in order: a proxy appends its hop last.
+    let values = headers.get_all(from.name()).into_iter();
+    let hops: Vec<Option<IpAddr>> = match from {
+        ProxyHeader::XForwardedFor => values
+            .flat_map(|v| v.to_str().unwrap_or("").split(','))
+            .map(|f| f.trim().parse().ok())
+            .collect(),
+        ProxyHeader::Forwarded => values
+            .flat_map(|v| v.to_str().unwrap_or("").split(','))
+            .map(|element| {
+                element.split(';').find_map(|pair| {
+                    let (k, v) = pair.trim().split_once('=')?;
+                    k.trim()
+                        .eq_ignore_ascii_case("for")
+                        .then(|| forwarded_node(v.trim()))?
+                })
+            })
+            .collect(),
+    };
+    // Right to left: trusted hops are skipped; the first other hop is the
+    // client. A hop that is not an address (unknown, obfuscated, garbled)
+    // ends the walk: nothing left of it can be trusted.
+    for hop in hops.into_iter().rev() {
+        match hop {
+            Some(ip) if trusted.contains(&ip) => continue,
+            Some(ip) => return ip,
+            None => return peer,
         }
     }
-    if hops.is_empty() {
-        for v in headers.get_all("x-forwarded-for") {
-            for f in v.to_str().unwrap_or("").split(',') {
-                if let Ok(ip) = f.trim().parse() {
-                    hops.push(ip);
-                }
-            }
-        }
+    peer
+}
+
+/// The address of an RFC 7239 node: `192.0.2.1`, `"192.0.2.1:80"`,
+/// `"[2001:db8::1]:4711"`; `None` for `unknown` or an obfuscated name.
+fn forwarded_node(v: &str) -> Option<IpAddr> {
+    let v = v.trim_matches('"');
+    if let Some(rest) = v.strip_prefix('[') {
+        return rest.split(']').next()?.parse().ok();
     }
-    hops.into_iter()
-        .rev()
-        .find(|ip| !trusted.contains(ip))
-        .unwrap_or(peer)
+    v.split(':').next()?.parse().ok()
 }
 
 /// A verified access token from `Authorization`.
@@ -171,30 +203,65 @@ mod tests {
     use super::*;
     use axum::http::HeaderMap;
 
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
     #[test]
     fn proxy_headers_only_from_trusted_peers() {
-        let proxy: IpAddr = "10.0.0.1".parse().unwrap();
+        let proxy = ip("10.0.0.1");
+        let xff = ProxyHeader::XForwardedFor;
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", "203.0.113.9, 10.0.0.1".parse().unwrap());
-        let stranger: IpAddr = "198.51.100.7".parse().unwrap();
-        assert_eq!(client_ip(stranger, &h, &[proxy]), stranger);
-        assert_eq!(
-            client_ip(proxy, &h, &[proxy]),
-            "203.0.113.9".parse::<IpAddr>().unwrap()
-        );
+        let stranger = ip("198.51.100.7");
+        assert_eq!(client_ip(stranger, &h, &[proxy], xff), stranger);
+        assert_eq!(client_ip(proxy, &h, &[proxy], xff), ip("203.0.113.9"));
+        let fwd = ProxyHeader::Forwarded;
         let mut f = HeaderMap::new();
         f.insert(
             "forwarded",
             "for=\"[2001:db8::1]:4711\";proto=https".parse().unwrap(),
         );
+        assert_eq!(client_ip(proxy, &f, &[proxy], fwd), ip("2001:db8::1"));
+        f.insert("forwarded", "proto=http;For=192.0.2.60:8080".parse().unwrap());
+        assert_eq!(client_ip(proxy, &f, &[proxy], fwd), ip("192.0.2.60"));
+    }
+
+    /// The client picks its own address only if the proxy trusts its header:
+    /// a `Forwarded` line written by the client is not read when the proxy
+    /// appends `X-Forwarded-For`, and hops the client wrote left of the
+    /// proxy's own are not reached.
+    #[test]
+    fn only_the_configured_header_and_its_rightmost_untrusted_hop_count() {
+        let proxy = ip("10.0.0.1");
+        let mut h = HeaderMap::new();
+        h.insert("forwarded", "for=1.1.1.1".parse().unwrap());
+        h.append("x-forwarded-for", "6.6.6.6".parse().unwrap()); // the client's own line
+        h.append("x-forwarded-for", "203.0.113.9".parse().unwrap()); // the proxy's hop
+        let got = client_ip(proxy, &h, &[proxy], ProxyHeader::XForwardedFor);
+        assert_eq!(got, ip("203.0.113.9"));
+        // With Forwarded configured, X-Forwarded-For is the client's writing.
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", "6.6.6.6".parse().unwrap());
+        h.insert("forwarded", "for=203.0.113.9".parse().unwrap());
         assert_eq!(
-            client_ip(proxy, &f, &[proxy]),
-            "2001:db8::1".parse::<IpAddr>().unwrap()
+            client_ip(proxy, &h, &[proxy], ProxyHeader::Forwarded),
+            ip("203.0.113.9")
         );
-        f.insert("forwarded", "for=192.0.2.60:8080".parse().unwrap());
+        // A garbled hop ends the walk at the proxy: nothing left of it counts.
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", "6.6.6.6, garbage".parse().unwrap());
+        assert_eq!(client_ip(proxy, &h, &[proxy], ProxyHeader::XForwardedFor), proxy);
+        // Two trusted proxies in a row are both skipped.
+        let inner = ip("10.0.0.2");
+        let mut h = HeaderMap::new();
+        h.insert(
+            "x-forwarded-for",
+            "6.6.6.6, 203.0.113.9, 10.0.0.2".parse().unwrap(),
+        );
         assert_eq!(
-            client_ip(proxy, &f, &[proxy]),
-            "192.0.2.60".parse::<IpAddr>().unwrap()
+            client_ip(proxy, &h, &[proxy, inner], ProxyHeader::XForwardedFor),
+            ip("203.0.113.9")
         );
     }
 

@@ -23,12 +23,12 @@ pub type AppState = Arc<Services>;
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "latchkey", description = "Authentication service: accounts, tokens, OAuth 2.0 endpoints. See API.md."),
+    info(title = "latchkey", description = "Authentication service: accounts, tokens, OAuth 2.0 endpoints. See docs/api.md."),
     paths(
         accounts::register, accounts::verify_otp, accounts::resend_otp, accounts::login, accounts::refresh,
         accounts::logout, accounts::me, accounts::change_password, accounts::password_reset,
         accounts::password_reset_confirm, tokens::validate, tokens::jwks, tokens::discovery,
-        oauth::token, oauth::introspect, oauth::revoke, ops::live, ops::ready, ops::metrics, ops::openapi,
+        oauth::token, oauth::introspect, oauth::revoke, ops::live, ops::ready, ops::openapi,
     ),
     modifiers(&BearerAuth)
 )]
@@ -75,7 +75,6 @@ pub fn router(state: AppState) -> Router {
         .route("/oauth/revoke", post(oauth::revoke))
         .route("/health/live", get(ops::live))
         .route("/health/ready", get(ops::ready))
-        .route("/metrics", get(ops::metrics))
         .route("/openapi.json", get(ops::openapi))
         .route_layer(axum::middleware::from_fn(middleware::tag_route))
         .fallback(|| async { ApiError::NotFound })
@@ -85,5 +84,17 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             middleware::request_context,
         ))
+        .with_state(state)
+}
+
+/// The operators' listener (`admin_listen`, loopback by default): metrics,
+/// which would tell an outsider which emails have accounts (cache and
+/// database counters move differently for them), and the health checks.
+pub fn admin_router(state: AppState) -> Router {
+    Router::new()
+        .route("/metrics", get(ops::metrics))
+        .route("/health/live", get(ops::live))
+        .route("/health/ready", get(ops::ready))
+        .fallback(|| async { ApiError::NotFound })
         .with_state(state)
 }

@@ -15,6 +15,7 @@ use super::accounts::token_response;
 use super::extract::ClientIp;
 use super::AppState;
 use crate::crypto::sha256;
+use crate::domain::accounts::FIRST_PARTY_CLIENT;
 use crate::domain::input::{parse_opaque, Email, Password};
 use crate::domain::{clients, AuthError};
 use crate::store::{now_ms, ClientRecord};
@@ -257,7 +258,7 @@ async fn token_inner(
 pub async fn introspect(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     let result = async {
         let form = parse_form(&headers, &body)?;
-        authenticate_client(&st, &headers, &form).await?;
+        let caller = authenticate_client(&st, &headers, &form).await?;
         let token = required(&form, "token")?;
         let hint = form.get("token_type_hint").map(String::as_str);
         let inactive = serde_json::json!({"active": false});
@@ -272,8 +273,15 @@ pub async fn introspect(State(st): State<AppState>, headers: HeaderMap, body: By
                 Err(_) => None,
             }
         };
+        // RFC 7662 §4: access tokens are for resource servers, so any
+        // authenticated client may introspect them; a refresh token only by
+        // the client it was issued to (first-party ones by none), or one
+        // client would learn the users and sessions of another.
         let as_refresh = || async {
             let rec = st.store.refresh_token(&sha256(token.as_bytes())).await.ok()??;
+            if rec.client_id.as_deref() != Some(caller.id.as_str()) {
+                return None;
+            }
             let now = now_ms();
             let live = rec.session_revoked_at.is_none()
                 && rec.session_expires_at > now
@@ -311,19 +319,28 @@ pub async fn introspect(State(st): State<AppState>, headers: HeaderMap, body: By
 pub async fn revoke(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     let result = async {
         let form = parse_form(&headers, &body)?;
-        // API.md: "200 always". Whoever holds a token may end its session (as
+        // docs/api.md: "200 always". Whoever holds a token may end its session (as
         // /auth/logout allows), so client credentials are optional here; when
         // given, they must be right (RFC 7009 §2.1).
-        if has_client_credentials(&headers, &form) {
-            authenticate_client(&st, &headers, &form).await?;
-        }
+        let caller = if has_client_credentials(&headers, &form) {
+            Some(authenticate_client(&st, &headers, &form).await?)
+        } else {
+            None
+        };
         let token = required(&form, "token")?;
+        // RFC 7009 §2.1: a client revokes only tokens issued to it. First-party
+        // sessions end for whoever holds their token (as /auth/logout); a
+        // token of another client is left alone, with the same 200.
+        let caller = caller.as_ref().map(|c| c.id.as_str());
         // A refresh token ends its session; so does an access token (RFC 7009 §2, optional).
         if let Ok(t) = parse_opaque("token", token) {
-            st.accounts.revoke_refresh_token(&t).await?;
+            st.accounts.revoke_refresh_token(&t, caller).await?;
         }
         if let Ok(v) = st.tokens.validate(token).await {
-            st.accounts.revoke_session_of(&v.claims.sid).await?;
+            let owner = (v.claims.client_id != FIRST_PARTY_CLIENT).then_some(v.claims.client_id.as_str());
+            if owner.is_none() || owner == caller {
+                st.accounts.revoke_session_of(&v.claims.sid).await?;
+            }
         }
         Ok::<_, OAuthError>(StatusCode::OK.into_response())
     }

@@ -61,8 +61,7 @@ pub async fn ready(State(st): State<AppState>) -> Response {
     }
 }
 
-#[utoipa::path(get, path = "/metrics", tag = "operations",
-    responses((status = 200, description = "Prometheus text format")))]
+/// Prometheus text format; served on the admin listener only.
 pub async fn metrics(State(st): State<AppState>) -> Response {
     crate::telemetry::record_gauges(&st);
     (

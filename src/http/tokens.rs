@@ -10,7 +10,7 @@ use super::error::{invalid_token, rate_limited, ErrorBody};
 use super::extract::ClientIp;
 use super::AppState;
 use crate::domain::tokens::{bearer_token, AccessClaims};
-use crate::limits::{IpKey, PolicyName};
+use crate::limits::PolicyName;
 
 /// The hot path: a cache hit costs a hash, a lookup and a revocation check.
 #[utoipa::path(get, path = "/auth/validate", tag = "tokens", security(("bearer" = [])),
@@ -21,7 +21,7 @@ pub async fn validate(State(st): State<AppState>, ClientIp(ip): ClientIp, header
     if st.limiter.is_active(PolicyName::Validate) {
         if let Err(l) = st
             .limiter
-            .check(PolicyName::Validate, IpKey::new(ip).as_str())
+            .check(PolicyName::Validate, st.limiter.ip_key(ip).as_str())
             .await
         {
             return rate_limited(&l);

@@ -11,11 +11,16 @@
 //!     +------------------------------------------------------------------------- LOCKED
 //!                                                         blocked lock_ms, bounded
 //! ```
-//! The key is the normalised email whether or not an account exists, so the
-//! answers never tell whether it does. The lock is bounded (15 minutes by
-//! default, an hour at most), and per-IP rate limits come first, so one
-//! attacker cannot keep a victim out. The thresholds are [`Rules`], set by
-//! the `brute_force_*` settings.
+//! One state machine, three uses, each with its own [`Rules`]:
+//! [`BruteForce`] keeps one state per account and client address (an
+//! attacker's failures delay and lock that address only) and one per
+//! account over all addresses (a far higher threshold, delays and no lock,
+//! skipped by addresses the account logged in from), and the code endpoints
+//! keep one per client address over all accounts ([`Rules::CODE_GUESSES`]).
+//! Keys are the normalised email whether or not an account exists, so the
+//! answers never tell whether it does. A lock is bounded (15 minutes by
+//! default, an hour at most). The thresholds are set by the `brute_force_*`
+//! settings; docs/security.md has the figures and the trade-off.
 //!
 //! **Attempts count before the password is checked.** [`Softlock::begin`]
 //! admits an attempt and records it as a failure in one atomic step;
@@ -49,9 +54,31 @@ pub struct Rules {
 }
 
 impl Rules {
+    /// Per account and address.
     pub const DEFAULT: Rules = Rules {
         free: 5,
         lock_at: 20,
+        max_delay_ms: 60_000,
+        lock_ms: 15 * 60_000,
+        reset_after_ms: 15 * 60_000,
+    };
+
+    /// Per account over every address: delays only, never a lock; the
+    /// count fades only after a quiet day, so that pausing does not buy an
+    /// attacker a fresh allowance every few minutes.
+    pub const ACCOUNT_DEFAULT: Rules = Rules {
+        free: 100,
+        lock_at: u32::MAX,
+        max_delay_ms: 60_000,
+        lock_ms: 60_000,
+        reset_after_ms: 86_400_000,
+    };
+
+    /// Wrong one-time codes per client address, over every account: mass
+    /// guessing of codes from one address stops after a few dozen tries.
+    pub const CODE_GUESSES: Rules = Rules {
+        free: 10,
+        lock_at: 30,
         max_delay_ms: 60_000,
         lock_ms: 15 * 60_000,
         reset_after_ms: 15 * 60_000,
@@ -151,40 +178,39 @@ end
 return {1, ''}
 "#;
 
-/// Softlock states, in process or in Redis; every transition is atomic (see
-/// the module documentation).
-pub struct BruteForce {
+/// Softlock states by key, in process or in Redis; every transition is
+/// atomic (see the module documentation).
+pub struct Softlocks {
     enabled: bool,
-    rules: Rules,
     local: Mutex<HashMap<String, Softlock>>,
     redis: Option<RedisHandle>,
     cas: redis::Script,
 }
 
-impl BruteForce {
-    pub fn new(enabled: bool, rules: Rules, redis: Option<RedisHandle>) -> Self {
-        BruteForce {
+impl Softlocks {
+    pub fn new(enabled: bool, redis: Option<RedisHandle>) -> Self {
+        Softlocks {
             enabled,
-            rules,
             local: Mutex::new(HashMap::new()),
             redis,
             cas: redis::Script::new(CAS_SCRIPT),
         }
     }
 
-    /// Applies `step` to the account's state atomically and returns what it
+    /// Applies `step` to the state of `key` atomically and returns what it
     /// says. `step` gives the new state (`None`: clear) and the answer; it
     /// may run more than once (Redis: when another instance changed the
     /// state meanwhile). `contended` is the answer when Redis keeps changing
     /// under us; Redis unreachable: this process's state (logged).
     async fn transition<T: Copy>(
         &self,
-        account: &str,
+        key: &str,
+        rules: &Rules,
         contended: T,
         step: impl Fn(Softlock) -> (Option<Softlock>, T),
     ) -> T {
         if let Some(r) = &self.redis {
-            match self.transition_redis(r, account, contended, &step).await {
+            match self.transition_redis(r, key, rules, contended, &step).await {
                 Ok(out) => return out,
                 Err(e) => {
                     tracing::warn!(error = %e, "brute-force state unavailable in Redis; using local state")
@@ -192,15 +218,15 @@ impl BruteForce {
             }
         }
         let mut local = self.local.lock().expect("softlock");
-        let cur = local.get(account).copied().unwrap_or_default();
+        let cur = local.get(key).copied().unwrap_or_default();
         let (new, out) = step(cur);
         match new {
             Some(s) if s != cur => {
-                local.insert(account.to_string(), s);
+                local.insert(key.to_string(), s);
             }
             Some(_) => {}
             None => {
-                local.remove(account);
+                local.remove(key);
             }
         }
         out
@@ -209,11 +235,12 @@ impl BruteForce {
     async fn transition_redis<T: Copy>(
         &self,
         r: &RedisHandle,
-        account: &str,
+        key: &str,
+        rules: &Rules,
         contended: T,
         step: &impl Fn(Softlock) -> (Option<Softlock>, T),
     ) -> Result<T, crate::cache::RedisFailure> {
-        let key = r.key(&format!("bf:{{{account}}}"));
+        let key = r.key(&format!("bf:{key}"));
         // First guess: no state (the common case, one round trip); a miss
         // returns the current value to compute from.
         let mut current = String::new();
@@ -229,7 +256,7 @@ impl BruteForce {
             if known && next.as_deref().unwrap_or("") == current {
                 return Ok(out);
             }
-            let (cas, key, expected, ttl) = (&self.cas, &key, &current, self.rules.state_ttl_ms());
+            let (cas, key, expected, ttl) = (&self.cas, &key, &current, rules.state_ttl_ms());
             let next = next.unwrap_or_default();
             let (swapped, actual) = r
                 .run("bruteforce", |mut c| async move {
@@ -251,38 +278,28 @@ impl BruteForce {
         Ok(contended)
     }
 
-    /// Admits one attempt for `account` and counts it as a failure until
-    /// `success` or `abandon`; `Err(retry_after_secs)` when it may not try now.
-    pub async fn begin(&self, account: &str) -> Result<(), u64> {
+    /// Admits one attempt under `rules`, counted as a failure until it is
+    /// cleared or taken back; `Err(retry_after_ms)` while blocked. `Ok` carries
+    /// the failures counted so far.
+    pub async fn begin(&self, key: &str, rules: &Rules) -> Result<u32, i64> {
         if !self.enabled {
-            return Ok(());
+            return Ok(0);
         }
-        let (now, rules) = (now_ms(), &self.rules);
-        let out = self
-            .transition(account, Err(1000), |s| match s.begin(now, rules) {
-                Ok(next) => (Some(next), Ok(next.failures)),
-                Err(ms) => (Some(s), Err(ms)),
-            })
-            .await;
-        match out {
-            Ok(failures) => {
-                if failures == self.rules.lock_at {
-                    metrics::counter!("latchkey_bruteforce_locks_total").increment(1);
-                    tracing::warn!("account locked after repeated failed logins");
-                }
-                Ok(())
-            }
-            Err(ms) => Err((ms.max(0) as u64).div_ceil(1000).max(1)),
-        }
+        let now = now_ms();
+        self.transition(key, rules, Err(1000), |s| match s.begin(now, rules) {
+            Ok(next) => (Some(next), Ok(next.failures)),
+            Err(ms) => (Some(s), Err(ms)),
+        })
+        .await
     }
 
-    /// The attempt begun for `account` had the right password: the count starts over.
-    pub async fn success(&self, account: &str) {
+    /// The count starts over (a right password).
+    pub async fn clear(&self, key: &str) {
         if !self.enabled {
             return;
         }
         if let Some(r) = &self.redis {
-            let key = r.key(&format!("bf:{{{account}}}"));
+            let key = r.key(&format!("bf:{key}"));
             let res = r
                 .run("bruteforce", |mut c| async move {
                     redis::cmd("DEL").arg(&key).query_async::<()>(&mut c).await
@@ -295,25 +312,197 @@ impl BruteForce {
                 }
             }
         }
-        self.local.lock().expect("softlock").remove(account);
+        self.local.lock().expect("softlock").remove(key);
     }
 
-    /// The attempt begun for `account` never reached a verdict (shed, or an
-    /// internal error): it no longer counts.
-    pub async fn abandon(&self, account: &str) {
+    /// Takes back one attempt that never reached a verdict (or that proved
+    /// right where a success must not wipe the count).
+    pub async fn abandon(&self, key: &str, rules: &Rules) {
         if !self.enabled {
             return;
         }
-        self.transition(account, (), |s| (Some(s.abandon()), ())).await
+        self.transition(key, rules, (), |s| (Some(s.abandon()), ())).await
     }
 
-    /// Forgets local states that have gone quiet.
-    pub fn purge(&self) {
-        let (now, reset) = (now_ms(), self.rules.reset_after_ms);
+    /// Forgets local states that have gone quiet under `rules`' longest period.
+    fn purge(&self, longest: &Rules) {
+        let (now, reset) = (now_ms(), longest.reset_after_ms);
         self.local
             .lock()
             .expect("softlock")
             .retain(|_, s| now - s.last_failure <= reset || now < s.blocked_until);
+    }
+}
+
+/// How long a successful login makes its address "known" for the account.
+pub const KNOWN_ADDRESS_MS: i64 = 30 * 86_400_000;
+
+/// An admitted login attempt: what [`BruteForce::abandon`] must take back.
+#[must_use]
+#[derive(Clone, Copy, Debug)]
+pub struct Attempt {
+    account_counted: bool,
+}
+
+/// Brute-force protection of password logins, keyed twice:
+///
+/// - per account **and client address** (`rules`): one address gets a few
+///   free failures, then growing delays, then a bounded lock, for that
+///   address only, so an attacker locks out nobody but themselves;
+/// - per account over all addresses (`account_rules`): a much higher
+///   threshold with growing delays and no lock, which caps guessing spread
+///   over many addresses. An address from which the account logged in
+///   within [`KNOWN_ADDRESS_MS`] skips this one, so a distributed attack
+///   does not keep the owner out of their usual network either.
+///
+/// Keys are the normalised email whether or not an account exists, so the
+/// answers never tell whether it does; in Redis the three keys of an
+/// account share one hash slot (`{email}`).
+pub struct BruteForce {
+    rules: Rules,
+    account_rules: Rules,
+    states: Softlocks,
+    known: Mutex<HashMap<String, i64>>,
+}
+
+impl BruteForce {
+    pub fn new(enabled: bool, rules: Rules, account_rules: Rules, redis: Option<RedisHandle>) -> Self {
+        BruteForce {
+            rules,
+            account_rules,
+            states: Softlocks::new(enabled, redis),
+            known: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn pair_key(account: &str, client: &str) -> String {
+        format!("{{{account}}}:{client}")
+    }
+
+    fn account_key(account: &str) -> String {
+        format!("{{{account}}}")
+    }
+
+    /// Admits one attempt for `account` from `client` (an address key) and
+    /// counts it as a failure until `success` or `abandon`;
+    /// `Err(retry_after_secs)` when it may not try now.
+    pub async fn begin(&self, account: &str, client: &str) -> Result<Attempt, u64> {
+        let secs = |ms: i64| (ms.max(0) as u64).div_ceil(1000).max(1);
+        let pair = Self::pair_key(account, client);
+        let failures = self.states.begin(&pair, &self.rules).await.map_err(secs)?;
+        if failures == self.rules.lock_at {
+            metrics::counter!("latchkey_bruteforce_locks_total").increment(1);
+            tracing::warn!("account locked for one address after repeated failed logins");
+        }
+        match self
+            .states
+            .begin(&Self::account_key(account), &self.account_rules)
+            .await
+        {
+            Ok(_) => Ok(Attempt {
+                account_counted: true,
+            }),
+            Err(_) if self.is_known(account, client).await => Ok(Attempt {
+                account_counted: false,
+            }),
+            Err(ms) => {
+                metrics::counter!("latchkey_bruteforce_account_delays_total").increment(1);
+                self.states.abandon(&pair, &self.rules).await;
+                Err(secs(ms))
+            }
+        }
+    }
+
+    /// The attempt had the right password: this address starts over and
+    /// becomes known for the account. The account-wide count is only taken
+    /// back by one: it fades with quiet time, so that a success of the owner
+    /// in the middle of a distributed attack does not give the attackers a
+    /// fresh allowance.
+    pub async fn success(&self, account: &str, client: &str, attempt: Attempt) {
+        self.states.clear(&Self::pair_key(account, client)).await;
+        if attempt.account_counted {
+            self.states
+                .abandon(&Self::account_key(account), &self.account_rules)
+                .await;
+        }
+        self.remember(account, client).await;
+    }
+
+    /// The attempt never reached a verdict (shed, or an internal error): it
+    /// no longer counts.
+    pub async fn abandon(&self, account: &str, client: &str, attempt: Attempt) {
+        self.states
+            .abandon(&Self::pair_key(account, client), &self.rules)
+            .await;
+        if attempt.account_counted {
+            self.states
+                .abandon(&Self::account_key(account), &self.account_rules)
+                .await;
+        }
+    }
+
+    /// The owner proved the mailbox (a password reset): both counts of this
+    /// address start over.
+    pub async fn reset(&self, account: &str, client: &str) {
+        self.states.clear(&Self::pair_key(account, client)).await;
+        self.states.clear(&Self::account_key(account)).await;
+    }
+
+    async fn remember(&self, account: &str, client: &str) {
+        let key = format!("{{{account}}}:known:{client}");
+        if let Some(r) = &self.states.redis {
+            let rkey = r.key(&format!("bf:{key}"));
+            let res = r
+                .run("bruteforce", |mut c| async move {
+                    redis::cmd("SET")
+                        .arg(&rkey)
+                        .arg(1)
+                        .arg("PX")
+                        .arg(KNOWN_ADDRESS_MS)
+                        .query_async::<()>(&mut c)
+                        .await
+                })
+                .await;
+            if res.is_ok() {
+                return;
+            }
+        }
+        if self.states.enabled {
+            let mut known = self.known.lock().expect("known addresses");
+            known.insert(key, now_ms() + KNOWN_ADDRESS_MS);
+        }
+    }
+
+    async fn is_known(&self, account: &str, client: &str) -> bool {
+        let key = format!("{{{account}}}:known:{client}");
+        if let Some(r) = &self.states.redis {
+            let rkey = r.key(&format!("bf:{key}"));
+            let res = r
+                .run("bruteforce", |mut c| async move {
+                    redis::cmd("EXISTS").arg(&rkey).query_async::<i64>(&mut c).await
+                })
+                .await;
+            if let Ok(n) = res {
+                return n == 1;
+            }
+        }
+        let known = self.known.lock().expect("known addresses");
+        known.get(&key).is_some_and(|&until| now_ms() < until)
+    }
+
+    /// Forgets local states that have gone quiet, and known addresses that expired.
+    pub fn purge(&self) {
+        let longest = if self.account_rules.reset_after_ms > self.rules.reset_after_ms {
+            &self.account_rules
+        } else {
+            &self.rules
+        };
+        self.states.purge(longest);
+        let now = now_ms();
+        self.known
+            .lock()
+            .expect("known addresses")
+            .retain(|_, &mut until| now < until);
     }
 }
 

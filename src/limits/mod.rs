@@ -12,7 +12,7 @@ mod bruteforce;
 mod gcra;
 mod lease;
 
-pub use bruteforce::{BruteForce, Rules as BruteForceRules, Softlock};
+pub use bruteforce::{Attempt, BruteForce, Rules as BruteForceRules, Softlock, Softlocks};
 pub use gcra::LocalBuckets;
 
 use std::time::Duration;
@@ -111,6 +111,9 @@ pub struct Policy {
 #[derive(Clone, Debug)]
 pub struct Policies {
     rules: Vec<(PolicyName, Option<Policy>)>,
+    /// IPv6 clients share a bucket per prefix of this many bits (a host gets
+    /// a /64 and can rotate freely inside it); IPv4 clients are one each.
+    pub ipv6_prefix: u8,
 }
 
 impl Policies {
@@ -128,7 +131,11 @@ impl Policies {
             let rule = src.get(&key, default, parse_rule)?;
             rules.push((name, rule));
         }
-        Ok(Policies { rules })
+        let ipv6_prefix = src.get("rate_limit_ipv6_prefix", 64, |s| match s.parse::<u8>() {
+            Ok(n) if (32..=128).contains(&n) => Ok(n),
+            _ => Err("expected a prefix length from 32 to 128 (bits)".into()),
+        })?;
+        Ok(Policies { rules, ipv6_prefix })
     }
 
     pub fn get(&self, name: PolicyName) -> Option<Policy> {
@@ -241,6 +248,7 @@ impl PolicyMetrics {
 
 pub struct Limiter {
     enabled: bool,
+    ipv6_prefix: u8,
     /// The named policies, indexed by `PolicyName as usize`.
     named: Vec<Option<(Policy, PolicyMetrics)>>,
     local: std::sync::Arc<LocalBuckets>,
@@ -263,6 +271,7 @@ impl Limiter {
             .collect();
         Limiter {
             enabled,
+            ipv6_prefix: policies.ipv6_prefix,
             named,
             local: std::sync::Arc::new(LocalBuckets::new()),
             leases: std::sync::Arc::new(lease::Leases::new()),
@@ -277,6 +286,7 @@ impl Limiter {
     pub fn with_redis_connection(&self, redis: RedisHandle) -> Limiter {
         Limiter {
             enabled: self.enabled,
+            ipv6_prefix: self.ipv6_prefix,
             named: self.named.clone(),
             local: self.local.clone(),
             leases: self.leases.clone(),
@@ -287,6 +297,11 @@ impl Limiter {
 
     pub fn enabled(&self) -> bool {
         self.enabled
+    }
+
+    /// The bucket key of a client address (IPv6: its configured prefix).
+    pub fn ip_key(&self, ip: std::net::IpAddr) -> IpKey {
+        IpKey::new(ip, self.ipv6_prefix)
     }
 
     /// Whether `policy` limits anything (limits on and the policy configured).
@@ -390,19 +405,34 @@ impl Limiter {
 }
 
 /// An IP address as a bucket key, formatted on the stack (a check on the
-/// hot path allocates nothing for its key).
+/// hot path allocates nothing for its key). An IPv6 address is cut to its
+/// first `v6_prefix` bits and written `addr/bits`, so that one host cannot
+/// rotate through the addresses of its network to get fresh buckets; an
+/// IPv4-mapped IPv6 address counts as the IPv4 address.
 pub struct IpKey {
     buf: [u8; 48],
     len: usize,
 }
 
 impl IpKey {
-    pub fn new(ip: std::net::IpAddr) -> IpKey {
+    pub fn new(ip: std::net::IpAddr, v6_prefix: u8) -> IpKey {
         use std::io::Write;
+        use std::net::IpAddr;
         let mut buf = [0u8; 48];
         let mut cur = std::io::Cursor::new(&mut buf[..]);
-        // At most 45 bytes (an IPv4-mapped IPv6 address): always fits.
-        let _ = write!(cur, "{ip}");
+        // At most 43 bytes (`ffff:...:ffff/128`): always fits.
+        let _ = match ip {
+            IpAddr::V4(v4) => write!(cur, "{v4}"),
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => write!(cur, "{v4}"),
+                None => {
+                    let bits = u32::from(v6_prefix.min(128));
+                    let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
+                    let net = std::net::Ipv6Addr::from(u128::from(v6) & mask);
+                    write!(cur, "{net}/{bits}")
+                }
+            },
+        };
         let len = cur.position() as usize;
         IpKey { buf, len }
     }
@@ -474,18 +504,31 @@ mod tests {
     }
 
     #[test]
-    fn ip_keys_are_the_addresses_text() {
-        for ip in [
-            "10.0.0.1",
-            "255.255.255.255",
-            "::1",
-            "::ffff:255.255.255.255",
-            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
-            "2001:db8::8a2e:370:7334",
+    fn ip_keys_are_the_address_or_its_ipv6_network() {
+        for (ip, prefix, want) in [
+            ("10.0.0.1", 64, "10.0.0.1"),
+            ("255.255.255.255", 64, "255.255.255.255"),
+            ("::ffff:255.255.255.255", 64, "255.255.255.255"),
+            ("::1", 128, "::1/128"),
+            ("::1", 64, "::/64"),
+            ("2001:db8::8a2e:370:7334", 64, "2001:db8::/64"),
+            ("2001:db8:0:1:ffff::1", 64, "2001:db8:0:1::/64"),
+            ("2001:db8:0:1:ffff::1", 56, "2001:db8::/56"),
+            (
+                "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+                128,
+                "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128",
+            ),
         ] {
             let ip: std::net::IpAddr = ip.parse().unwrap();
-            assert_eq!(IpKey::new(ip).as_str(), ip.to_string());
+            assert_eq!(IpKey::new(ip, prefix).as_str(), want, "{ip}/{prefix}");
         }
+        // Two addresses of one /64 share a key; another /64 does not.
+        let a = IpKey::new("2001:db8::1".parse().unwrap(), 64);
+        let b = IpKey::new("2001:db8::ffff:1".parse().unwrap(), 64);
+        let c = IpKey::new("2001:db8:0:1::1".parse().unwrap(), 64);
+        assert_eq!(a.as_str(), b.as_str());
+        assert_ne!(a.as_str(), c.as_str());
     }
 
     #[tokio::test]

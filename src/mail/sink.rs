@@ -5,10 +5,11 @@ use std::time::Duration;
 
 use lettre::message::{header::ContentType, Mailbox};
 use lettre::transport::smtp::authentication::Credentials;
+use lettre::transport::smtp::client::{Certificate, Tls, TlsParameters};
 use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
 
 use super::Message;
-use crate::config::MailConfig;
+use crate::config::{MailConfig, SmtpTls};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
@@ -39,11 +40,35 @@ impl MailSink {
                 host,
                 port,
                 credentials,
+                tls,
+                ca_file,
                 ..
             } => {
                 let mut b = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(host.as_str())
                     .port(*port)
                     .timeout(Some(Duration::from_secs(10)));
+                let params = || -> anyhow::Result<TlsParameters> {
+                    let mut p = TlsParameters::builder(host.clone());
+                    if let Some(path) = ca_file {
+                        let pem = std::fs::read(path).map_err(|e| {
+                            anyhow::anyhow!("LATCHKEY_MAIL_TLS_CA_FILE: reading {}: {e}", path.display())
+                        })?;
+                        p = p.add_root_certificate(Certificate::from_pem(&pem).map_err(|e| {
+                            anyhow::anyhow!("LATCHKEY_MAIL_TLS_CA_FILE: {}: {e}", path.display())
+                        })?);
+                    }
+                    Ok(p.build_rustls()?)
+                };
+                b = b.tls(match tls {
+                    SmtpTls::Implicit => Tls::Wrapper(params()?),
+                    SmtpTls::StartTls => Tls::Required(params()?),
+                    SmtpTls::None => {
+                        tracing::warn!(
+                            "LATCHKEY_MAIL: tls=none, mail and SMTP credentials travel in plain text"
+                        );
+                        Tls::None
+                    }
+                });
                 if let Some((user, pass)) = credentials {
                     b = b.credentials(Credentials::new(user.clone(), pass.expose().clone()));
                 }
@@ -96,9 +121,13 @@ fn build(from: &str, m: &Message) -> Result<lettre::Message, SinkError> {
     let from: Mailbox = from
         .parse()
         .map_err(|e| SinkError::Permanent(format!("from address: {e}")))?;
-    let to: Mailbox =
-        m.to.parse()
-            .map_err(|e| SinkError::Permanent(format!("to address: {e}")))?;
+    // The recipient is a plain address (never a mailbox with a display
+    // name that could route elsewhere).
+    let to = Mailbox::new(
+        None,
+        m.to.parse::<lettre::Address>()
+            .map_err(|e| SinkError::Permanent(format!("to address: {e}")))?,
+    );
     lettre::Message::builder()
         .from(from)
         .to(to)

@@ -1,7 +1,10 @@
 //! Delivers the outbox. Claims a batch with a lease, delivers, deletes what
 //! went out and reschedules what failed with exponential backoff. A crash
 //! between delivery and delete means the message goes out again after the
-//! lease (at-least-once); two instances never hold the same lease.
+//! lease (at-least-once); two instances never hold the same lease. A message
+//! that cannot be delivered (a permanent SMTP failure, or temporary ones for
+//! about a day) becomes a dead letter: kept, sealed, for `mail_dead_letter_ttl`
+//! and counted in `latchkey_outbox_dead_total`, never retried.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +19,9 @@ const LEASE_MS: i64 = 60_000;
 const BATCH: i64 = 20;
 const POLL: Duration = Duration::from_secs(1);
 const MAX_BACKOFF_MS: i64 = 3_600_000;
+/// Temporary failures before a message is given up: the backoff doubles from
+/// 1 s to the hour, so this is about 20 hours of trying.
+pub const MAX_ATTEMPTS: i32 = 30;
 
 pub struct OutboxWorker {
     store: Store,
@@ -40,6 +46,7 @@ impl OutboxWorker {
         tracing::debug!(sink = self.sink.kind(), "outbox worker started");
         metrics::counter!("latchkey_outbox_deliveries_total", "sink" => self.sink.kind()).increment(0);
         metrics::counter!("latchkey_outbox_failures_total", "sink" => self.sink.kind()).increment(0);
+        metrics::counter!("latchkey_outbox_dead_total").increment(0);
         // The embedded backend is one process: a claim found at start-up was
         // left by a crash of this service, and waiting out its lease would
         // only delay the mail by up to a minute.
@@ -79,9 +86,7 @@ impl OutboxWorker {
                     id = row.id,
                     "outbox: message cannot be unsealed (secret key changed?)"
                 );
-                self.store
-                    .outbox_failed(row.id, i64::MAX / 2, "cannot unseal")
-                    .await?;
+                self.give_up(row.id, "cannot unseal").await?;
                 continue;
             };
             match self.sink.deliver(&self.from, row.id, &msg).await {
@@ -91,20 +96,27 @@ impl OutboxWorker {
                         .increment(1);
                 }
                 Err(e) => {
-                    let (next, why) = match &e {
-                        SinkError::Permanent(m) => (i64::MAX / 2, m.as_str()),
-                        SinkError::Temporary(m) => {
-                            let backoff = (1000i64 << row.attempts.clamp(0, 22)).min(MAX_BACKOFF_MS);
-                            (now_ms() + backoff, m.as_str())
-                        }
-                    };
-                    tracing::warn!(id = row.id, attempts = row.attempts, error = %why, "outbox: delivery failed");
+                    tracing::warn!(id = row.id, attempts = row.attempts, error = %e, "outbox: delivery failed");
                     metrics::counter!("latchkey_outbox_failures_total", "sink" => self.sink.kind())
                         .increment(1);
-                    self.store.outbox_failed(row.id, next, why).await?;
+                    match &e {
+                        SinkError::Temporary(why) if row.attempts < MAX_ATTEMPTS => {
+                            let backoff = (1000i64 << row.attempts.clamp(0, 22)).min(MAX_BACKOFF_MS);
+                            self.store.outbox_failed(row.id, now_ms() + backoff, why).await?;
+                        }
+                        SinkError::Temporary(why) | SinkError::Permanent(why) => {
+                            self.give_up(row.id, why).await?
+                        }
+                    }
                 }
             }
         }
         Ok(n)
+    }
+
+    async fn give_up(&self, id: i64, why: &str) -> anyhow::Result<()> {
+        tracing::error!(id, error = %why, "outbox: message undeliverable, kept as a dead letter");
+        metrics::counter!("latchkey_outbox_dead_total").increment(1);
+        Ok(self.store.outbox_dead(id, now_ms(), why).await?)
     }
 }

@@ -1,6 +1,10 @@
-//! One-time codes (email verification, password reset). The rules about them
-//! live in `domain::codes`; this file only reads and writes rows, with
-//! conditional updates so that concurrent requests cannot both succeed.
+//! One-time codes (email verification, password reset), keyed by normalised
+//! email and purpose, whether or not an account has that email: a request
+//! for an unknown email stores a shadow code (a random hash that nothing
+//! matches, and no mail), so that the code endpoints run the same statements
+//! and answer the same way for every email. The rules about codes live in
+//! `domain::codes`; this file only reads and writes rows, with conditional
+//! updates so that concurrent requests cannot both succeed.
 
 use sqlx::Connection;
 
@@ -32,40 +36,45 @@ pub struct CodeRecord {
     pub consumed_at: Option<i64>,
 }
 
-/// A code to issue, with the sealed message that carries it.
+/// A code to issue, with the sealed message that carries it (`None`: a
+/// shadow code, which no mail carries).
 pub struct NewCode<'a> {
-    pub user_id: &'a str,
+    pub email: &'a str,
     pub purpose: Purpose,
     pub code_hash: &'a [u8],
     pub now: i64,
     pub expires_at: i64,
     /// No new code if the last one is younger than this.
     pub quiet_ms: i64,
-    pub message: &'a [u8],
+    pub message: Option<&'a [u8]>,
 }
 
-/// Insert or replace the code of (user, purpose); parameters
-/// `$1 user_id, $2 purpose, $3 code_hash, $4 now, $5 expires_at`.
-pub(super) const UPSERT_CODE: &str = "INSERT INTO one_time_codes \
-     (user_id, purpose, code_hash, created_at, expires_at, failed_attempts, consumed_at) \
-     VALUES ($1, $2, $3, $4, $5, 0, NULL) \
-     ON CONFLICT (user_id, purpose) DO UPDATE SET code_hash = excluded.code_hash, \
+/// Insert or replace the code of (email, purpose) with its pending
+/// credentials; parameters `$1 email, $2 purpose, $3 code_hash, $4 now,
+/// $5 expires_at, $6 pending hash, $7 pending name`.
+pub(super) const REPLACE_CODE: &str = "INSERT INTO codes \
+     (email, purpose, code_hash, created_at, expires_at, failed_attempts, consumed_at, \
+      pending_password_hash, pending_name) \
+     VALUES ($1, $2, $3, $4, $5, 0, NULL, $6, $7) \
+     ON CONFLICT (email, purpose) DO UPDATE SET code_hash = excluded.code_hash, \
      created_at = excluded.created_at, expires_at = excluded.expires_at, \
-     failed_attempts = 0, consumed_at = NULL";
+     failed_attempts = 0, consumed_at = NULL, \
+     pending_password_hash = excluded.pending_password_hash, pending_name = excluded.pending_name";
 
 /// Marks the code used, only if it is the same code, unused and not dead.
-const CONSUME_CODE: &str = "UPDATE one_time_codes SET consumed_at = $4 \
-     WHERE user_id = $1 AND purpose = $2 AND created_at = $3 AND consumed_at IS NULL \
+/// `$1 email, $2 purpose, $3 created_at, $4 now, $5 max failures`.
+const CONSUME_CODE: &str = "UPDATE codes SET consumed_at = $4 \
+     WHERE email = $1 AND purpose = $2 AND created_at = $3 AND consumed_at IS NULL \
      AND failed_attempts < $5 AND expires_at > $4";
 
 impl Store {
-    pub async fn code_for(&self, user_id: &str, purpose: Purpose) -> StoreResult<Option<CodeRecord>> {
+    pub async fn code_for(&self, email: &str, purpose: Purpose) -> StoreResult<Option<CodeRecord>> {
         type Row = (Vec<u8>, i64, i64, i32, Option<i64>);
         let row: Option<Row> = db_op!(self, "code_for", conn => Ok(sqlx::query_as(
             "SELECT code_hash, created_at, expires_at, failed_attempts, consumed_at \
-             FROM one_time_codes WHERE user_id = $1 AND purpose = $2",
+             FROM codes WHERE email = $1 AND purpose = $2",
         )
-        .bind(user_id)
+        .bind(email)
         .bind(purpose.as_str())
         .fetch_optional(&mut *conn)
         .await?))?;
@@ -78,12 +87,14 @@ impl Store {
         }))
     }
 
-    /// Issues a new code with its email unless one was issued less than
-    /// `quiet_ms` ago. The check and the write are one conditional statement,
-    /// so concurrent requests send one email. Returns whether it sent.
+    /// Issues a new code (with its email, unless it is a shadow) unless one
+    /// was issued less than `quiet_ms` ago. The check and the write are one
+    /// conditional statement, so concurrent requests send one email. Pending
+    /// credentials of the code replaced stay with the new one. Returns
+    /// whether a code was issued.
     pub async fn issue_code(&self, c: NewCode<'_>) -> StoreResult<bool> {
         let NewCode {
-            user_id,
+            email,
             purpose,
             code_hash,
             now,
@@ -91,17 +102,17 @@ impl Store {
             quiet_ms,
             message,
         } = c;
-        let sql = "INSERT INTO one_time_codes \
-             (user_id, purpose, code_hash, created_at, expires_at, failed_attempts, consumed_at) \
+        let sql = "INSERT INTO codes \
+             (email, purpose, code_hash, created_at, expires_at, failed_attempts, consumed_at) \
              VALUES ($1, $2, $3, $4, $5, 0, NULL) \
-             ON CONFLICT (user_id, purpose) DO UPDATE SET code_hash = excluded.code_hash, \
+             ON CONFLICT (email, purpose) DO UPDATE SET code_hash = excluded.code_hash, \
              created_at = excluded.created_at, expires_at = excluded.expires_at, \
              failed_attempts = 0, consumed_at = NULL \
-             WHERE one_time_codes.created_at <= $6";
+             WHERE codes.created_at <= $6";
         db_op!(self, "issue_code", conn => {
             let mut tx = conn.begin().await?;
             let n = sqlx::query(sql)
-                .bind(user_id)
+                .bind(email)
                 .bind(purpose.as_str())
                 .bind(code_hash)
                 .bind(now)
@@ -110,7 +121,7 @@ impl Store {
                 .execute(&mut *tx)
                 .await?
                 .rows_affected();
-            if n == 1 {
+            if let (1, Some(message)) = (n, message) {
                 sqlx::query(INSERT_OUTBOX).bind(message).bind(now).execute(&mut *tx).await?;
             }
             tx.commit().await?;
@@ -122,17 +133,17 @@ impl Store {
     /// still that code and below `max` failures. Returns whether it counted.
     pub async fn record_code_failure(
         &self,
-        user_id: &str,
+        email: &str,
         purpose: Purpose,
         created_at: i64,
         max: i32,
     ) -> StoreResult<bool> {
         let n = db_op!(self, "record_code_failure", conn => Ok(sqlx::query(
-            "UPDATE one_time_codes SET failed_attempts = failed_attempts + 1 \
-             WHERE user_id = $1 AND purpose = $2 AND created_at = $3 AND consumed_at IS NULL \
+            "UPDATE codes SET failed_attempts = failed_attempts + 1 \
+             WHERE email = $1 AND purpose = $2 AND created_at = $3 AND consumed_at IS NULL \
              AND failed_attempts < $4",
         )
-        .bind(user_id)
+        .bind(email)
         .bind(purpose.as_str())
         .bind(created_at)
         .bind(max)
@@ -142,11 +153,13 @@ impl Store {
         Ok(n == 1)
     }
 
-    /// Consumes the verification code, marks the email verified and starts a
-    /// session, in one transaction. `false` when the code was used concurrently.
+    /// Consumes the verification code, activates the credentials of the
+    /// registration it was issued for, marks the email verified and starts a
+    /// session, in one transaction. `false` when the code was used
+    /// concurrently or the account is already verified.
     pub async fn verify_email(
         &self,
-        user_id: &str,
+        email: &str,
         code_created_at: i64,
         max_failures: i32,
         session: &NewSession<'_>,
@@ -154,7 +167,7 @@ impl Store {
         db_op!(self, "verify_email", conn => {
             let mut tx = conn.begin().await?;
             let n = sqlx::query(CONSUME_CODE)
-                .bind(user_id)
+                .bind(email)
                 .bind(Purpose::VerifyEmail.as_str())
                 .bind(code_created_at)
                 .bind(session.now)
@@ -165,13 +178,24 @@ impl Store {
             if n != 1 {
                 return Ok(false);
             }
-            sqlx::query(
-                "UPDATE users SET email_verified_at = COALESCE(email_verified_at, $2), updated_at = $2 WHERE id = $1",
+            // The registration's own password and name; a code issued by a
+            // resend carries those of the registration before it.
+            let n = sqlx::query(
+                "UPDATE users SET \
+                 password_hash = COALESCE(c.pending_password_hash, users.password_hash), \
+                 name = CASE WHEN c.pending_password_hash IS NULL THEN users.name ELSE c.pending_name END, \
+                 email_verified_at = $2, updated_at = $2 \
+                 FROM codes c WHERE users.id = $1 AND users.email_verified_at IS NULL \
+                 AND c.email = users.email AND c.purpose = 'verify_email'",
             )
-            .bind(user_id)
+            .bind(session.user_id)
             .bind(session.now)
             .execute(&mut *tx)
-            .await?;
+            .await?
+            .rows_affected();
+            if n != 1 {
+                return Ok(false); // verified meanwhile (a reset): the code is void
+            }
             sqlx::query(INSERT_SESSION)
                 .bind(session.id)
                 .bind(session.user_id)
@@ -192,12 +216,13 @@ impl Store {
     }
 
     /// Consumes the reset code, sets the new password (the email counts as
-    /// verified: the code reached it) and revokes every session, in one
-    /// transaction. Returns the revoked session ids, or `None` when the code
-    /// was used concurrently.
+    /// verified: the code reached it, and any verification code left is
+    /// void), and revokes every session, in one transaction. Returns the
+    /// revoked session ids, or `None` when the code was used concurrently.
     pub async fn reset_password(
         &self,
         user_id: &str,
+        email: &str,
         code_created_at: i64,
         max_failures: i32,
         new_hash: &str,
@@ -206,7 +231,7 @@ impl Store {
         db_op!(self, "reset_password", conn => {
             let mut tx = conn.begin().await?;
             let n = sqlx::query(CONSUME_CODE)
-                .bind(user_id)
+                .bind(email)
                 .bind(Purpose::ResetPassword.as_str())
                 .bind(code_created_at)
                 .bind(now)
@@ -226,6 +251,14 @@ impl Store {
             .bind(now)
             .execute(&mut *tx)
             .await?;
+            sqlx::query(
+                "UPDATE codes SET consumed_at = $2 WHERE email = $1 AND purpose = 'verify_email' \
+                 AND consumed_at IS NULL",
+            )
+            .bind(email)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
             let ids: Vec<(String,)> = sqlx::query_as(REVOKE_USER_SESSIONS)
                 .bind(user_id)
                 .bind(now)
@@ -236,5 +269,14 @@ impl Store {
             tx.commit().await?;
             Ok(Some(ids.into_iter().map(|r| r.0).collect()))
         })
+    }
+
+    /// Drops codes (real and shadow alike) that expired before `before`.
+    pub async fn purge_codes(&self, before: i64) -> StoreResult<u64> {
+        db_op!(self, "purge_codes", conn => Ok(sqlx::query("DELETE FROM codes WHERE expires_at < $1")
+            .bind(before)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected()))
     }
 }

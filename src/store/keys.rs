@@ -73,4 +73,21 @@ impl Store {
                 .rows_affected())
         })
     }
+
+    /// The value stored under `name` in the installation table, after
+    /// storing `value` there if nothing was (the first instance decides).
+    pub async fn installation_value(&self, name: &str, value: &[u8]) -> StoreResult<Vec<u8>> {
+        db_op!(self, "installation_value", conn => {
+            sqlx::query("INSERT INTO installation (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING")
+                .bind(name)
+                .bind(value)
+                .execute(&mut *conn)
+                .await?;
+            let row: (Vec<u8>,) = sqlx::query_as("SELECT value FROM installation WHERE name = $1")
+                .bind(name)
+                .fetch_one(&mut *conn)
+                .await?;
+            Ok(row.0)
+        })
+    }
 }

@@ -117,12 +117,7 @@ impl Store {
                     .synchronous(SqliteSynchronous::Normal)
                     .foreign_keys(true)
                     .busy_timeout(Duration::from_secs(5));
-                if let Some(dir) = opts.get_filename().parent() {
-                    if !dir.as_os_str().is_empty() {
-                        std::fs::create_dir_all(dir)
-                            .with_context(|| format!("creating {}", dir.display()))?;
-                    }
-                }
+                secure_sqlite_files(opts.get_filename())?;
                 let pool = SqlitePoolOptions::new()
                     .max_connections(cfg.max_connections)
                     .min_connections(cfg.min_connections)
@@ -189,6 +184,55 @@ impl Store {
             Db::Postgres(p) => (p.size(), p.num_idle()),
         }
     }
+}
+
+/// The SQLite database holds password hashes and sealed keys: its directory
+/// is made (or narrowed to) 0700 and the database file 0600 before SQLite
+/// opens it; SQLite gives its `-wal` and `-shm` files the database file's
+/// mode, and files left by an older version are narrowed too.
+fn secure_sqlite_files(db: &std::path::Path) -> anyhow::Result<()> {
+    use anyhow::Context;
+    if db.as_os_str().is_empty() || db.to_string_lossy().starts_with(':') {
+        return Ok(()); // in memory
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+        let dir = db.parent().filter(|d| !d.as_os_str().is_empty());
+        if let Some(dir) = dir {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .with_context(|| format!("creating {}", dir.display()))?;
+            let mode = std::fs::metadata(dir)?.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                    .with_context(|| format!("making {} private (0700)", dir.display()))?;
+                tracing::info!(dir = %dir.display(), "data directory narrowed to 0700");
+            }
+        }
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(db)
+            .with_context(|| format!("creating {}", db.display()))?;
+        for suffix in ["", "-wal", "-shm", "-journal"] {
+            let f = std::path::PathBuf::from(format!("{}{suffix}", db.display()));
+            if let Ok(m) = std::fs::metadata(&f) {
+                if m.permissions().mode() & 0o077 != 0 {
+                    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600))
+                        .with_context(|| format!("making {} private (0600)", f.display()))?;
+                }
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    if let Some(dir) = db.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    Ok(())
 }
 
 /// Runs one operation of [`db_op!`] in its `db` span, timing it whole.

@@ -22,7 +22,7 @@ impl Store {
         let rows: Vec<(i64, Vec<u8>, i32)> = db_op!(self, "claim_outbox",
             sqlite conn => Ok(sqlx::query_as(
                 "UPDATE outbox SET claimed_until = $2, attempts = attempts + 1 WHERE id IN ( \
-                 SELECT id FROM outbox WHERE next_attempt_at <= $1 AND (claimed_until IS NULL OR claimed_until < $1) \
+                 SELECT id FROM outbox WHERE dead_at IS NULL AND next_attempt_at <= $1 AND (claimed_until IS NULL OR claimed_until < $1) \
                  ORDER BY id LIMIT $3) RETURNING id, payload, attempts",
             )
             .bind(now)
@@ -32,7 +32,7 @@ impl Store {
             .await?),
             postgres conn => Ok(sqlx::query_as(
                 "UPDATE outbox SET claimed_until = $2, attempts = attempts + 1 WHERE id IN ( \
-                 SELECT id FROM outbox WHERE next_attempt_at <= $1 AND (claimed_until IS NULL OR claimed_until < $1) \
+                 SELECT id FROM outbox WHERE dead_at IS NULL AND next_attempt_at <= $1 AND (claimed_until IS NULL OR claimed_until < $1) \
                  ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) RETURNING id, payload, attempts",
             )
             .bind(now)
@@ -75,6 +75,31 @@ impl Store {
         })
     }
 
+    /// Gives up on a message: it stays, sealed, as a dead letter (for an
+    /// operator to see in `last_error`) until [`Store::purge_dead_letters`].
+    pub async fn outbox_dead(&self, id: i64, now: i64, error: &str) -> StoreResult<()> {
+        db_op!(self, "outbox_dead", conn => {
+            sqlx::query("UPDATE outbox SET claimed_until = NULL, dead_at = $2, last_error = $3 WHERE id = $1")
+                .bind(id)
+                .bind(now)
+                .bind(error)
+                .execute(&mut *conn)
+                .await?;
+            Ok(())
+        })
+    }
+
+    /// Drops dead letters older than `before`.
+    pub async fn purge_dead_letters(&self, before: i64) -> StoreResult<u64> {
+        db_op!(self, "purge_dead_letters", conn => {
+            Ok(sqlx::query("DELETE FROM outbox WHERE dead_at < $1")
+                .bind(before)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected())
+        })
+    }
+
     /// Releases every claim (start-up of the single-process embedded backend).
     pub async fn release_outbox_claims(&self) -> StoreResult<u64> {
         db_op!(self, "release_outbox_claims", conn => {
@@ -85,12 +110,16 @@ impl Store {
         })
     }
 
-    /// Backlog size and the creation time of the oldest message.
-    pub async fn outbox_backlog(&self) -> StoreResult<(i64, Option<i64>)> {
+    /// Backlog size, the creation time of the oldest message waiting, and
+    /// the number of dead letters.
+    pub async fn outbox_backlog(&self) -> StoreResult<(i64, Option<i64>, i64)> {
         db_op!(self, "outbox_backlog", conn => {
-            Ok(sqlx::query_as("SELECT COUNT(*), MIN(created_at) FROM outbox")
-                .fetch_one(&mut *conn)
-                .await?)
+            Ok(sqlx::query_as(
+                "SELECT COUNT(*) FILTER (WHERE dead_at IS NULL), MIN(created_at) FILTER (WHERE dead_at IS NULL), \
+                 COUNT(*) FILTER (WHERE dead_at IS NOT NULL) FROM outbox",
+            )
+            .fetch_one(&mut *conn)
+            .await?)
         })
     }
 }

@@ -81,12 +81,16 @@ impl Store {
     }
 
     /// Creates the account with its verification code and email, or, when the
-    /// email is taken, sends a fresh code (unverified account) or a notice
-    /// (verified account) and changes nothing else. One transaction.
+    /// email is taken by an unverified account, gives it this registration's
+    /// credentials (on the account and, to be activated by verification, on
+    /// a new code that replaces the old one) with a fresh code, or, when the
+    /// email is verified, sends a notice and leaves a shadow code (so that
+    /// the code endpoints answer as for any email). One transaction.
     pub async fn register(
         &self,
         new: NewUser<'_>,
         verification: CodeMail<'_>,
+        shadow_code_hash: &[u8],
         notice: &[u8],
     ) -> StoreResult<RegisterOutcome> {
         db_op!(self, "register", conn => {
@@ -104,42 +108,66 @@ impl Store {
             .await?
             .rows_affected()
                 == 1;
-            let (user_id, verified) = if inserted {
-                (new.id.to_string(), false)
+            let verified = !inserted
+                && sqlx::query(
+                    "UPDATE users SET password_hash = $2, name = $3, updated_at = $4 \
+                     WHERE email = $1 AND email_verified_at IS NULL",
+                )
+                .bind(new.email)
+                .bind(new.password_hash)
+                .bind(new.name)
+                .bind(new.now)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+                    == 0;
+            let (code_hash, pending, message) = if verified {
+                (shadow_code_hash, None, notice)
             } else {
-                let row: (String, Option<i64>) =
-                    sqlx::query_as("SELECT id, email_verified_at FROM users WHERE email = $1")
-                        .bind(new.email)
-                        .fetch_one(&mut *tx)
-                        .await?;
-                (row.0, row.1.is_some())
+                (verification.code_hash, Some(new.password_hash), verification.message)
             };
-            let outcome = if verified {
-                sqlx::query(INSERT_OUTBOX).bind(notice).bind(new.now).execute(&mut *tx).await?;
-                RegisterOutcome::NoticeSent
-            } else {
-                sqlx::query(super::codes::UPSERT_CODE)
-                    .bind(&user_id)
-                    .bind(Purpose::VerifyEmail.as_str())
-                    .bind(verification.code_hash)
-                    .bind(new.now)
-                    .bind(verification.expires_at)
-                    .execute(&mut *tx)
-                    .await?;
-                sqlx::query(INSERT_OUTBOX)
-                    .bind(verification.message)
-                    .bind(new.now)
-                    .execute(&mut *tx)
-                    .await?;
-                if inserted {
-                    RegisterOutcome::Created
-                } else {
-                    RegisterOutcome::ResentCode
-                }
-            };
+            sqlx::query(super::codes::REPLACE_CODE)
+                .bind(new.email)
+                .bind(Purpose::VerifyEmail.as_str())
+                .bind(code_hash)
+                .bind(new.now)
+                .bind(verification.expires_at)
+                .bind(pending)
+                .bind(pending.and(new.name))
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(INSERT_OUTBOX).bind(message).bind(new.now).execute(&mut *tx).await?;
             tx.commit().await?;
-            Ok(outcome)
+            Ok(match (inserted, verified) {
+                (true, _) => RegisterOutcome::Created,
+                (false, false) => RegisterOutcome::ResentCode,
+                (false, true) => RegisterOutcome::NoticeSent,
+            })
         })
+    }
+
+    /// Deletes accounts never verified whose last registration is older than
+    /// `before` (their sessions and codes go with them).
+    pub async fn purge_unverified_users(&self, before: i64) -> StoreResult<u64> {
+        db_op!(self, "purge_unverified_users", conn => Ok(sqlx::query(
+            "DELETE FROM users WHERE email_verified_at IS NULL AND updated_at < $1",
+        )
+        .bind(before)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected()))
+    }
+
+    /// Emails of accounts changed at or after `since` (ms): the safety net
+    /// under the "user changed" events of the user caches.
+    pub async fn users_changed_since(&self, since: i64) -> StoreResult<Vec<String>> {
+        let rows: Vec<(String,)> = db_op!(self, "users_changed_since", conn => Ok(sqlx::query_as(
+            "SELECT email FROM users WHERE updated_at >= $1",
+        )
+        .bind(since)
+        .fetch_all(&mut *conn)
+        .await?))?;
+        Ok(rows.into_iter().map(|r| r.0).collect())
     }
 
     /// Replaces the hash only if it is still `old` (a concurrent change wins).

@@ -258,7 +258,7 @@ async fn expired_and_used_codes_are_refused(app: &TestApp) {
     app.register(&email, PASSWORD).await;
     let code = app.wait_for_code(&email, 1).await;
     // Age the code past its 10 minutes.
-    let sql = "UPDATE one_time_codes SET expires_at = expires_at - 600001";
+    let sql = "UPDATE codes SET expires_at = expires_at - 600001";
     match &app.services.store.db {
         latchkey::store::Db::Sqlite(p) => sqlx::query(sql).execute(p).await.map(|_| ()).unwrap(),
         latchkey::store::Db::Postgres(p) => sqlx::query(sql).execute(p).await.map(|_| ()).unwrap(),
@@ -284,7 +284,7 @@ async fn resend_sends_at_most_one_mail_per_minute(app: &TestApp) {
     // Pretend the last code was sent two minutes ago: the next resend sends.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(app.mails_to(&email).len(), 1, "resend within 60 s sent nothing");
-    let sql = "UPDATE one_time_codes SET created_at = created_at - 120000";
+    let sql = "UPDATE codes SET created_at = created_at - 120000";
     match &app.services.store.db {
         latchkey::store::Db::Sqlite(p) => sqlx::query(sql).execute(p).await.map(|_| ()).unwrap(),
         latchkey::store::Db::Postgres(p) => sqlx::query(sql).execute(p).await.map(|_| ()).unwrap(),

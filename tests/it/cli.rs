@@ -10,6 +10,7 @@ fn latchkey(dir: &std::path::Path) -> Command {
     c.current_dir(dir)
         .env("LATCHKEY_SECRET_KEY", SECRET_KEY)
         .env("LATCHKEY_LOG", "warn")
+        .env("LATCHKEY_ADMIN_LISTEN", "off")
         .env_remove("LATCHKEY_DATABASE_URL")
         .env_remove("LATCHKEY_REDIS_URL");
     c

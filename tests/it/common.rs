@@ -17,14 +17,19 @@ use tokio::task::JoinHandle;
 
 /// Runs the same test body on every backend: the embedded default and
 /// PostgreSQL + Redis.
+/// `on_every_backend!(settings = &[("key", "value")]; names...)` starts
+/// every instance with those settings on top of the test defaults.
 #[macro_export]
 macro_rules! on_every_backend {
     ($($name:ident),* $(,)?) => {
+        $crate::on_every_backend!(settings = &[]; $($name),*);
+    };
+    (settings = $settings:expr; $($name:ident),* $(,)?) => {
         mod embedded {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    let app = $crate::common::TestApp::embedded(&[]).await;
+                    let app = $crate::common::TestApp::embedded($settings).await;
                     super::$name(&app).await;
                     app.stop().await;
                 }
@@ -34,7 +39,7 @@ macro_rules! on_every_backend {
             $(
                 #[sqlx::test(migrations = false)]
                 async fn $name(_: sqlx::postgres::PgPoolOptions, opts: sqlx::postgres::PgConnectOptions) {
-                    let app = $crate::common::TestApp::postgres(opts, &[]).await;
+                    let app = $crate::common::TestApp::postgres(opts, $settings).await;
                     super::$name(&app).await;
                     app.stop().await;
                 }
@@ -47,6 +52,8 @@ pub const SECRET_KEY: &str = "dGVzdC1zZWNyZXQta2V5LW9mLXRoaXJ0eS10d28tYnl0ZXMhIQ
 
 pub struct TestApp {
     pub base: String,
+    /// The admin listener (`/metrics`).
+    pub admin_base: String,
     pub http: reqwest::Client,
     pub mail_dir: PathBuf,
     pub services: Arc<Services>,
@@ -100,6 +107,7 @@ impl TestApp {
         let mail_dir = tmp.path().join("mail");
         let mut settings: Vec<(String, String)> = vec![
             ("listen".into(), "127.0.0.1:0".into()),
+            ("admin_listen".into(), "127.0.0.1:0".into()),
             ("data_dir".into(), tmp.path().display().to_string()),
             ("mail".into(), format!("file:{}", mail_dir.display())),
             ("secret_key".into(), SECRET_KEY.into()),
@@ -129,6 +137,7 @@ impl TestApp {
         };
         let app = Application::build(config).await.expect("the application starts");
         let addr = app.local_addr();
+        let admin = app.admin_addr().expect("tests serve an admin listener");
         let services = app.services().clone();
         let (tx, rx) = oneshot::channel::<()>();
         let handle = tokio::spawn(async move {
@@ -140,6 +149,7 @@ impl TestApp {
         });
         TestApp {
             base: format!("http://{addr}"),
+            admin_base: format!("http://{admin}"),
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(30))
                 .build()
@@ -199,6 +209,18 @@ impl TestApp {
 
     pub async fn get(&self, path: &str) -> reqwest::Response {
         self.http.get(self.url(path)).send().await.unwrap()
+    }
+
+    /// The Prometheus text of this instance's admin listener.
+    pub async fn metrics(&self) -> String {
+        let r = self
+            .http
+            .get(format!("{}/metrics", self.admin_base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.text().await.unwrap()
     }
 
     pub async fn get_bearer(&self, path: &str, token: &str) -> reqwest::Response {

@@ -6,7 +6,8 @@ use crate::common::TestApp;
 
 const TABLES: &[&str] = &[
     "users",
-    "one_time_codes",
+    "codes",
+    "installation",
     "sessions",
     "refresh_tokens",
     "outbox",

@@ -297,7 +297,7 @@ async fn redis_failure_falls_back_as_configured_and_never_500s() {
             .await;
         assert_eq!(r.status(), 201, "register fails open while Redis is down");
     }
-    let metrics = app.get("/metrics").await.text().await.unwrap();
+    let metrics = app.metrics().await;
     assert!(
         metrics.contains("latchkey_ratelimit_fallback_total"),
         "fallbacks are counted"
@@ -360,7 +360,7 @@ async fn hot_keys_never_exceed_the_limit_and_lease_from_redis(app: &TestApp) {
         assert!(allowed >= N - N / 8, "{allowed} of {N}");
         // The metrics recorder is process-wide (both instances and every other
         // test in this binary); only this test leases on the validate policy.
-        let metrics = apps[0].get("/metrics").await.text().await.unwrap();
+        let metrics = apps[0].metrics().await;
         let leased = metrics
             .lines()
             .find(|l| l.starts_with("latchkey_ratelimit_leased_total{policy=\"validate\"}"))

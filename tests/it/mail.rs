@@ -13,15 +13,21 @@ use crate::common::{
 
 /// A real SMTP server (aiosmtpd) writing each message to `dir`.
 fn smtp_sink(dir: &Path, port: u16) -> SupportServer {
+    smtp_sink_with(dir, port, "plain")
+}
+
+/// The same with TLS: `mode` is `plain`, `starttls` (required) or
+/// `implicit`; with TLS its CA certificate is `dir/ca.pem`.
+pub(crate) fn smtp_sink_with(dir: &Path, port: u16, mode: &str) -> SupportServer {
     let port = port.to_string();
     SupportServer::start(
         "smtp_sink.py",
-        &[dir.as_os_str(), port.as_ref()],
-        "pip install aiosmtpd",
+        &[dir.as_os_str(), port.as_ref(), mode.as_ref()],
+        "pip install aiosmtpd cryptography",
     )
 }
 
-fn mails_in(dir: &Path, to: &str) -> Vec<String> {
+pub(crate) fn mails_in(dir: &Path, to: &str) -> Vec<String> {
     let mut out = Vec::new();
     if let Ok(rd) = std::fs::read_dir(dir) {
         let mut paths: Vec<_> = rd
@@ -40,7 +46,7 @@ fn mails_in(dir: &Path, to: &str) -> Vec<String> {
     out
 }
 
-async fn wait_mail(dir: &Path, to: &str, within: Duration) -> String {
+pub(crate) async fn wait_mail(dir: &Path, to: &str, within: Duration) -> String {
     let deadline = Instant::now() + within;
     loop {
         if let Some(m) = mails_in(dir, to).pop() {
@@ -56,7 +62,7 @@ async fn smtp_delivery_and_an_outage_that_loses_nothing() {
     let port = free_port();
     let inbox = tempfile::tempdir().unwrap();
     // The SMTP server is down when the mail is queued.
-    let app = TestApp::embedded(&[("mail", &format!("smtp://127.0.0.1:{port}"))]).await;
+    let app = TestApp::embedded(&[("mail", &format!("smtp://127.0.0.1:{port}?tls=none"))]).await;
     let email = unique_email("smtp");
     let r = app
         .post("/auth/register", json!({"email": email, "password": PASSWORD}))
@@ -73,7 +79,7 @@ async fn smtp_delivery_and_an_outage_that_loses_nothing() {
         .await;
     assert_eq!(r.status(), 200);
     // Delivered mail leaves the outbox.
-    let (backlog, _) = app.services.store.outbox_backlog().await.unwrap();
+    let (backlog, _, _) = app.services.store.outbox_backlog().await.unwrap();
     assert_eq!(backlog, 0);
     app.stop().await;
 }
@@ -88,6 +94,7 @@ impl Server {
             .arg("serve")
             .current_dir(dir)
             .env("LATCHKEY_LISTEN", format!("127.0.0.1:{port}"))
+            .env("LATCHKEY_ADMIN_LISTEN", "off")
             .env("LATCHKEY_MAIL", mail)
             .env("LATCHKEY_SECRET_KEY", SECRET_KEY)
             .env("LATCHKEY_LOG", "warn")
@@ -126,7 +133,7 @@ async fn sigkill_after_register_loses_neither_account_nor_mail() {
     let port = free_port();
     // Mail cannot go out yet (no SMTP server), so it waits in the outbox.
     let dead = free_port();
-    let mut server = Server::spawn(dir.path(), port, &format!("smtp://127.0.0.1:{dead}"));
+    let mut server = Server::spawn(dir.path(), port, &format!("smtp://127.0.0.1:{dead}?tls=none"));
     wait_ready(port).await;
     let email = unique_email("kill");
     let r = reqwest::Client::new()

@@ -2,6 +2,7 @@
 //! PostgreSQL + Redis. Run with `./scripts/test`, which provides the servers.
 
 mod accounts;
+mod attacks;
 mod cli;
 mod common;
 mod dump;

@@ -14,14 +14,14 @@ crate::on_every_backend!(
     revocation,
 );
 
-async fn client(app: &TestApp, id: &str) -> String {
+pub(crate) async fn client(app: &TestApp, id: &str) -> String {
     latchkey::domain::clients::add(&app.services.store, id, Some("test client"))
         .await
         .unwrap()
         .unwrap()
 }
 
-async fn form(
+pub(crate) async fn form(
     app: &TestApp,
     path: &str,
     auth: Option<(&str, &str)>,
@@ -34,7 +34,7 @@ async fn form(
     rb.send().await.unwrap()
 }
 
-async fn oauth_error(r: reqwest::Response) -> (u16, String) {
+pub(crate) async fn oauth_error(r: reqwest::Response) -> (u16, String) {
     let s = r.status().as_u16();
     let v: Value = r.json().await.unwrap();
     (s, v["error"].as_str().unwrap().to_string())
@@ -182,6 +182,8 @@ async fn introspection(app: &TestApp) {
     assert_eq!(v["active"], true);
     assert_eq!(v["email"], email.as_str());
     assert!(v["exp"].is_i64() && v["sub"].is_string() && v["sid"].is_string());
+    // A refresh token is introspected only by the client it was issued to
+    // (RFC 7662 §4): a first-party one by no client.
     let v: Value = form(
         app,
         "/oauth/introspect",
@@ -192,8 +194,37 @@ async fn introspection(app: &TestApp) {
     .json()
     .await
     .unwrap();
+    assert_eq!(v, json!({"active": false}));
+    let own: Value = form(
+        app,
+        "/oauth/token",
+        Some(("rs", &secret)),
+        &[
+            ("grant_type", "password"),
+            ("username", &email),
+            ("password", PASSWORD),
+        ],
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let v: Value = form(
+        app,
+        "/oauth/introspect",
+        Some(("rs", &secret)),
+        &[
+            ("token", own["refresh_token"].as_str().unwrap()),
+            ("token_type_hint", "refresh_token"),
+        ],
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
     assert_eq!(v["active"], true);
     assert_eq!(v["token_type"], "refresh_token");
+    assert_eq!(v["client_id"], "rs");
     let v: Value = form(
         app,
         "/oauth/introspect",
@@ -248,7 +279,7 @@ async fn revocation(app: &TestApp) {
         200
     );
     assert_eq!(app.validate(at).await, 401);
-    // Unknown tokens: 200 all the same; without client credentials too (API.md:
+    // Unknown tokens: 200 all the same; without client credentials too (docs/api.md:
     // "200 always"); wrong credentials: 401.
     assert_eq!(
         form(

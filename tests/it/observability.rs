@@ -56,7 +56,7 @@ async fn every_metric_on_the_dashboard_exists(app: &TestApp) {
     app.post("/auth/refresh", json!({"refresh_token": pair["refresh_token"]}))
         .await;
     app.get("/health/ready").await;
-    let text = app.get("/metrics").await.text().await.unwrap();
+    let text = app.metrics().await;
     let present = |name: &str| {
         text.lines()
             .any(|l| l.starts_with(name) && matches!(l.as_bytes().get(name.len()), Some(b' ') | Some(b'{')))
@@ -85,6 +85,7 @@ async fn no_password_code_or_token_reaches_a_log_line() {
         .arg("serve")
         .current_dir(dir.path())
         .env("LATCHKEY_LISTEN", format!("127.0.0.1:{port}"))
+        .env("LATCHKEY_ADMIN_LISTEN", "off")
         .env("LATCHKEY_MAIL", format!("file:{}", mail.display()))
         .env("LATCHKEY_SECRET_KEY", SECRET_KEY)
         .env("LATCHKEY_LOG", "debug")
@@ -244,6 +245,7 @@ impl OtlpSink {
 struct Served {
     child: std::process::Child,
     base: String,
+    admin: String,
     mail: std::path::PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -251,12 +253,13 @@ struct Served {
 impl Served {
     async fn start(env: &[(&str, String)]) -> Served {
         let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
+        let (port, admin) = (free_port(), free_port());
         let mail = dir.path().join("mail");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_latchkey"));
         cmd.arg("serve")
             .current_dir(dir.path())
             .env("LATCHKEY_LISTEN", format!("127.0.0.1:{port}"))
+            .env("LATCHKEY_ADMIN_LISTEN", format!("127.0.0.1:{admin}"))
             .env("LATCHKEY_MAIL", format!("file:{}", mail.display()))
             .env("LATCHKEY_SECRET_KEY", SECRET_KEY)
             .env("LATCHKEY_LOG", "warn")
@@ -270,6 +273,7 @@ impl Served {
         let served = Served {
             child,
             base: format!("http://127.0.0.1:{port}"),
+            admin: format!("http://127.0.0.1:{admin}"),
             mail,
             _dir: dir,
         };
@@ -513,7 +517,7 @@ async fn an_unreachable_collector_costs_requests_nothing() {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let text = http
-            .get(served.url("/metrics"))
+            .get(format!("{}/metrics", served.admin))
             .send()
             .await
             .unwrap()

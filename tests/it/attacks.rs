@@ -1,0 +1,803 @@
+//! The attack suite: every hole found by trying latchkey as an attacker
+//! would, reproduced as a test named after the attack. Each of these failed
+//! before its fix (docs/security.md says what each defence is).
+//!
+//! Every instance here trusts 127.0.0.1 as a proxy that writes
+//! `X-Forwarded-For`, so that a test can speak from many client addresses.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::common::{unique_email, TestApp, PASSWORD};
+use crate::oauth::{client, form, oauth_error};
+
+crate::on_every_backend!(
+    settings = &[("trusted_proxies", "127.0.0.1")];
+    pre_registration_does_not_take_over_the_account,
+    one_address_cannot_lock_the_owner_out,
+    distributed_guessing_is_capped_but_the_owner_keeps_their_usual_address,
+    code_endpoints_answer_unknown_emails_like_known_ones,
+    mass_code_guessing_from_one_address_is_stopped,
+    metrics_are_not_served_on_the_public_listener,
+    a_client_written_forwarded_header_does_not_pick_the_rate_limit_key,
+    ipv6_clients_share_a_limit_per_64,
+    an_oauth_clients_refresh_token_does_not_refresh_at_auth_refresh,
+    mailbox_syntax_and_invisible_characters_in_the_email_are_refused,
+    introspection_and_revocation_are_bound_to_the_calling_client,
+    cross_site_simple_requests_are_refused,
+    undeliverable_mail_becomes_a_dead_letter,
+    unverified_accounts_expire,
+    registering_again_does_not_raise_the_guess_budget,
+);
+
+/// A request as a proxy at 127.0.0.1 forwards it for `client`.
+async fn post_from(app: &TestApp, client: &str, path: &str, body: Value) -> reqwest::Response {
+    app.http
+        .post(app.url(path))
+        .header("x-forwarded-for", client)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn login_from(app: &TestApp, client: &str, email: &str, password: &str) -> (u16, String) {
+    let r = post_from(
+        app,
+        client,
+        "/auth/login",
+        json!({"email": email, "password": password}),
+    )
+    .await;
+    answer(r).await
+}
+
+/// Status and error code (empty on success).
+async fn answer(r: reqwest::Response) -> (u16, String) {
+    let status = r.status().as_u16();
+    let body: Value = r.json().await.unwrap_or(Value::Null);
+    (status, body["error"].as_str().unwrap_or("").to_string())
+}
+
+async fn sql(app: &TestApp, statement: &str) {
+    match &app.services.store.db {
+        latchkey::store::Db::Sqlite(p) => sqlx::query(statement).execute(p).await.map(|_| ()).unwrap(),
+        latchkey::store::Db::Postgres(p) => sqlx::query(statement).execute(p).await.map(|_| ()).unwrap(),
+    }
+}
+
+/// An attacker registers the victim's email first, with the attacker's
+/// password. When the victim registers and verifies, the victim's password
+/// must be the one that logs in, and the attacker's must not.
+async fn pre_registration_does_not_take_over_the_account(app: &TestApp) {
+    let email = unique_email("victim");
+    let attacker_pw = "attacker's own password";
+    let r = app
+        .post(
+            "/auth/register",
+            json!({"email": email, "password": attacker_pw, "name": "Mallory"}),
+        )
+        .await;
+    assert_eq!(r.status(), 201);
+    app.wait_for_mail(&email, 1).await; // lands in the victim's mailbox, unused
+    let r = app
+        .post(
+            "/auth/register",
+            json!({"email": email, "password": PASSWORD, "name": "Victim"}),
+        )
+        .await;
+    assert_eq!(r.status(), 201);
+    let code = app.wait_for_code(&email, 2).await;
+    let r = app
+        .post("/auth/verify-otp", json!({"email": email, "code": code}))
+        .await;
+    assert_eq!(r.status(), 200);
+    let pair: Value = r.json().await.unwrap();
+    assert_eq!(
+        app.login(&email, PASSWORD).await.status(),
+        200,
+        "the victim's password"
+    );
+    assert_eq!(
+        answer(app.login(&email, attacker_pw).await).await,
+        (401, "INVALID_CREDENTIALS".into()),
+        "the attacker's password must not log in"
+    );
+    let me: Value = app
+        .get_bearer("/auth/me", pair["access_token"].as_str().unwrap())
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(me["name"], "Victim");
+
+    // The other order: the first code (the victim's own registration)
+    // activates the victim's password even if the attacker tries the first
+    // code of theirs: codes are bound to their registration.
+    let email = unique_email("victim2");
+    app.register(&email, PASSWORD).await;
+    let first = app.wait_for_code(&email, 1).await;
+    let r = app
+        .post("/auth/verify-otp", json!({"email": email, "code": first}))
+        .await;
+    assert_eq!(r.status(), 200);
+    // Registering a verified email changes nothing.
+    let r = app
+        .post("/auth/register", json!({"email": email, "password": attacker_pw}))
+        .await;
+    assert_eq!(r.status(), 201);
+    assert_eq!(app.login(&email, PASSWORD).await.status(), 200);
+    assert_eq!(app.login(&email, attacker_pw).await.status(), 401);
+}
+
+/// Failed logins from one address delay and lock that address, not the
+/// account: the owner, elsewhere, logs in.
+async fn one_address_cannot_lock_the_owner_out(app: &TestApp) {
+    let email = unique_email("lockout");
+    app.register_verified(&email, PASSWORD).await;
+    let attacker = "198.51.100.66";
+    let mut refused = 0;
+    for _ in 0..25 {
+        let (status, _) = login_from(app, attacker, &email, "a wrong guess!").await;
+        refused += (status == 429) as u32;
+    }
+    assert!(
+        refused >= 15,
+        "the attacker's address is delayed ({refused} refused)"
+    );
+    // The attacker's address stays refused, even with the right password...
+    assert_eq!(
+        login_from(app, attacker, &email, PASSWORD).await,
+        (429, "TOO_MANY_ATTEMPTS".into())
+    );
+    // ...and the owner is not.
+    assert_eq!(login_from(app, "203.0.113.7", &email, PASSWORD).await.0, 200);
+}
+
+/// Guessing spread over many addresses meets the account-wide delay; the
+/// owner's usual address (a recent successful login) is not kept out.
+async fn distributed_guessing_is_capped_but_the_owner_keeps_their_usual_address(app: &TestApp) {
+    let app = app.twin_with(&[("brute_force_account_free_failures", "8")]).await;
+    let email = unique_email("distributed");
+    app.register_verified(&email, PASSWORD).await;
+    let home = "203.0.113.50";
+    assert_eq!(login_from(&app, home, &email, PASSWORD).await.0, 200);
+    for i in 0..12 {
+        let bot = format!("192.0.2.{}", i + 1);
+        login_from(&app, &bot, &email, "a wrong guess!").await;
+    }
+    // A fresh address meets the account-wide delay, right password or not.
+    let (status, code) = login_from(&app, "198.51.100.200", &email, PASSWORD).await;
+    assert_eq!((status, code.as_str()), (429, "TOO_MANY_ATTEMPTS"));
+    // The owner's usual address does not.
+    assert_eq!(login_from(&app, home, &email, PASSWORD).await.0, 200);
+    // An unknown email answers the same way under the same guessing.
+    let unknown = unique_email("nobody");
+    for i in 0..12 {
+        login_from(&app, &format!("192.0.2.{}", i + 100), &unknown, "a wrong guess!").await;
+    }
+    let (status, code) = login_from(&app, "198.51.100.201", &unknown, PASSWORD).await;
+    assert_eq!((status, code.as_str()), (429, "TOO_MANY_ATTEMPTS"));
+    app.stop().await;
+}
+
+/// Wrong codes for an unknown email end exactly as for a known one: the
+/// same statuses in the same order (401 five times, then 429).
+async fn code_endpoints_answer_unknown_emails_like_known_ones(app: &TestApp) {
+    async fn six_wrong(app: &TestApp, from: &str, path: &str, email: &str) -> Vec<(u16, String)> {
+        let mut out = Vec::new();
+        for _ in 0..6 {
+            let body = json!({"email": email, "code": "000000", "new_password": "a new password"});
+            out.push(answer(post_from(app, from, path, body).await).await);
+        }
+        out
+    }
+    // Verification: an unverified account against an unknown email, each
+    // after a resend (the path an attacker would take).
+    let known = unique_email("unverified");
+    app.register(&known, PASSWORD).await;
+    let unknown = unique_email("unknown");
+    for e in [&known, &unknown] {
+        post_from(app, "192.0.2.1", "/auth/resend-otp", json!({"email": e})).await;
+    }
+    let a = six_wrong(app, "192.0.2.10", "/auth/verify-otp", &known).await;
+    let b = six_wrong(app, "192.0.2.11", "/auth/verify-otp", &unknown).await;
+    assert_eq!(a, b, "verify-otp tells accounts apart");
+    assert_eq!(a[5], (429, "TOO_MANY_ATTEMPTS".into()));
+    // Reset: a verified account against an unknown email.
+    let known = unique_email("verified");
+    app.register_verified(&known, PASSWORD).await;
+    let unknown = unique_email("unknown");
+    for e in [&known, &unknown] {
+        let r = post_from(app, "192.0.2.2", "/auth/password-reset", json!({"email": e})).await;
+        assert_eq!(r.status(), 202);
+    }
+    let path = "/auth/password-reset/confirm";
+    let a = six_wrong(app, "192.0.2.12", path, &known).await;
+    let b = six_wrong(app, "192.0.2.13", path, &unknown).await;
+    assert_eq!(a, b, "password-reset/confirm tells accounts apart");
+    assert_eq!(a[5], (429, "TOO_MANY_ATTEMPTS".into()));
+    // And without any request before: alike too.
+    let a = six_wrong(app, "192.0.2.14", path, &unique_email("unrequested")).await;
+    let fresh = unique_email("fresh");
+    app.register_verified(&fresh, PASSWORD).await;
+    let b = six_wrong(app, "192.0.2.15", path, &fresh).await;
+    assert_eq!(a, b);
+}
+
+/// One address guessing codes across many accounts is stopped after a few
+/// dozen wrong codes, whatever the emails.
+async fn mass_code_guessing_from_one_address_is_stopped(app: &TestApp) {
+    let guesser = "198.51.100.77";
+    let mut statuses = Vec::new();
+    for i in 0..15 {
+        let email = format!("target{i}-{}", unique_email("mass"));
+        let r = post_from(
+            app,
+            guesser,
+            "/auth/verify-otp",
+            json!({"email": email, "code": "123456"}),
+        )
+        .await;
+        statuses.push(r.status().as_u16());
+    }
+    assert!(statuses[..10].iter().all(|&s| s == 401), "{statuses:?}");
+    assert!(statuses[10..].contains(&429), "{statuses:?}");
+    let r = post_from(
+        app,
+        guesser,
+        "/auth/verify-otp",
+        json!({"email": unique_email("more"), "code": "123456"}),
+    )
+    .await;
+    assert_eq!(r.status(), 429);
+    assert!(r.headers().contains_key("retry-after"));
+    // Another address is not affected.
+    let r = post_from(
+        app,
+        "198.51.100.78",
+        "/auth/verify-otp",
+        json!({"email": unique_email("other"), "code": "123456"}),
+    )
+    .await;
+    assert_eq!(r.status(), 401);
+}
+
+/// A wrong login for an existing email moved cache counters that an unknown
+/// email did not: the public listener must not serve them.
+async fn metrics_are_not_served_on_the_public_listener(app: &TestApp) {
+    let r = app.get("/metrics").await;
+    assert_eq!(r.status(), 404);
+    assert!(app.metrics().await.contains("latchkey_http_requests_total"));
+    let doc: Value = app.get("/openapi.json").await.json().await.unwrap();
+    assert!(doc["paths"]["/metrics"].is_null());
+}
+
+/// Behind a proxy that appends `X-Forwarded-For`, a client-written
+/// `Forwarded` header must not choose the rate-limit key.
+async fn a_client_written_forwarded_header_does_not_pick_the_rate_limit_key(app: &TestApp) {
+    let app = app.twin_with(&[("rate_limit_register_ip", "3/60")]).await;
+    let mut statuses = Vec::new();
+    for i in 0..6 {
+        let r = app
+            .http
+            .post(app.url("/auth/register"))
+            .header("forwarded", format!("for=10.9.8.{i}"))
+            .header("x-forwarded-for", format!("6.6.6.{i}, 203.0.113.99"))
+            .json(&json!({"email": unique_email("xff"), "password": PASSWORD}))
+            .send()
+            .await
+            .unwrap();
+        statuses.push(r.status().as_u16());
+    }
+    assert_eq!(statuses, [201, 201, 201, 429, 429, 429]);
+    app.stop().await;
+}
+
+/// One IPv6 host owns a /64 and can rotate through it: the limit holds per /64.
+async fn ipv6_clients_share_a_limit_per_64(app: &TestApp) {
+    let app = app.twin_with(&[("rate_limit_register_ip", "3/60")]).await;
+    let mut statuses = Vec::new();
+    for i in 1..=5 {
+        let r = post_from(
+            &app,
+            &format!("2001:db8:42:7::{i:x}"),
+            "/auth/register",
+            json!({"email": unique_email("v6"), "password": PASSWORD}),
+        )
+        .await;
+        statuses.push(r.status().as_u16());
+    }
+    assert_eq!(statuses, [201, 201, 201, 429, 429]);
+    // The next /64 is someone else.
+    let r = post_from(
+        &app,
+        "2001:db8:42:8::1",
+        "/auth/register",
+        json!({"email": unique_email("v6"), "password": PASSWORD}),
+    )
+    .await;
+    assert_eq!(r.status(), 201);
+    app.stop().await;
+}
+
+/// A confidential client's refresh token must not be usable without the
+/// client's secret.
+async fn an_oauth_clients_refresh_token_does_not_refresh_at_auth_refresh(app: &TestApp) {
+    let secret = client(app, "confidential").await;
+    let email = unique_email("oauthrt");
+    app.register_verified(&email, PASSWORD).await;
+    let pair: Value = form(
+        app,
+        "/oauth/token",
+        Some(("confidential", &secret)),
+        &[
+            ("grant_type", "password"),
+            ("username", &email),
+            ("password", PASSWORD),
+        ],
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let rt = pair["refresh_token"].as_str().unwrap();
+    let r = app.post("/auth/refresh", json!({"refresh_token": rt})).await;
+    assert_eq!(answer(r).await, (401, "INVALID_TOKEN".into()));
+    // With the client's authentication it refreshes.
+    let r = form(
+        app,
+        "/oauth/token",
+        Some(("confidential", &secret)),
+        &[("grant_type", "refresh_token"), ("refresh_token", rt)],
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    // The first-party id is no client's to take.
+    let taken = latchkey::domain::clients::add(&app.services.store, "latchkey", None).await;
+    assert!(taken.is_err());
+}
+
+/// `ceo<attacker@evil.example>` sent the code to the attacker; a zero-width
+/// space made one mailbox into many accounts.
+async fn mailbox_syntax_and_invisible_characters_in_the_email_are_refused(app: &TestApp) {
+    for email in [
+        "ceo<attacker@evil.example>",
+        "CEO <attacker@evil.example>",
+        "\"ceo@corp.example\"@evil.example",
+        "vic\u{200B}tim@example.com",
+        "victim@exam\u{200D}ple.com",
+        "\u{202E}victim@example.com",
+    ] {
+        let r = app
+            .post("/auth/register", json!({"email": email, "password": PASSWORD}))
+            .await;
+        let (status, code) = answer(r).await;
+        assert_eq!((status, code.as_str()), (400, "INVALID_REQUEST"), "{email:?}");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(app.mails_to("attacker@evil.example").is_empty());
+    let (backlog, _, _) = app.services.store.outbox_backlog().await.unwrap();
+    assert_eq!(backlog, 0, "nothing was queued");
+}
+
+/// One client must neither read another client's refresh token through
+/// introspection nor end that client's sessions.
+async fn introspection_and_revocation_are_bound_to_the_calling_client(app: &TestApp) {
+    let secret_a = client(app, "client-a").await;
+    let secret_b = client(app, "client-b").await;
+    let email = unique_email("bound");
+    app.register_verified(&email, PASSWORD).await;
+    let pair: Value = form(
+        app,
+        "/oauth/token",
+        Some(("client-a", &secret_a)),
+        &[
+            ("grant_type", "password"),
+            ("username", &email),
+            ("password", PASSWORD),
+        ],
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let rt = pair["refresh_token"].as_str().unwrap();
+    let at = pair["access_token"].as_str().unwrap();
+    let v: Value = form(
+        app,
+        "/oauth/introspect",
+        Some(("client-b", &secret_b)),
+        &[("token", rt)],
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(
+        v,
+        json!({"active": false}),
+        "client-b learns nothing of client-a's refresh token"
+    );
+    let v: Value = form(
+        app,
+        "/oauth/introspect",
+        Some(("client-a", &secret_a)),
+        &[("token", rt)],
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(v["active"], true);
+    // Revocation by another client, or by nobody, leaves the session alone.
+    for auth in [Some(("client-b", secret_b.as_str())), None] {
+        for token in [rt, at] {
+            let r = form(app, "/oauth/revoke", auth, &[("token", token)]).await;
+            assert_eq!(r.status(), 200);
+        }
+    }
+    assert_eq!(app.validate(at).await, 200, "client-a's session lives");
+    let r = form(
+        app,
+        "/oauth/token",
+        Some(("client-a", &secret_a)),
+        &[("grant_type", "refresh_token"), ("refresh_token", rt)],
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let next: Value = r.json().await.unwrap();
+    // Its own client ends it.
+    let r = form(
+        app,
+        "/oauth/revoke",
+        Some(("client-a", &secret_a)),
+        &[("token", next["refresh_token"].as_str().unwrap())],
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let r = form(
+        app,
+        "/oauth/token",
+        Some(("client-a", &secret_a)),
+        &[
+            ("grant_type", "refresh_token"),
+            ("refresh_token", next["refresh_token"].as_str().unwrap()),
+        ],
+    )
+    .await;
+    assert_eq!(oauth_error(r).await, (400, "invalid_grant".into()));
+}
+
+/// A web page can make a visitor's browser post `text/plain` anywhere
+/// without asking: such a body must not register, reset or log in.
+async fn cross_site_simple_requests_are_refused(app: &TestApp) {
+    let email = unique_email("csrf");
+    for (path, body) in [
+        ("/auth/register", json!({"email": email, "password": PASSWORD})),
+        ("/auth/password-reset", json!({"email": email})),
+        ("/auth/login", json!({"email": email, "password": PASSWORD})),
+    ] {
+        for ct in [
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data",
+        ] {
+            let r = app
+                .http
+                .post(app.url(path))
+                .header("content-type", ct)
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(
+                answer(r).await,
+                (415, "UNSUPPORTED_MEDIA_TYPE".into()),
+                "{path} {ct}"
+            );
+        }
+    }
+    let r = app
+        .http
+        .post(app.url("/auth/register"))
+        .header("content-type", "application/json; charset=utf-8")
+        .body(json!({"email": email, "password": PASSWORD}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "JSON with a charset is JSON");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(app.mails_to(&email).len(), 1, "only the JSON registration mailed");
+}
+
+/// A message that can never be delivered must not be retried forever:
+/// it becomes a dead letter, counted, then goes away.
+async fn undeliverable_mail_becomes_a_dead_letter(app: &TestApp) {
+    let before = dead_total(&app.metrics().await);
+    // A row nobody can open (sealed under another key).
+    sql(
+        app,
+        "INSERT INTO outbox (payload, created_at, next_attempt_at) VALUES ('garbage', 1, 1)",
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (backlog, _, dead) = app.services.store.outbox_backlog().await.unwrap();
+        if dead == 1 {
+            assert_eq!(backlog, 0, "a dead letter is not waiting for delivery");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no dead letter");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(dead_total(&app.metrics().await) >= before + 1.0);
+    // Not claimed again, and purged after its time.
+    let now = latchkey::store::now_ms();
+    assert!(app
+        .services
+        .store
+        .claim_outbox(now + 10_000_000, 1000, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(app.services.store.purge_dead_letters(now + 1).await.unwrap(), 1);
+}
+
+fn dead_total(metrics: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("latchkey_outbox_dead_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// An account registered by someone who never verifies it must not hold the
+/// email forever.
+async fn unverified_accounts_expire(app: &TestApp) {
+    let email = unique_email("abandoned");
+    app.register(&email, PASSWORD).await;
+    let verified = unique_email("kept");
+    app.register_verified(&verified, PASSWORD).await;
+    let ttl = app.services.config.unverified_account_ttl.as_millis() as i64;
+    assert_eq!(ttl, 7 * 86_400_000, "the default is a week");
+    // A week and a moment later (the housekeeping purge, called as it does).
+    let later = latchkey::store::now_ms() + ttl + 1;
+    let gone = app
+        .services
+        .store
+        .purge_unverified_users(later - ttl)
+        .await
+        .unwrap();
+    assert!(gone >= 1);
+    assert!(app.services.store.user_by_email(&email).await.unwrap().is_none());
+    assert!(app
+        .services
+        .store
+        .user_by_email(&verified)
+        .await
+        .unwrap()
+        .is_some());
+}
+
+/// Registering again issues a code bound to that registration (so it cannot
+/// keep the old one), but the guesses per email stay capped by the
+/// `verify_account` policy, whatever the number of registrations.
+async fn registering_again_does_not_raise_the_guess_budget(app: &TestApp) {
+    let app = app.twin_with(&[("rate_limit_verify_account", "8/600")]).await;
+    let email = unique_email("rereg");
+    let mut statuses = Vec::new();
+    for round in 0..3 {
+        app.register(&email, PASSWORD).await;
+        for i in 0..4 {
+            let from = format!("192.0.2.{}", 40 + round * 4 + i);
+            let r = post_from(
+                &app,
+                &from,
+                "/auth/verify-otp",
+                json!({"email": email, "code": "000000"}),
+            )
+            .await;
+            statuses.push(answer(r).await);
+        }
+    }
+    let limited = statuses
+        .iter()
+        .filter(|(s, c)| *s == 429 && c == "RATE_LIMITED")
+        .count();
+    assert_eq!(statuses.len() - limited, 8, "{statuses:?}");
+    // Even the right code waits for the window.
+    let code = app.wait_for_code(&email, 3).await;
+    let r = app
+        .post("/auth/verify-otp", json!({"email": email, "code": code}))
+        .await;
+    assert_eq!(answer(r).await, (429, "RATE_LIMITED".into()));
+    app.stop().await;
+}
+
+/// An instance started with another master secret on the same database
+/// would sign with a key nobody else accepts: it refuses to start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_with_another_secret_refuses_to_start() {
+    let app = TestApp::embedded(&[]).await;
+    let mut settings = app.settings.clone();
+    settings.push((
+        "secret_key".into(),
+        "YW5vdGhlci1zZWNyZXQta2V5LW9mLXRoaXJ0eS10d28tYnl0ZXM=".into(),
+    ));
+    let err = latchkey::app::Application::build(TestApp::config(&settings))
+        .await
+        .err()
+        .expect("another secret must not start");
+    let line = format!("{err:#}");
+    assert!(line.contains("LATCHKEY_SECRET_KEY"), "{line}");
+    // The same secret starts.
+    let twin = app.twin().await;
+    twin.stop().await;
+    app.stop().await;
+}
+
+/// The SQLite database holds password hashes: nobody else on the machine
+/// may read it or its write-ahead log, even in a directory made world
+/// readable before.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_files_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let outer = tempfile::tempdir().unwrap();
+    let dir = outer.path().join("data");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let db = format!("sqlite://{}", dir.join("latchkey.db").display());
+    let app = TestApp::embedded(&[("database_url", &db)]).await;
+    app.register(&unique_email("private"), PASSWORD).await;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&dir), 0o700, "the data directory");
+    for f in ["latchkey.db", "latchkey.db-wal", "latchkey.db-shm"] {
+        let p = dir.join(f);
+        if p.exists() {
+            assert_eq!(mode(&p), 0o600, "{f}");
+        } else {
+            assert_ne!(f, "latchkey.db");
+        }
+    }
+    app.stop().await;
+}
+
+/// Without Redis (two embedded instances on one database), a password
+/// changed on one instance reaches the other's user cache through the
+/// database within seconds: the old password stops working there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_change_reaches_other_instances_without_their_events() {
+    let a = TestApp::embedded(&[]).await;
+    let b = a.twin().await;
+    let email = unique_email("changed");
+    let pair = a.register_verified(&email, PASSWORD).await;
+    assert_eq!(b.login(&email, PASSWORD).await.status(), 200); // cached on b
+    let r = a
+        .http
+        .post(a.url("/auth/password"))
+        .bearer_auth(pair["access_token"].as_str().unwrap())
+        .json(&json!({"current_password": PASSWORD, "new_password": "a brand new password"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let status = b.login(&email, PASSWORD).await.status().as_u16();
+        if status == 401 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the old password still works on the other instance"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(b.login(&email, "a brand new password").await.status(), 200);
+    b.stop().await;
+    a.stop().await;
+}
+
+/// Mail goes over TLS: `smtps://` (TLS from the first byte) and `smtp://`
+/// (STARTTLS required, so a relay that does not offer it gets nothing in
+/// plain text).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mail_goes_over_tls_and_never_in_plain_text() {
+    use crate::mail::{smtp_sink_with, wait_mail};
+    for (mode, scheme) in [("implicit", "smtps"), ("starttls", "smtp")] {
+        let inbox = tempfile::tempdir().unwrap();
+        let port = crate::common::free_port();
+        let _relay = smtp_sink_with(inbox.path(), port, mode);
+        let ca = inbox.path().join("ca.pem").display().to_string();
+        let url = format!("{scheme}://127.0.0.1:{port}");
+        let app = TestApp::embedded(&[("mail", &url), ("mail_tls_ca_file", &ca)]).await;
+        let email = unique_email(mode);
+        app.register(&email, PASSWORD).await;
+        let body = wait_mail(inbox.path(), &email, Duration::from_secs(15)).await;
+        assert!(crate::common::code_in(&body).is_some(), "{mode}: {body}");
+        app.stop().await;
+    }
+    // A relay without TLS: smtp:// sends nothing (the mail stays queued).
+    let inbox = tempfile::tempdir().unwrap();
+    let port = crate::common::free_port();
+    let _relay = smtp_sink_with(inbox.path(), port, "plain");
+    let app = TestApp::embedded(&[("mail", &format!("smtp://127.0.0.1:{port}"))]).await;
+    let email = unique_email("plain");
+    app.register(&email, PASSWORD).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(crate::mail::mails_in(inbox.path(), &email).is_empty());
+    let (backlog, _, dead) = app.services.store.outbox_backlog().await.unwrap();
+    assert_eq!(backlog + dead, 1, "not sent, and not lost");
+    app.stop().await;
+}
+
+/// A recipient the relay refuses for good (550) becomes a dead letter at
+/// once, not a retry every hour forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bounced_address_is_not_retried_forever() {
+    use crate::mail::smtp_sink_with;
+    let inbox = tempfile::tempdir().unwrap();
+    let port = crate::common::free_port();
+    let _relay = smtp_sink_with(inbox.path(), port, "plain");
+    let url = format!("smtp://127.0.0.1:{port}?tls=none");
+    let app = TestApp::embedded(&[("mail", &url)]).await;
+    app.register("bounce@example.test", PASSWORD).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (backlog, _, dead) = app.services.store.outbox_backlog().await.unwrap();
+        if dead == 1 && backlog == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "backlog {backlog}, dead {dead}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    app.stop().await;
+}
+
+/// Resending a code costs an unknown email what it costs an unverified
+/// account (medians of 200 interleaved requests each): the time does not
+/// tell that the account exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resend_takes_as_long_for_unknown_emails_as_for_unverified_accounts() {
+    let app = TestApp::embedded(&[("rate_limit", "off")]).await;
+    const N: usize = 200;
+    let known: Vec<String> = (0..N).map(|i| unique_email(&format!("t{i}"))).collect();
+    for e in &known {
+        app.register(e, PASSWORD).await;
+    }
+    // Every code is older than the resend pause: each resend issues a code.
+    sql(&app, "UPDATE codes SET created_at = created_at - 120000").await;
+    let mut t_known = Vec::with_capacity(N);
+    let mut t_unknown = Vec::with_capacity(N);
+    for (i, e) in known.iter().enumerate() {
+        let unknown = unique_email(&format!("u{i}"));
+        let pair = [(e.as_str(), &mut t_known), (unknown.as_str(), &mut t_unknown)];
+        let pair = if i % 2 == 0 {
+            pair
+        } else {
+            let [a, b] = pair;
+            [b, a]
+        };
+        for (email, times) in pair {
+            let start = Instant::now();
+            let r = app.post("/auth/resend-otp", json!({"email": email})).await;
+            times.push(start.elapsed().as_secs_f64() * 1000.0);
+            assert_eq!(r.status(), 202);
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let (k, u) = (median(&mut t_known), median(&mut t_unknown));
+    eprintln!("resend medians: unverified account {k:.3} ms, unknown email {u:.3} ms");
+    let ratio = k.max(u) / k.min(u);
+    assert!(
+        ratio < 1.25,
+        "medians {k:.3} ms vs {u:.3} ms differ by {ratio:.2}x"
+    );
+    app.stop().await;
+}
