@@ -154,16 +154,17 @@ def main():
             ("redis", {"LATCHKEY_REDIS_URL": f"redis://127.0.0.1:{redis_port}", "LATCHKEY_RATE_LIMIT_VALIDATE": limit}),
             ("local", {"LATCHKEY_RATE_LIMIT_VALIDATE": limit}),
         ):
-            port = free_port()
-            env = {**common, **extra, "LATCHKEY_LISTEN": f"127.0.0.1:{port}"}
+            port, admin = free_port(), free_port()
+            env = {**common, **extra, "LATCHKEY_LISTEN": f"127.0.0.1:{port}",
+                   "LATCHKEY_ADMIN_LISTEN": f"127.0.0.1:{admin}"}
             log = open(os.path.join(raw, f"server-{name}.log"), "w")
             procs.append(subprocess.Popen([LATCHKEY, "serve"], env=env, stdout=log, stderr=subprocess.STDOUT))
             base = f"http://127.0.0.1:{port}"
             wait_http(f"{base}/health/live")
-            servers[name] = (base, procs[-1].pid)
+            servers[name] = (base, procs[-1].pid, f"http://127.0.0.1:{admin}")
         token = post(f"{servers['unlimited'][0]}/auth/login",
                      {"email": "user1@loadtest.latchkey", "password": "loadtest-password"})["access_token"]
-        for name, (base, _) in servers.items():
+        for name, (base, _, _) in servers.items():
             with urllib.request.urlopen(urllib.request.Request(
                     f"{base}/auth/validate", headers={"Authorization": f"Bearer {token}"}), timeout=5) as r:
                 assert r.status == 200, (name, r.status)
@@ -171,14 +172,14 @@ def main():
         results = {}
         for rnd in range(1, args.rounds + 1):
             for n in clients:
-                for name, (base, pid) in servers.items():
+                for name, (base, pid, admin) in servers.items():
                     c0, r0 = cpu_seconds(pid), cpu_seconds(redis_pid)
-                    calls0 = metric(base, 'latchkey_redis_command_seconds_count{op="ratelimit"}')
+                    calls0 = metric(admin, 'latchkey_redis_command_seconds_count{op="ratelimit"}')
                     w = wrk(f"{base}/auth/validate", token, n, args.conns, args.secs, raw, f"{name}-n{n}-r{rnd}")
                     req = max(w["requests"], 1)
                     w["cpu_us"] = (cpu_seconds(pid) - c0) * 1e6 / req
                     w["redis_us"] = (cpu_seconds(redis_pid) - r0) * 1e6 / req
-                    w["redis_calls_per_req"] = (metric(base, 'latchkey_redis_command_seconds_count{op="ratelimit"}')
+                    w["redis_calls_per_req"] = (metric(admin, 'latchkey_redis_command_seconds_count{op="ratelimit"}')
                                                 - calls0) / req
                     results.setdefault((name, n), []).append(w)
                     say(f"round {rnd}, {n} clients, {name}: {w['rps']:,.0f} req/s, "

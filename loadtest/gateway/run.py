@@ -525,6 +525,7 @@ def main():
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("LATCHKEY_")},
             "LATCHKEY_LISTEN": f"127.0.0.1:{svc_port}",
+            "LATCHKEY_ADMIN_LISTEN": "off",
             "LATCHKEY_DATA_DIR": os.path.join(tmp, "data"),
             "LATCHKEY_SECRET_KEY": base64.b64encode(secrets.token_bytes(32)).decode(),
             "LATCHKEY_SIGNING_ALGORITHM": "ES256",
