@@ -9,50 +9,71 @@ use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
 use super::extract::{Bearer, ClientIp, JsonBody};
+use super::schema;
 use super::AppState;
 use crate::domain::accounts::{Profile, TokenPair};
 use crate::domain::input::{parse_name, parse_opaque, Code, Email, FieldError, Password};
 
 #[derive(Deserialize, ToSchema)]
 pub struct RegisterRequest {
+    #[schema(schema_with = schema::email)]
     email: String,
+    #[schema(schema_with = schema::password)]
     password: String,
     #[serde(default)]
+    #[schema(schema_with = schema::name)]
     name: Option<String>,
 }
 
 #[derive(Deserialize, ToSchema)]
 pub struct VerifyRequest {
+    #[schema(schema_with = schema::email)]
     email: String,
+    #[schema(schema_with = schema::code)]
     code: String,
 }
 
 #[derive(Deserialize, ToSchema)]
 pub struct EmailRequest {
+    #[schema(schema_with = schema::email)]
     email: String,
 }
 
 #[derive(Deserialize, ToSchema)]
 pub struct LoginRequest {
+    #[schema(schema_with = schema::email)]
     email: String,
+    #[schema(schema_with = schema::password)]
     password: String,
 }
 
 #[derive(Deserialize, ToSchema)]
 pub struct RefreshRequest {
+    #[schema(schema_with = schema::refresh_token)]
+    refresh_token: String,
+}
+
+#[derive(Deserialize, ToSchema)]
+pub struct LogoutRequest {
+    #[schema(schema_with = schema::any_token)]
     refresh_token: String,
 }
 
 #[derive(Deserialize, ToSchema)]
 pub struct PasswordChangeRequest {
+    #[schema(schema_with = schema::current_password)]
     current_password: String,
+    #[schema(schema_with = schema::password)]
     new_password: String,
 }
 
 #[derive(Deserialize, ToSchema)]
 pub struct PasswordResetConfirmRequest {
+    #[schema(schema_with = schema::email)]
     email: String,
+    #[schema(schema_with = schema::code)]
     code: String,
+    #[schema(schema_with = schema::password)]
     new_password: String,
 }
 
@@ -160,11 +181,11 @@ pub async fn refresh(
     Ok(token_response(st.accounts.refresh(&token, None).await?))
 }
 
-#[utoipa::path(post, path = "/auth/logout", tag = "accounts", request_body = RefreshRequest,
+#[utoipa::path(post, path = "/auth/logout", tag = "accounts", request_body = LogoutRequest,
     responses((status = 204, description = "Session revoked (also for an unknown token)"), (status = 400, body = ErrorBody)))]
 pub async fn logout(
     State(st): State<AppState>,
-    JsonBody(req): JsonBody<RefreshRequest>,
+    JsonBody(req): JsonBody<LogoutRequest>,
 ) -> Result<StatusCode, ApiError> {
     if req.refresh_token.is_empty() {
         return Err(FieldError::new("refresh_token", "must not be empty").into());

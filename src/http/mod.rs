@@ -6,6 +6,7 @@ pub mod extract;
 pub mod middleware;
 pub mod oauth;
 pub mod ops;
+pub mod schema;
 pub mod tokens;
 
 use std::sync::Arc;
@@ -30,9 +31,56 @@ pub type AppState = Arc<Services>;
         accounts::password_reset_confirm, tokens::validate, tokens::jwks, tokens::discovery,
         oauth::token, oauth::introspect, oauth::revoke, ops::live, ops::ready, ops::openapi,
     ),
-    modifiers(&BearerAuth)
+    modifiers(&BearerAuth, &CommonResponses)
 )]
 pub struct ApiDoc;
+
+/// The answers every operation may give whatever its handler does, added
+/// to each so that the document lists every status a client can meet:
+/// `503` (overloaded, or past the request deadline), `400`/`413`/`415` for a
+/// body (malformed, too large, not JSON), `429` on the rate-limited
+/// `/auth` and `/oauth` routes.
+struct CommonResponses;
+
+impl Modify for CommonResponses {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::response::Response;
+        for (path, item) in doc.paths.paths.iter_mut() {
+            for op in [&mut item.get, &mut item.post].into_iter().flatten() {
+                let body = op
+                    .request_body
+                    .as_ref()
+                    .map(|b| b.content.contains_key("application/json"));
+                let mut add = |status: &str, text: &str| {
+                    op.responses
+                        .responses
+                        .entry(status.to_string())
+                        .or_insert_with(|| Response::new(text).into());
+                };
+                add(
+                    "503",
+                    "OVERLOADED (with Retry-After), or the request deadline passed",
+                );
+                if let Some(json) = body {
+                    add(
+                        "400",
+                        "INVALID_REQUEST: malformed body, or a field outside its schema",
+                    );
+                    add("413", "PAYLOAD_TOO_LARGE");
+                    if json {
+                        add(
+                            "415",
+                            "UNSUPPORTED_MEDIA_TYPE: the body is not sent as application/json",
+                        );
+                    }
+                }
+                if path.starts_with("/auth/") || path.starts_with("/oauth/") {
+                    add("429", "RATE_LIMITED or TOO_MANY_ATTEMPTS, with Retry-After");
+                }
+            }
+        }
+    }
+}
 
 struct BearerAuth;
 
@@ -47,6 +95,21 @@ impl Modify for BearerAuth {
                     .bearer_format("JWT")
                     .build(),
             ),
+        );
+        // OAuth client authentication (RFC 6749 §2.3.1); the body parameters
+        // client_id and client_secret are accepted too.
+        components.add_security_scheme(
+            "client_basic",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Basic).build()),
+        );
+        // Where OAuth clients get tokens (password grant).
+        use utoipa::openapi::security::{Flow, OAuth2, Password, Scopes};
+        components.add_security_scheme(
+            "oauth2",
+            SecurityScheme::OAuth2(OAuth2::new([Flow::Password(Password::new(
+                "/oauth/token",
+                Scopes::new(),
+            ))])),
         );
     }
 }

@@ -10,9 +10,11 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine;
+use utoipa::ToSchema;
 
 use super::accounts::token_response;
 use super::extract::ClientIp;
+use super::schema;
 use super::AppState;
 use crate::crypto::sha256;
 use crate::domain::accounts::FIRST_PARTY_CLIENT;
@@ -117,6 +119,18 @@ impl IntoResponse for OAuthError {
 
 type Form = HashMap<String, String>;
 
+/// The parameters these endpoints read.
+const KNOWN_PARAMETERS: [&str; 8] = [
+    "grant_type",
+    "username",
+    "password",
+    "refresh_token",
+    "token",
+    "token_type_hint",
+    "client_id",
+    "client_secret",
+];
+
 fn parse_form(headers: &HeaderMap, body: &[u8]) -> Result<Form, OAuthError> {
     let ct = headers
         .get(header::CONTENT_TYPE)
@@ -132,10 +146,16 @@ fn parse_form(headers: &HeaderMap, body: &[u8]) -> Result<Form, OAuthError> {
     }
     let mut form = Form::new();
     for (k, v) in url::form_urlencoded::parse(body) {
-        // RFC 6749 §3.2: parameters must not be repeated.
-        if form.insert(k.to_string(), v.to_string()).is_some() {
-            return Err(OAuthError::invalid_request(format!("{k}: repeated parameter")));
+        // RFC 6749 §3.2: parameters must not be repeated; unknown ones
+        // are ignored (the first stays).
+        let known = KNOWN_PARAMETERS.contains(&k.as_ref());
+        if form.contains_key(k.as_ref()) {
+            if known {
+                return Err(OAuthError::invalid_request(format!("{k}: repeated parameter")));
+            }
+            continue;
         }
+        form.insert(k.to_string(), v.to_string());
     }
     Ok(form)
 }
@@ -204,8 +224,70 @@ async fn authenticate_client(
     Ok(clients::authenticate(&st.store, &id, &secret).await?)
 }
 
-#[utoipa::path(post, path = "/oauth/token", tag = "oauth",
-    request_body(content_type = "application/x-www-form-urlencoded", description = "grant_type=password (username, password) or grant_type=refresh_token (refresh_token), with client_id/client_secret or HTTP Basic"),
+/// `grant_type=password` (RFC 6749 §4.3).
+#[derive(serde::Deserialize, ToSchema)]
+#[allow(dead_code)] // the document's shape; the handler reads the form itself
+pub struct PasswordGrant {
+    #[schema(schema_with = grant_password)]
+    grant_type: String,
+    #[schema(schema_with = schema::email)]
+    username: String,
+    #[schema(schema_with = schema::password)]
+    password: String,
+    /// With `client_secret`, instead of HTTP Basic.
+    client_id: Option<String>,
+    client_secret: Option<String>,
+}
+
+/// `grant_type=refresh_token` (RFC 6749 §6).
+#[derive(serde::Deserialize, ToSchema)]
+#[allow(dead_code)]
+pub struct RefreshGrant {
+    #[schema(schema_with = grant_refresh)]
+    grant_type: String,
+    #[schema(schema_with = schema::refresh_token)]
+    refresh_token: String,
+    client_id: Option<String>,
+    client_secret: Option<String>,
+}
+
+#[derive(serde::Deserialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum TokenRequest {
+    Password(PasswordGrant),
+    Refresh(RefreshGrant),
+}
+
+/// An introspection or revocation request (RFC 7662 §2.1, RFC 7009 §2.1).
+#[derive(serde::Deserialize, ToSchema)]
+#[allow(dead_code)]
+pub struct TokenQuery {
+    #[schema(min_length = 1)]
+    token: String,
+    /// `access_token` or `refresh_token`: where to look first.
+    token_type_hint: Option<String>,
+    client_id: Option<String>,
+    client_secret: Option<String>,
+}
+
+fn one_value(v: &str) -> utoipa::openapi::schema::Object {
+    utoipa::openapi::schema::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .enum_values(Some([v]))
+        .build()
+}
+
+fn grant_password() -> utoipa::openapi::schema::Object {
+    one_value("password")
+}
+
+fn grant_refresh() -> utoipa::openapi::schema::Object {
+    one_value("refresh_token")
+}
+
+#[utoipa::path(post, path = "/oauth/token", tag = "oauth", security(("client_basic" = [])),
+    request_body(content = TokenRequest, content_type = "application/x-www-form-urlencoded", description = "With client_id/client_secret or HTTP Basic"),
     responses((status = 200, body = crate::domain::accounts::TokenPair), (status = 400, description = "RFC 6749 error: invalid_request, invalid_grant, unsupported_grant_type"),
               (status = 401, description = "invalid_client"), (status = 429, description = "slow_down"), (status = 503, description = "temporarily_unavailable")))]
 pub async fn token(
@@ -252,9 +334,10 @@ async fn token_inner(
     Ok(token_response(pair))
 }
 
-#[utoipa::path(post, path = "/oauth/introspect", tag = "oauth",
-    request_body(content_type = "application/x-www-form-urlencoded", description = "token, token_type_hint?, with client authentication"),
-    responses((status = 200, description = "{\"active\":true, ...claims} or {\"active\":false}"), (status = 401, description = "invalid_client")))]
+#[utoipa::path(post, path = "/oauth/introspect", tag = "oauth", security(("client_basic" = [])),
+    request_body(content = TokenQuery, content_type = "application/x-www-form-urlencoded", description = "With client authentication"),
+    responses((status = 200, description = "{\"active\":true, ...claims} or {\"active\":false}"), (status = 400, description = "invalid_request"),
+              (status = 401, description = "invalid_client")))]
 pub async fn introspect(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     let result = async {
         let form = parse_form(&headers, &body)?;
@@ -313,9 +396,10 @@ pub async fn introspect(State(st): State<AppState>, headers: HeaderMap, body: By
     result.unwrap_or_else(IntoResponse::into_response)
 }
 
-#[utoipa::path(post, path = "/oauth/revoke", tag = "oauth",
-    request_body(content_type = "application/x-www-form-urlencoded", description = "token, token_type_hint?, with client authentication"),
-    responses((status = 200, description = "Revoked, or nothing to revoke"), (status = 401, description = "invalid_client")))]
+#[utoipa::path(post, path = "/oauth/revoke", tag = "oauth", security((), ("client_basic" = [])),
+    request_body(content = TokenQuery, content_type = "application/x-www-form-urlencoded", description = "Client authentication is optional: without it, only first-party tokens are revoked"),
+    responses((status = 200, description = "Revoked, or nothing to revoke"), (status = 400, description = "invalid_request"),
+              (status = 401, description = "invalid_client")))]
 pub async fn revoke(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     let result = async {
         let form = parse_form(&headers, &body)?;

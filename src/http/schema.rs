@@ -1,0 +1,66 @@
+//! The OpenAPI schemas of the request fields, built from the same patterns
+//! and bounds that `domain::input` enforces, so that the document says
+//! exactly which values are accepted (the API fuzzing in `scripts/fuzz-api`
+//! holds the two to each other).
+
+use utoipa::openapi::schema::{Object, ObjectBuilder, SchemaType, Type};
+
+use crate::domain::input::{CODE_PATTERN, EMAIL_PATTERN, NAME_PATTERN, OPAQUE_PATTERN};
+
+fn string(min: Option<usize>, max: Option<usize>, pattern: Option<&str>, description: &str) -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .min_length(min)
+        .max_length(max)
+        .pattern(pattern)
+        .description(Some(description))
+        .build()
+}
+
+pub fn email() -> Object {
+    string(
+        Some(3),
+        Some(254),
+        Some(EMAIL_PATTERN),
+        "A plain ASCII address (dot-atom @ host name), trimmed and lower-cased before use",
+    )
+}
+
+pub fn password() -> Object {
+    string(
+        Some(8),
+        Some(128),
+        None,
+        "8 to 128 characters (Unicode scalar values)",
+    )
+}
+
+/// A password checked against the stored one: anything else is a wrong one.
+pub fn current_password() -> Object {
+    string(Some(1), Some(1024), None, "The current password")
+}
+
+pub fn code() -> Object {
+    string(None, None, Some(CODE_PATTERN), "The 6-digit code from the email")
+}
+
+pub fn name() -> Object {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
+        .max_length(Some(200))
+        .pattern(Some(NAME_PATTERN))
+        .description(Some(
+            "A display name, at most 200 characters, no control characters",
+        ))
+        .build()
+}
+
+pub fn refresh_token() -> Object {
+    string(None, None, Some(OPAQUE_PATTERN), "A refresh token as issued")
+}
+
+/// Logout takes any non-empty string: a token that cannot be ours has
+/// nothing to revoke, and answers the same.
+pub fn any_token() -> Object {
+    string(Some(1), None, None, "A refresh token")
+}
