@@ -36,8 +36,8 @@ impl Message {
             to: to.to_string(),
             subject: "Your verification code".into(),
             body: format!(
-                "Your verification code is:\n\n{code}\n\nIt is valid for 10 minutes. \
-                 If you did not create an account, ignore this email.\n"
+                "Your verification code is:\n\n{code}\n\nIt is valid for 10 minutes and replaces \
+                 any code sent before. If you did not create an account, ignore this email.\n"
             ),
         }
     }
