@@ -801,3 +801,29 @@ async fn resend_takes_as_long_for_unknown_emails_as_for_unverified_accounts() {
     );
     app.stop().await;
 }
+
+/// Tokens are verified with the public keys in the database whatever the
+/// master secret: an instance that cannot unseal a key (a database from
+/// before the secret check, started with another secret) still accepts the
+/// tokens that key signed, instead of splitting the deployment in two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_of_a_key_sealed_under_another_secret_still_verify() {
+    let a = TestApp::embedded(&[]).await;
+    let pair = a.register_verified(&unique_email("sealed"), PASSWORD).await;
+    let token = pair["access_token"].as_str().unwrap();
+    // As a database initialised before the check value existed.
+    sql(&a, "DELETE FROM installation").await;
+    let b = a
+        .twin_with(&[(
+            "secret_key",
+            "YW5vdGhlci1zZWNyZXQta2V5LW9mLXRoaXJ0eS10d28tYnl0ZXM=",
+        )])
+        .await;
+    assert_eq!(
+        b.validate(token).await,
+        200,
+        "verified with the stored public key"
+    );
+    b.stop().await;
+    a.stop().await;
+}
