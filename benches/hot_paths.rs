@@ -30,6 +30,7 @@ fn runtime() -> tokio::runtime::Runtime {
 async fn tokens(alg: SigningAlgorithm) -> Tokens {
     let store = Store::connect(&DatabaseConfig {
         url: DatabaseUrl::Sqlite("sqlite::memory:".into()),
+        own_dir: std::env::temp_dir(),
         max_connections: 1,
         min_connections: 1,
         acquire_timeout: Duration::from_secs(5),

@@ -62,16 +62,7 @@ impl Services {
             signing_keys,
             secret_check,
         } = ServerKeys::derive(&master);
-        let stored = store
-            .installation_value("secret_check", &secret_check)
-            .await
-            .context("reading the master secret's check value")?;
-        if !crate::crypto::ct_eq(&stored, &secret_check) {
-            anyhow::bail!(
-                "LATCHKEY_SECRET_KEY: this database was initialised under another master secret; \
-                 every instance must use the same LATCHKEY_SECRET_KEY (or the same <data_dir>/secret.key)"
-            );
-        }
+        check_master_secret(&store, &secret_check, &signing_keys).await?;
         let users = Arc::new(UserCache::new(100_000, Duration::from_secs(60)));
         let retention = config.access_token_ttl + Duration::from_secs(LEEWAY_SECS as u64);
         let revocations = Arc::new(Revocations::new(redis.clone(), users.clone(), retention));
@@ -143,6 +134,41 @@ impl Services {
             mail_wake,
         }))
     }
+}
+
+/// Refuses to run under another master secret than the database was
+/// initialised with: the check value stored by the first instance must match.
+/// A database from before the check value existed gets it now, unless its
+/// signing keys show it was initialised under another secret (none unseals
+/// here): the first instance to start must not decide for the others.
+async fn check_master_secret(
+    store: &Store,
+    check: &[u8; 32],
+    sealer: &crate::crypto::Sealer,
+) -> anyhow::Result<()> {
+    let mismatch = || {
+        anyhow::anyhow!(
+            "LATCHKEY_SECRET_KEY: this database was initialised under another master secret; \
+             every instance must use the same LATCHKEY_SECRET_KEY (or the same <data_dir>/secret.key)"
+        )
+    };
+    let stored = match store.installation_get("secret_check").await? {
+        Some(v) => v,
+        None => {
+            let keys = store.signing_keys().await?;
+            if !keys.is_empty() && !keys.iter().any(|k| crate::domain::tokens::can_unseal(k, sealer)) {
+                return Err(mismatch());
+            }
+            store
+                .installation_value("secret_check", check)
+                .await
+                .context("storing the master secret's check value")?
+        }
+    };
+    if !crate::crypto::ct_eq(&stored, check) {
+        return Err(mismatch());
+    }
+    Ok(())
 }
 
 /// Bound listeners (the public one, and the operators' one for `/metrics`)

@@ -57,6 +57,9 @@ pub enum DatabaseUrl {
 #[derive(Clone, Debug)]
 pub struct DatabaseConfig {
     pub url: DatabaseUrl,
+    /// The service's own directory (`data_dir`): made private (0700) when
+    /// the SQLite file lives in it. Another directory is only warned about.
+    pub own_dir: PathBuf,
     pub max_connections: u32,
     pub min_connections: u32,
     pub acquire_timeout: Duration,
@@ -515,6 +518,7 @@ impl Config {
         let is_sqlite = matches!(url, DatabaseUrl::Sqlite(_));
         let database = DatabaseConfig {
             url,
+            own_dir: data_dir.clone(),
             // SQLite has one writer: one connection avoids SQLITE_BUSY retries.
             max_connections: src.get(
                 "database_max_connections",

@@ -14,6 +14,7 @@ CREATE TABLE codes (
     consumed_at           INTEGER,
     pending_password_hash TEXT,               -- verify_email: the registration's argon2id hash
     pending_name          TEXT,               -- verify_email: the registration's name
+    contested             INTEGER NOT NULL DEFAULT 0, -- verify_email: another registration's code was still live
     PRIMARY KEY (email, purpose)
 );
 CREATE INDEX codes_expires_at ON codes (expires_at);

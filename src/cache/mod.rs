@@ -6,7 +6,7 @@ mod revocations;
 mod users;
 
 pub use self::redis::{RedisFailure, RedisHandle};
-pub use revocations::Revocations;
+pub use revocations::{PolledRevocations, Revocations};
 pub use users::UserCache;
 
 use quick_cache::{sync::Cache, DefaultHashBuilder, Lifecycle, UnitWeighter};

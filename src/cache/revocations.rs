@@ -15,8 +15,14 @@
 //! (`retention` = access-token lifetime + leeway).
 //!
 //! The same channel carries "user changed" events for the user cache.
+//!
+//! The gateway has no database: its safety net is a poll of the service's
+//! `GET /revocations` (admin listener), and [`Revocations::is_current`] says
+//! whether its view can be trusted right now (subscribed to Redis, or a poll
+//! answered lately), so that it can refuse tokens it cannot check.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -31,6 +37,11 @@ pub struct Revocations {
     redis: Option<RedisHandle>,
     users: Arc<UserCache>,
     retention_ms: i64,
+    /// Subscribed to the Redis channel (resynced), right now.
+    subscribed: AtomicBool,
+    /// When a poll last answered (ms), and how often polls run (0: never).
+    polled_at: AtomicI64,
+    poll_every_ms: AtomicI64,
 }
 
 impl Revocations {
@@ -40,6 +51,59 @@ impl Revocations {
             redis,
             users,
             retention_ms: retention.as_millis() as i64,
+            subscribed: AtomicBool::new(false),
+            polled_at: AtomicI64::new(0),
+            poll_every_ms: AtomicI64::new(0),
+        }
+    }
+
+    /// Whether the set can be trusted to hold every recent revocation: with
+    /// no source at all there is nothing to wait for (true); otherwise the
+    /// Redis subscription is up, or a poll answered within three intervals.
+    pub fn is_current(&self) -> bool {
+        let every = self.poll_every_ms.load(Ordering::Relaxed);
+        if self.redis.is_none() && every == 0 {
+            return true;
+        }
+        self.subscribed.load(Ordering::Relaxed)
+            || (every > 0 && now_ms() - self.polled_at.load(Ordering::Relaxed) <= 3 * every)
+    }
+
+    /// Polls will come every `every`: until one answers, the view is not current.
+    pub fn expect_polls(&self, every: Duration) {
+        self.poll_every_ms
+            .store(every.as_millis() as i64, Ordering::Relaxed);
+    }
+
+    /// Polls `url` (the service's `GET /revocations`) every `every` until
+    /// shutdown: each answer adds the sessions revoked since the last one
+    /// (with an overlap, so that nothing committed late is missed).
+    pub async fn poll(self: Arc<Self>, url: String, every: Duration, mut shutdown: watch::Receiver<bool>) {
+        self.expect_polls(every);
+        let mut since = self.horizon();
+        loop {
+            let asked_at = now_ms();
+            let target = format!("{url}?since={since}");
+            match crate::domain::tokens::http_get(&target).await.and_then(|body| {
+                let doc: PolledRevocations = serde_json::from_slice(&body)?;
+                Ok(doc)
+            }) {
+                Ok(doc) => {
+                    for (sid, revoked_at) in doc.revoked {
+                        self.insert_local(&sid, revoked_at + self.retention_ms);
+                    }
+                    self.polled_at.store(asked_at, Ordering::Relaxed);
+                    since = asked_at - 10_000;
+                }
+                Err(e) => {
+                    metrics::counter!("latchkey_revocation_poll_failures_total").increment(1);
+                    tracing::warn!(error = %e, url = %url, "polling revocations failed");
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = shutdown.changed() => return,
+            }
         }
     }
 
@@ -178,8 +242,9 @@ impl Revocations {
             let session = async {
                 let mut pubsub = r.client().get_async_pubsub().await?;
                 pubsub.subscribe(&channel).await?;
-                if let Err(e) = self.resync_from_redis(&r).await {
-                    tracing::warn!(error = %e, "resyncing revocations from Redis failed");
+                match self.resync_from_redis(&r).await {
+                    Ok(()) => self.subscribed.store(true, Ordering::Relaxed),
+                    Err(e) => tracing::warn!(error = %e, "resyncing revocations from Redis failed"),
                 }
                 tracing::debug!("listening for revocations");
                 let mut stream = pubsub.on_message();
@@ -192,15 +257,20 @@ impl Revocations {
                 }
                 Ok::<(), redis::RedisError>(())
             };
-            tokio::select! {
-                res = session => {
+            let ended = tokio::select! {
+                res = session => Some(res),
+                _ = shutdown.changed() => None,
+            };
+            self.subscribed.store(false, Ordering::Relaxed);
+            match ended {
+                Some(res) => {
                     match res {
                         Ok(()) => tracing::warn!("Redis event subscription ended; resubscribing"),
                         Err(e) => tracing::warn!(error = %e, "Redis event subscription failed; retrying"),
                     }
                     metrics::counter!("latchkey_redis_resubscribes_total").increment(1);
                 }
-                _ = shutdown.changed() => return,
+                None => return,
             }
             tokio::select! {
                 _ = tokio::time::sleep(backoff) => {}
@@ -217,4 +287,11 @@ impl Revocations {
             self.users.forget(email);
         }
     }
+}
+
+/// The answer of the service's `GET /revocations?since=MS`.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct PolledRevocations {
+    /// (session id, revoked at, ms).
+    pub revoked: Vec<(String, i64)>,
 }

@@ -21,7 +21,9 @@ use crate::cache::{Revocations, UserCache};
 use crate::crypto::{ct_eq, random_bytes, random_code, random_token, sha256, MacKey, Sealer};
 use crate::limits::{BruteForce, BruteForceRules, Limiter, PolicyName, Softlocks};
 use crate::mail::Message;
-use crate::store::{now_ms, NewCode, NewSession, Purpose, RegisterOutcome, Store, UserRecord};
+use crate::store::{
+    now_ms, NewCode, NewSession, Purpose, RegisterOutcome, Store, UserRecord, UNUSABLE_PASSWORD,
+};
 
 /// The `client_id` claim of tokens issued through the first-party endpoints.
 pub const FIRST_PARTY_CLIENT: &str = "latchkey";
@@ -183,21 +185,30 @@ impl Accounts {
 
     /// Judges a code against the stored one for `email` (a shadow code or
     /// none when there is no account: the same statements either way),
-    /// counting a wrong try on the code and on the client address.
-    /// Returns the code's creation time (its identity) when accepted.
+    /// counting a wrong try on the code and on the client address. The
+    /// per-email limit (`verify_account`, keyed `limit_key`) is charged only
+    /// once the address may guess, so that guesses it refuses cannot drain
+    /// the owner's allowance. Returns the code's creation time (its
+    /// identity) when accepted; the caller takes the guess back with
+    /// `right_code` once the code is consumed.
     async fn check_code(
         &self,
         ip: IpAddr,
         email: &Email,
         purpose: Purpose,
         code: &Code,
+        limit_key: &str,
     ) -> Result<i64, AuthError> {
-        let address = format!("codes:{}", self.limiter.ip_key(ip).as_str());
+        let address = self.guess_key(ip);
         let rules = BruteForceRules::CODE_GUESSES;
         if let Err(ms) = self.code_guesses.begin(&address, &rules).await {
             return Err(AuthError::TooManyAttempts {
                 retry_after: Some((ms.max(0) as u64).div_ceil(1000).max(1)),
             });
+        }
+        if let Err(l) = self.limiter.check(PolicyName::VerifyAccount, limit_key).await {
+            self.code_guesses.abandon(&address, &rules).await;
+            return Err(l.into());
         }
         let rec = self.store.code_for(email.as_str(), purpose).await?;
         let guess = self.code_hash(purpose, email, code.expose());
@@ -208,11 +219,7 @@ impl Accounts {
             consumed: r.consumed_at.is_some(),
         });
         match codes::judge(state, matches, now_ms()) {
-            CodeVerdict::Accept => {
-                // A right code is no guess: taken back, but it wipes no count.
-                self.code_guesses.abandon(&address, &rules).await;
-                Ok(rec.map(|r| r.created_at).unwrap_or_default())
-            }
+            CodeVerdict::Accept => Ok(rec.map(|r| r.created_at).unwrap_or_default()),
             CodeVerdict::Wrong => {
                 let r = rec.expect("a wrong guess needs a code");
                 self.store
@@ -225,12 +232,23 @@ impl Accounts {
         }
     }
 
+    /// The wrong-code count of a client address.
+    fn guess_key(&self, ip: IpAddr) -> String {
+        format!("codes:{}", self.limiter.ip_key(ip).as_str())
+    }
+
+    /// A right code was consumed: it was no guess, so the address's count
+    /// is taken back by one (never wiped: a success must not buy guesses).
+    async fn right_code(&self, ip: IpAddr) {
+        let rules = BruteForceRules::CODE_GUESSES;
+        self.code_guesses.abandon(&self.guess_key(ip), &rules).await;
+    }
+
     pub async fn verify_email(&self, ip: IpAddr, email: Email, code: Code) -> Result<TokenPair, AuthError> {
-        self.limiter
-            .check(PolicyName::VerifyAccount, email.as_str())
-            .await?;
         let user = self.store.user_by_email(email.as_str()).await?;
-        let code_id = self.check_code(ip, &email, Purpose::VerifyEmail, &code).await?;
+        let code_id = self
+            .check_code(ip, &email, Purpose::VerifyEmail, &code, email.as_str())
+            .await?;
         // A shadow code never matches: an accepted code has its account
         // (unless it was deleted meanwhile).
         let Some(user) = user else {
@@ -244,6 +262,9 @@ impl Accounts {
         if !stored {
             return Err(AuthError::InvalidOtp); // used concurrently, or verified by a reset
         }
+        self.right_code(ip).await;
+        // The mailbox's owner starts with no address known from before.
+        self.brute_force.forget_known(email.as_str()).await;
         if let Some(c) = &self.credentials {
             c.forget(&user.id);
         }
@@ -289,9 +310,19 @@ impl Accounts {
                 .map_err(|retry| AuthError::TooManyAttempts {
                     retry_after: Some(retry),
                 })?;
+        // The per-account limit comes after the brute-force rules admitted
+        // the attempt, so that attempts they refuse cannot drain it, and an
+        // address the account logged in from does not spend it.
+        if attempt.counted_for_account() {
+            if let Err(l) = self.limiter.check(PolicyName::LoginAccount, account).await {
+                self.brute_force.abandon(account, client, attempt).await;
+                return Err(l.into());
+            }
+        }
         match self.verify_password(email, password).await {
             Ok(Some(u)) => {
-                self.brute_force.success(account, client, attempt).await;
+                let verified = u.email_verified_at.is_some();
+                self.brute_force.success(account, client, attempt, verified).await;
                 Ok(u)
             }
             Ok(None) => Err(AuthError::InvalidCredentials),
@@ -302,6 +333,15 @@ impl Accounts {
         }
     }
 
+    /// The cost of a password check where no password can match.
+    async fn dummy_verify(&self, password: &Password) -> Result<(), AuthError> {
+        let pw = password.clone();
+        self.hashing
+            .run("verify", move |p| p.verify_dummy(pw.expose()))
+            .await?;
+        Ok(())
+    }
+
     /// The account, if it exists and `password` is its password.
     async fn verify_password(
         &self,
@@ -310,11 +350,15 @@ impl Accounts {
     ) -> Result<Option<Arc<UserRecord>>, AuthError> {
         let user = self.find_user(email).await?;
         let ok = match &user {
+            // No account, or one verified while contested (no password yet):
+            // the same argon2 cost, and no password matches.
             None => {
-                let pw = password.clone();
-                self.hashing
-                    .run("verify", move |p| p.verify_dummy(pw.expose()))
-                    .await?
+                self.dummy_verify(password).await?;
+                false
+            }
+            Some(u) if u.password_hash == UNUSABLE_PASSWORD => {
+                self.dummy_verify(password).await?;
+                false
             }
             Some(u) => {
                 let cached = self
@@ -350,9 +394,6 @@ impl Accounts {
     ) -> Result<TokenPair, AuthError> {
         self.limiter
             .check(PolicyName::LoginIp, self.limiter.ip_key(ip).as_str())
-            .await?;
-        self.limiter
-            .check(PolicyName::LoginAccount, email.as_str())
             .await?;
         let user = self.check_password(ip, &email, &password).await?;
         if user.email_verified_at.is_none() {
@@ -471,14 +512,11 @@ impl Accounts {
         }
     }
 
+    /// Ends the first-party session of a refresh token; a token of an OAuth
+    /// client is ended by that client at `/oauth/revoke`, and an unknown
+    /// token is fine (the answer is the same).
     pub async fn logout(&self, token: &str) -> Result<(), AuthError> {
-        let hash = sha256(token.as_bytes());
-        if let Some(rec) = self.store.refresh_token(&hash).await? {
-            if rec.session_revoked_at.is_none() {
-                self.revoke_session(&rec.session_id, "logout").await?;
-            }
-        }
-        Ok(())
+        self.revoke_refresh_token(token, None).await
     }
 
     /// Revokes the session of a refresh token (RFC 7009) if it is a
@@ -489,7 +527,8 @@ impl Accounts {
         if let Some(rec) = self.store.refresh_token(&hash).await? {
             let mine = rec.client_id.is_none() || rec.client_id.as_deref() == caller;
             if mine && rec.session_revoked_at.is_none() {
-                self.revoke_session(&rec.session_id, "revoked").await?;
+                let reason = if caller.is_none() { "logout" } else { "revoked" };
+                self.revoke_session(&rec.session_id, reason).await?;
             }
         }
         Ok(())
@@ -562,11 +601,11 @@ impl Accounts {
         code: Code,
         new: Password,
     ) -> Result<(), AuthError> {
-        self.limiter
-            .check(PolicyName::VerifyAccount, &format!("reset:{}", email.as_str()))
-            .await?;
         let user = self.store.user_by_email(email.as_str()).await?;
-        let code_id = self.check_code(ip, &email, Purpose::ResetPassword, &code).await?;
+        let limit_key = format!("reset:{}", email.as_str());
+        let code_id = self
+            .check_code(ip, &email, Purpose::ResetPassword, &code, &limit_key)
+            .await?;
         let Some(user) = user else {
             return Err(AuthError::InvalidOtp);
         };
@@ -583,6 +622,7 @@ impl Accounts {
             )
             .await?
             .ok_or(AuthError::InvalidOtp)?;
+        self.right_code(ip).await;
         self.after_password_change(&user, revoked).await;
         let client = self.limiter.ip_key(ip);
         self.brute_force.reset(email.as_str(), client.as_str()).await;

@@ -539,6 +539,11 @@ fn generate_key(alg: SigningAlgorithm, sealer: &Sealer) -> anyhow::Result<KeyRec
     })
 }
 
+/// Whether `sealer` (a master secret's) opens the private half of `rec`.
+pub fn can_unseal(rec: &KeyRecord, sealer: &Sealer) -> bool {
+    sealer.open(&rec.private_key, rec.kid.as_bytes()).is_some()
+}
+
 fn open_key(rec: &KeyRecord, sealer: &Sealer) -> anyhow::Result<SigningKey> {
     let pkcs8 = sealer
         .open(&rec.private_key, rec.kid.as_bytes())
@@ -578,7 +583,7 @@ fn decoding_key(jwk: &serde_json::Value) -> anyhow::Result<(Algorithm, DecodingK
 }
 
 /// GET over plain HTTP with a timeout (a JWKS from a service on the same network).
-async fn http_get(url: &str) -> anyhow::Result<Bytes> {
+pub(crate) async fn http_get(url: &str) -> anyhow::Result<Bytes> {
     use http_body_util::{BodyExt, Empty};
     let uri: hyper::Uri = url.parse()?;
     if uri.scheme_str() != Some("http") {

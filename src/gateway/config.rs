@@ -67,6 +67,9 @@ pub struct RouteConfig {
     pub upstream_path: String,
     pub strip_prefix: bool,
     pub preserve_host: bool,
+    /// Whether `path_prefix` matches only in its own case (the default).
+    /// `false` for an upstream that routes paths case-insensitively.
+    pub case_sensitive: bool,
     pub auth: bool,
     pub audiences: Vec<String>,
     pub forward_authorization: bool,
@@ -98,6 +101,52 @@ impl IdentityHeaders {
     pub fn all(&self) -> [&HeaderName; 4] {
         [&self.subject, &self.email, &self.session, &self.client_id]
     }
+}
+
+/// Which forwarding headers the gateway sets (all are removed from the client's request).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ForwardHeaders {
+    /// `X-Forwarded-For`: the chain of a trusted proxy in front, then the peer.
+    pub x_forwarded_for: bool,
+    /// `X-Forwarded-Host`: the host the request was routed by.
+    pub x_forwarded_host: bool,
+    /// `X-Forwarded-Proto`: a trusted proxy's, else `http`.
+    pub x_forwarded_proto: bool,
+    /// `X-Real-IP`: the client address (rightmost untrusted hop).
+    pub x_real_ip: bool,
+    /// `Forwarded` (RFC 7239): `for=<client>;host=<host>;proto=<proto>`.
+    pub forwarded: bool,
+}
+
+impl Default for ForwardHeaders {
+    fn default() -> Self {
+        ForwardHeaders {
+            x_forwarded_for: true,
+            x_forwarded_host: true,
+            x_forwarded_proto: true,
+            x_real_ip: false,
+            forwarded: false,
+        }
+    }
+}
+
+/// What a token is worth when the gateway cannot know whether its session
+/// was revoked (Redis unreachable and no poll answered lately).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnknownRevocations {
+    /// `503` on authenticated routes until the view is back (the default).
+    Refuse,
+    /// Let the token through (its session may have ended).
+    Accept,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RevocationSource {
+    /// The service's `http://<admin_listen>/revocations`, polled always (a
+    /// safety net under Redis, the only source without it).
+    pub poll_url: Option<String>,
+    pub poll_interval: Duration,
+    pub when_unknown: UnknownRevocations,
 }
 
 /// The upstream connection pool (shared by every route).
@@ -150,6 +199,13 @@ pub struct GatewayConfig {
     pub limiter: LimiterStore,
     pub trusted_proxies: Vec<IpAddr>,
     pub identity: IdentityHeaders,
+    /// The forwarding headers the gateway writes (every other one, and every
+    /// client-sent one, is removed).
+    pub forward_headers: ForwardHeaders,
+    /// Revocations the gateway cannot learn from Redis: polled from the
+    /// service's admin listener (`GET /revocations`), and what to do with a
+    /// token while neither source has been heard from.
+    pub revocations: RevocationSource,
     pub upstream: UpstreamSettings,
     pub shutdown_timeout: Duration,
     pub log_level: String,
@@ -283,6 +339,10 @@ const TOP_KEYS: &[&str] = &[
     "log",
     "log_format",
     "identity_headers",
+    "forward_headers",
+    "revocations_url",
+    "revocations_poll_ms",
+    "on_unknown_revocations",
     "upstream",
     "routes",
 ];
@@ -294,6 +354,7 @@ const ROUTE_KEYS: &[&str] = &[
     "upstream",
     "strip_prefix",
     "preserve_host",
+    "case_sensitive",
     "auth",
     "audiences",
     "forward_authorization",
@@ -401,6 +462,57 @@ impl GatewayConfig {
             None => IdentityHeaders::default(),
             Some(t) => identity_headers(t)?,
         };
+        let forward_headers = match f.strings("forward_headers")? {
+            None => ForwardHeaders::default(),
+            Some(list) => {
+                let mut h = ForwardHeaders {
+                    x_forwarded_for: false,
+                    x_forwarded_host: false,
+                    x_forwarded_proto: false,
+                    x_real_ip: false,
+                    forwarded: false,
+                };
+                for (i, name) in list.iter().enumerate() {
+                    let slot = match name.to_ascii_lowercase().as_str() {
+                        "x-forwarded-for" => &mut h.x_forwarded_for,
+                        "x-forwarded-host" => &mut h.x_forwarded_host,
+                        "x-forwarded-proto" => &mut h.x_forwarded_proto,
+                        "x-real-ip" => &mut h.x_real_ip,
+                        "forwarded" => &mut h.forwarded,
+                        _ => {
+                            return Err(ConfigError::new(
+                                format!("forward_headers[{i}]"),
+                                "expected x-forwarded-for, x-forwarded-host, x-forwarded-proto, x-real-ip or forwarded",
+                            ))
+                        }
+                    };
+                    *slot = true;
+                }
+                h
+            }
+        };
+        let poll_url = match f.string("revocations_url")? {
+            None | Some("") => None,
+            Some(s) => {
+                let u: Uri = s.parse().map_err(|_| f.err("revocations_url", "not a URL"))?;
+                if u.scheme_str() != Some("http") || u.host().is_none() {
+                    return Err(f.err(
+                        "revocations_url",
+                        "expected the service's admin listener, e.g. http://127.0.0.1:9180/revocations",
+                    ));
+                }
+                Some(s.to_string())
+            }
+        };
+        let revocations = RevocationSource {
+            poll_url,
+            poll_interval: Duration::from_millis(f.number("revocations_poll_ms", 2000, 100, 60_000)?),
+            when_unknown: match f.string("on_unknown_revocations")? {
+                None | Some("refuse") => UnknownRevocations::Refuse,
+                Some("accept") => UnknownRevocations::Accept,
+                Some(_) => return Err(f.err("on_unknown_revocations", "expected \"refuse\" or \"accept\"")),
+            },
+        };
         let upstream = match f.table("upstream")? {
             None => upstream_settings(&toml::Table::new())?,
             Some(t) => upstream_settings(t)?,
@@ -454,6 +566,8 @@ impl GatewayConfig {
             limiter,
             trusted_proxies,
             identity,
+            forward_headers,
+            revocations,
             upstream,
             shutdown_timeout: Duration::from_secs(f.number("shutdown_timeout_secs", 10, 0, 600)?),
             log_level,
@@ -621,6 +735,7 @@ fn route(
         upstream_path,
         strip_prefix: f.boolean("strip_prefix", false)?,
         preserve_host: f.boolean("preserve_host", false)?,
+        case_sensitive: f.boolean("case_sensitive", true)?,
         auth,
         audiences,
         forward_authorization: f.boolean("forward_authorization", true)?,

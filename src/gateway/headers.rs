@@ -4,10 +4,21 @@
 //!   named by `Connection`, `Connection` itself, `Keep-Alive`, `TE`,
 //!   `Trailer`, `Transfer-Encoding`, `Upgrade`, and every `Proxy-*` (plus a
 //!   bare `Proxy`, which some CGI stacks turn into `HTTP_PROXY`: "httpoxy");
-//! - request paths with dot-segments or encoded slashes are refused, so that
-//!   an upstream normalising `/public/../admin` cannot be reached through a
-//!   route that does not check tokens;
+//! - names are compared as CGI-style stacks (WSGI, PHP, Rack) read them:
+//!   lower case, with `_` and `-` alike, since `X_Auth_Subject` reaches such
+//!   an upstream as `HTTP_X_AUTH_SUBJECT` just as `X-Auth-Subject` does;
+//! - every header of the identity namespace (the four configured identity
+//!   headers and anything named `x-auth-*`) and every forwarding header
+//!   ([`FORWARDING`]: `X-Forwarded-*`, `Forwarded`, `X-Real-IP`,
+//!   `X-Original-URL`, `X-Rewrite-URL`, method overrides, ...) is removed
+//!   from the client's request; the gateway then sets the identity headers
+//!   (authenticated routes) and the forwarding headers it is configured to
+//!   write, so an upstream sees only the gateway's values;
+//! - a request with more than one `Host` or `Authorization` is refused: an
+//!   upstream could read the other one than the gateway did;
 //! - `X-Request-Id` is kept when sane, generated otherwise.
+//!
+//! Paths have their own rules in `path`.
 
 use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
@@ -55,24 +66,91 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// False for paths an upstream might resolve elsewhere than they read:
-/// `.`/`..` segments (also percent-encoded), encoded `/` or `\`, and raw `\`.
-pub fn is_safe_path(path: &str) -> bool {
-    let b = path.as_bytes();
-    if !b.iter().any(|c| matches!(c, b'.' | b'%' | b'\\')) {
-        return true;
+/// Headers that say where a request came from or where it was going, or
+/// that some framework routes or authorises by: only the gateway writes them.
+pub const FORWARDING: [&str; 32] = [
+    "forwarded",
+    "forwarded-for",
+    "x-forwarded",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "x-forwarded-port",
+    "x-forwarded-prefix",
+    "x-forwarded-server",
+    "x-forwarded-ssl",
+    "x-forwarded-scheme",
+    "x-forwarded-uri",
+    "x-forwarded-path",
+    "x-original-forwarded-for",
+    "x-real-ip",
+    "x-client-ip",
+    "client-ip",
+    "x-cluster-client-ip",
+    "true-client-ip",
+    "cf-connecting-ip",
+    "fastly-client-ip",
+    "x-proxyuser-ip",
+    "x-original-url",
+    "x-original-uri",
+    "x-rewrite-url",
+    "x-original-host",
+    "x-host",
+    "x-url-scheme",
+    "front-end-https",
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+];
+
+/// The identity namespace beyond the four configured names.
+const IDENTITY_PREFIX: &str = "x-auth-";
+
+/// `name` (already lower case, as `HeaderName`s are) equals `target` when
+/// `_` is read as `-`.
+fn folded_eq(name: &str, target: &str) -> bool {
+    name.len() == target.len()
+        && name
+            .bytes()
+            .zip(target.bytes())
+            .all(|(a, b)| a == b || (a == b'_' && b == b'-'))
+}
+
+fn folded_starts_with(name: &str, prefix: &str) -> bool {
+    name.len() >= prefix.len() && folded_eq(&name[..prefix.len()], prefix)
+}
+
+/// Whether the gateway alone may write a header of this name: the identity
+/// namespace (`identity`, and `x-auth-*`) and the forwarding headers, in any
+/// spelling a CGI-style stack would fold together.
+pub fn is_reserved(name: &HeaderName, identity: &[&HeaderName]) -> bool {
+    let n = name.as_str();
+    folded_starts_with(n, IDENTITY_PREFIX)
+        || identity.iter().any(|i| folded_eq(n, i.as_str()))
+        || FORWARDING.iter().any(|f| folded_eq(n, f))
+}
+
+/// Removes every header the gateway alone may write.
+pub fn strip_reserved(headers: &mut HeaderMap, identity: &[&HeaderName]) {
+    let reserved: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| is_reserved(k, identity))
+        .cloned()
+        .collect();
+    for name in reserved {
+        headers.remove(name);
     }
-    if b.contains(&b'\\') {
-        return false;
+}
+
+/// Why a request's headers are refused, if they are.
+pub fn ambiguous(headers: &HeaderMap) -> Option<&'static str> {
+    if headers.get_all(header::HOST).iter().nth(1).is_some() {
+        return Some("Host: more than one");
     }
-    let lower = path.to_ascii_lowercase();
-    if lower.contains("%2f") || lower.contains("%5c") {
-        return false;
+    if headers.get_all(header::AUTHORIZATION).iter().nth(1).is_some() {
+        return Some("Authorization: more than one");
     }
-    !lower.split('/').any(|seg| {
-        let seg = seg.replace("%2e", ".");
-        seg == "." || seg == ".."
-    })
+    None
 }
 
 fn sane_request_id(v: &HeaderValue) -> bool {
@@ -106,6 +184,11 @@ pub fn request_host<'a>(uri: &'a axum::http::Uri, headers: &'a HeaderMap) -> Opt
     if let Some(h) = uri.host() {
         return Some(h.trim_start_matches('[').trim_end_matches(']'));
     }
+    host_header(headers)
+}
+
+/// The host named by the `Host` header, without port.
+pub fn host_header(headers: &HeaderMap) -> Option<&str> {
     let host = headers.get(header::HOST)?.to_str().ok()?;
     if let Some(rest) = host.strip_prefix('[') {
         return rest.split(']').next();
@@ -148,29 +231,57 @@ mod tests {
     }
 
     #[test]
-    fn paths_that_could_escape_a_route_are_unsafe() {
-        for p in [
-            "/",
-            "/api/v1/users",
-            "/a.b/c.json",
-            "/x%20y",
-            "/..a/b..",
-            "/.well-known/jwks.json",
+    fn reserved_names_match_in_every_cgi_spelling() {
+        let subject = HeaderName::from_static("x-user-id");
+        let identity = [&subject];
+        for name in [
+            "x-user-id",
+            "x_user_id",
+            "x-user_id",
+            "x-auth-subject",
+            "x_auth_subject",
+            "x-auth-anything",
+            "x_auth_",
+            "x-forwarded-for",
+            "x_forwarded_host",
+            "x-real-ip",
+            "x_real_ip",
+            "x-original-url",
+            "x-rewrite-url",
+            "forwarded",
+            "x-http-method-override",
         ] {
-            assert!(is_safe_path(p), "{p}");
+            assert!(
+                is_reserved(&HeaderName::from_bytes(name.as_bytes()).unwrap(), &identity),
+                "{name}"
+            );
         }
-        for p in [
-            "/public/../admin",
-            "/public/..",
-            "/./admin",
-            "/public/%2e%2e/admin",
-            "/public/.%2E/admin",
-            "/public%2fadmin",
-            "/public%5Cadmin",
-            "/public\\..\\admin",
+        for name in [
+            "x-user",
+            "x-authz",
+            "authorization",
+            "x-forward",
+            "x-request-id",
+            "content-type",
         ] {
-            assert!(!is_safe_path(p), "{p}");
+            assert!(
+                !is_reserved(&HeaderName::from_bytes(name.as_bytes()).unwrap(), &identity),
+                "{name}"
+            );
         }
+    }
+
+    #[test]
+    fn two_hosts_or_two_authorizations_are_ambiguous() {
+        let mut h = HeaderMap::new();
+        h.append(header::HOST, HeaderValue::from_static("a"));
+        assert_eq!(ambiguous(&h), None);
+        h.append(header::HOST, HeaderValue::from_static("b"));
+        assert!(ambiguous(&h).is_some());
+        let mut h = HeaderMap::new();
+        h.append(header::AUTHORIZATION, HeaderValue::from_static("Bearer a"));
+        h.append(header::AUTHORIZATION, HeaderValue::from_static("Bearer b"));
+        assert!(ambiguous(&h).is_some());
     }
 
     #[test]

@@ -25,6 +25,7 @@
 
 pub mod config;
 pub mod headers;
+pub mod path;
 mod proxy;
 pub mod routes;
 
@@ -125,7 +126,7 @@ fn restart_only_changes(old: &GatewayConfig, new: &GatewayConfig) -> Vec<&'stati
             .as_ref()
             .map(|r| (r.url.expose().clone(), r.key_prefix.clone()))
     };
-    let checks: [(&'static str, bool); 13] = [
+    let checks: [(&'static str, bool); 14] = [
         ("listen", old.listen != new.listen),
         ("workers", old.workers != new.workers),
         ("admin_listen", old.admin_listen != new.admin_listen),
@@ -144,6 +145,10 @@ fn restart_only_changes(old: &GatewayConfig, new: &GatewayConfig) -> Vec<&'stati
         ("redis_url/redis_key_prefix", redis(old) != redis(new)),
         ("rate_limit_store", old.limiter != new.limiter),
         ("upstream", old.upstream != new.upstream),
+        (
+            "revocations_url/revocations_poll_ms/on_unknown_revocations",
+            old.revocations != new.revocations,
+        ),
         (
             "log/log_format/shutdown_timeout_secs",
             old.log_level != new.log_level
@@ -257,10 +262,26 @@ impl Gateway {
         let st = self.state;
         let shutdown_timeout = st.config.read().expect("config lock").shutdown_timeout;
         let (bg_tx, bg_rx) = watch::channel(false);
-        let tasks: Vec<JoinHandle<()>> = vec![
+        let mut tasks: Vec<JoinHandle<()>> = vec![
             tokio::spawn(st.revocations.clone().listen(bg_rx.clone())),
-            tokio::spawn(housekeeping(st.clone(), bg_rx)),
+            tokio::spawn(housekeeping(st.clone(), bg_rx.clone())),
         ];
+        // Serve once logouts can be heard (Redis subscribed or a poll
+        // answered), for a few seconds at most: before that, authenticated
+        // routes would answer 503 under on_unknown_revocations = "refuse".
+        let source = st.config.read().expect("config lock").revocations.clone();
+        if let Some(url) = source.poll_url {
+            st.revocations.expect_polls(source.poll_interval);
+            tasks.push(tokio::spawn(st.revocations.clone().poll(
+                url,
+                source.poll_interval,
+                bg_rx,
+            )));
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(3);
+        while !st.revocations.is_current() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let (stop_tx, stop_rx) = watch::channel(false);
         let (kill_tx, kill_rx) = watch::channel(false);
         let with_ops = self.admin.is_none();
@@ -591,6 +612,16 @@ async fn ready(State(w): State<Arc<Worker>>) -> Response {
             failing.push("redis");
         }
     }
+    // Informational: whether logouts are being heard (Redis or the poll).
+    checks.insert(
+        "revocations".into(),
+        if st.revocations.is_current() {
+            "ok"
+        } else {
+            "unknown"
+        }
+        .into(),
+    );
     if failing.is_empty() {
         (
             StatusCode::OK,
@@ -689,6 +720,7 @@ pub fn main(config_path: Option<&Path>, started: Instant) -> ExitCode {
     let path = path.to_path_buf();
     let run = async move {
         let redis = config.redis.is_some();
+        let polls = config.revocations.poll_url.is_some();
         let routes = config.routes.len();
         let gw = Gateway::build(config).await?;
         tracing::info!(
@@ -700,8 +732,10 @@ pub fn main(config_path: Option<&Path>, started: Instant) -> ExitCode {
             startup_ms = started.elapsed().as_millis() as u64,
             "latchkey gateway is serving"
         );
-        if !redis {
-            tracing::warn!("no redis_url: revocations (logout) are not seen by the gateway; tokens stay valid until they expire");
+        if !redis && !polls {
+            tracing::warn!("neither redis_url nor revocations_url: revocations (logout) are not seen by the gateway; tokens stay valid until they expire");
+        } else if !polls {
+            tracing::warn!("no revocations_url: while Redis is unreachable, authenticated routes answer 503 (on_unknown_revocations)");
         }
         gw.run_until_stopped(path).await
     };

@@ -1,13 +1,17 @@
 //! The request path through the gateway:
 //!
 //! ```text
-//! request ─► safe path? ──no──► 400
-//!            route found? ─no─► 404
-//!            strip hop-by-hop, Expect and client-sent identity headers
+//! request ─► two Hosts or Authorizations, Host ≠ target's authority? ─► 400
+//!            path normal form (`path`)? ──refused──► 400
+//!            route found by the normal path's key? ─no─► 404
+//!            strip hop-by-hop, Expect, and every identity and forwarding
+//!              header in any spelling (`headers`)
 //!            limit by ip? ──over──► 429            (before any token work)
 //!            auth route: bearer token valid, audience accepted? ─no─► 401
+//!              revocations unknown (Redis down, no poll)? ─refuse─► 503
 //!            limit by sub / client_id? ──over──► 429
-//!            identity headers, X-Forwarded-*, X-Request-Id, Host
+//!            identity headers, forwarding headers, X-Request-Id, Host
+//!            the normal path (the one the route was chosen by) upstream
 //!            upstream (pooled keep-alive connection), bodies streamed both ways
 //!              connect/IO error ─► 502 BAD_GATEWAY
 //!              no response headers within the route's timeout ─► 504 GATEWAY_TIMEOUT
@@ -26,8 +30,9 @@ use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use axum::http::{StatusCode, Uri, Version};
 use axum::response::Response;
 
-use super::config::LimitKey;
-use super::headers::{is_safe_path, request_host, request_id, strip_hop_by_hop};
+use super::config::{ForwardHeaders, LimitKey, UnknownRevocations};
+use super::headers::{ambiguous, host_header, request_host, request_id, strip_hop_by_hop, strip_reserved};
+use super::path;
 use super::routes::{upstream_path_and_query, Route, RouteTable};
 use super::{GatewayState, Worker};
 use crate::config::ProxyHeader;
@@ -39,6 +44,7 @@ const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
 struct Outcome<'t> {
     response: Response,
@@ -120,18 +126,28 @@ async fn forward<'t>(
 ) -> Outcome<'t> {
     let limiter = w.limiter();
     let (mut parts, body) = req.into_parts();
-    if !is_safe_path(parts.uri.path()) {
-        return Outcome::refused(
-            None,
-            error_response(
-                StatusCode::BAD_REQUEST,
-                "INVALID_REQUEST",
-                "path: dot-segments and encoded slashes are not allowed",
-            ),
-        );
+    let bad_request = |message: &str| error_response(StatusCode::BAD_REQUEST, "INVALID_REQUEST", message);
+    if let Some(why) = ambiguous(&parts.headers) {
+        return Outcome::refused(None, bad_request(why));
     }
+    let normal = match path::normalise(parts.uri.path()) {
+        Ok(n) => n,
+        Err(why) => return Outcome::refused(None, bad_request(why.message())),
+    };
     let host = request_host(&parts.uri, &parts.headers);
-    let Some(route) = table.find(host, parts.uri.path()) else {
+    // An absolute-form target names the host; a `Host` that says otherwise
+    // would have the upstream (or its X-Forwarded-Host) see another one.
+    if let Some(authority) = parts.uri.host() {
+        let named = host_header(&parts.headers);
+        let authority = authority.trim_start_matches('[').trim_end_matches(']');
+        if named.is_some_and(|h| !h.eq_ignore_ascii_case(authority)) {
+            return Outcome::refused(
+                None,
+                bad_request("Host: differs from the request target's authority"),
+            );
+        }
+    }
+    let Some(route) = table.find(host, normal.key()) else {
         return Outcome::refused(
             None,
             error_response(
@@ -148,12 +164,16 @@ async fn forward<'t>(
         &table.trusted_proxies,
         ProxyHeader::XForwardedFor,
     );
+    let from_proxy = Forwarded::from_trusted(&parts.headers, peer, &table.trusted_proxies);
+    // As the client wrote it (with its port); it agrees with the route's host.
+    let forwarded_host = match parts.headers.get(header::HOST).and_then(|h| h.to_str().ok()) {
+        Some(h) => Some(h.to_string()),
+        None => parts.uri.authority().map(|a| a.as_str().to_string()),
+    };
     let headers = &mut parts.headers;
     strip_hop_by_hop(headers);
     headers.remove(header::EXPECT); // answered by our server already
-    for name in table.identity.all() {
-        headers.remove(name);
-    }
+    strip_reserved(headers, &table.identity.all());
 
     // Limits by address come first: a flood of forged tokens costs no signature check.
     let limit = rc.rate_limit.as_ref().zip(route.limit_metrics.as_ref());
@@ -172,6 +192,19 @@ async fn forward<'t>(
         }
     }
     let verified = if rc.auth {
+        if table.when_revocations_unknown == UnknownRevocations::Refuse && !st.revocations.is_current() {
+            metrics::counter!("latchkey_gateway_auth_failures_total", "route" => route.name, "reason" => "revocations_unknown")
+                .increment(1);
+            let r = error_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "UNAVAILABLE",
+                "sessions cannot be checked right now; retry shortly",
+            );
+            let mut r = r;
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return Outcome::refused(Some(route), r);
+        }
         match authenticate(st, route, headers).await {
             Ok(v) => Some(v),
             Err(reason) => {
@@ -214,17 +247,20 @@ async fn forward<'t>(
     if !rc.forward_authorization {
         headers.remove(header::AUTHORIZATION);
     }
-    forwarded_headers(headers, peer, &table.trusted_proxies);
+    from_proxy.write(
+        headers,
+        &table.forward,
+        peer,
+        client_addr,
+        forwarded_host.as_deref(),
+    );
     headers.insert(X_REQUEST_ID, id.clone());
     let original_host = headers.remove(header::HOST);
-    if let Some(h) = original_host {
-        if rc.preserve_host {
-            headers.insert(header::HOST, h.clone());
-        }
-        headers.insert(X_FORWARDED_HOST, h);
+    if let (Some(h), true) = (original_host, rc.preserve_host) {
+        headers.insert(header::HOST, h);
     }
 
-    let target = upstream_path_and_query(rc, parts.uri.path(), parts.uri.query());
+    let target = upstream_path_and_query(rc, &normal.path, parts.uri.query());
     let uri = match Uri::try_from(format!("{}{target}", rc.upstream_origin)) {
         Ok(u) => u,
         Err(_) => {
@@ -301,34 +337,72 @@ async fn authenticate(
     Ok(v)
 }
 
-/// `X-Forwarded-For` gains the peer; from an untrusted peer, whatever the
-/// client claimed before is dropped (the gateway is then the edge, and an
-/// upstream must be able to believe the whole chain).
-fn forwarded_headers(headers: &mut HeaderMap, peer: IpAddr, trusted: &[IpAddr]) {
-    let from_trusted = trusted.contains(&peer);
-    let prior = if from_trusted {
-        headers
+/// What a trusted proxy in front of the gateway said about the request
+/// (read before the client's forwarding headers are stripped); nothing for
+/// any other peer, whose claims are the client's own writing.
+#[derive(Default)]
+struct Forwarded {
+    chain: Option<String>,
+    proto: Option<HeaderValue>,
+}
+
+impl Forwarded {
+    fn from_trusted(headers: &HeaderMap, peer: IpAddr, trusted: &[IpAddr]) -> Forwarded {
+        if !trusted.contains(&peer) {
+            return Forwarded::default();
+        }
+        let chain = headers
             .get_all(&X_FORWARDED_FOR)
             .iter()
             .filter_map(|v| v.to_str().ok())
             .collect::<Vec<_>>()
-            .join(", ")
-    } else {
-        String::new()
-    };
-    let chain = if prior.is_empty() {
-        peer.to_string()
-    } else {
-        format!("{prior}, {peer}")
-    };
-    if let Ok(v) = HeaderValue::from_str(&chain) {
-        headers.insert(X_FORWARDED_FOR, v);
+            .join(", ");
+        Forwarded {
+            chain: (!chain.is_empty()).then_some(chain),
+            proto: headers.get(&X_FORWARDED_PROTO).cloned(),
+        }
     }
-    if !from_trusted {
-        headers.remove(header::FORWARDED);
-        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
-    } else if !headers.contains_key(&X_FORWARDED_PROTO) {
-        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+
+    /// Sets the forwarding headers `which` asks for (the client's are gone):
+    /// `X-Forwarded-For` is the trusted chain then the peer, `X-Real-IP` and
+    /// `Forwarded` name the client, `X-Forwarded-Host` the host the request
+    /// was routed by, `X-Forwarded-Proto` the trusted proxy's or `http`.
+    fn write(
+        self,
+        headers: &mut HeaderMap,
+        which: &ForwardHeaders,
+        peer: IpAddr,
+        client: IpAddr,
+        host: Option<&str>,
+    ) {
+        let proto = self.proto.unwrap_or(HeaderValue::from_static("http"));
+        let mut set = |on: bool, name: HeaderName, value: String| {
+            if let (true, Ok(v)) = (on, HeaderValue::from_str(&value)) {
+                headers.insert(name, v);
+            }
+        };
+        let chain = match self.chain {
+            Some(c) => format!("{c}, {peer}"),
+            None => peer.to_string(),
+        };
+        set(which.x_forwarded_for, X_FORWARDED_FOR, chain);
+        set(which.x_real_ip, X_REAL_IP, client.to_string());
+        if let Some(h) = host {
+            set(which.x_forwarded_host, X_FORWARDED_HOST, h.to_string());
+        }
+        let node = match client {
+            IpAddr::V4(a) => a.to_string(),
+            IpAddr::V6(a) => format!("\"[{a}]\""),
+        };
+        let p = proto.to_str().unwrap_or("http").to_string();
+        let fwd = match host {
+            Some(h) => format!("for={node};host=\"{h}\";proto={p}"),
+            None => format!("for={node};proto={p}"),
+        };
+        set(which.forwarded, header::FORWARDED, fwd);
+        if which.x_forwarded_proto {
+            headers.insert(X_FORWARDED_PROTO, proto);
+        }
     }
 }
 
@@ -351,21 +425,41 @@ mod tests {
     fn forwarded_for_trusts_only_trusted_peers() {
         let proxy: IpAddr = "10.0.0.1".parse().unwrap();
         let stranger: IpAddr = "198.51.100.7".parse().unwrap();
+        let client: IpAddr = "203.0.113.5".parse().unwrap();
         let spoofed = || {
             let mut h = HeaderMap::new();
             h.insert(X_FORWARDED_FOR, HeaderValue::from_static("1.2.3.4"));
             h.insert(header::FORWARDED, HeaderValue::from_static("for=1.2.3.4"));
             h.insert(X_FORWARDED_PROTO, HeaderValue::from_static("https"));
+            h.insert(X_REAL_IP, HeaderValue::from_static("1.2.3.4"));
             h
         };
-        let mut h = spoofed();
-        forwarded_headers(&mut h, stranger, &[proxy]);
+        let through = |peer: IpAddr, which: ForwardHeaders| {
+            let mut h = spoofed();
+            let prior = Forwarded::from_trusted(&h, peer, &[proxy]);
+            crate::gateway::headers::strip_reserved(&mut h, &[]);
+            prior.write(&mut h, &which, peer, client, Some("shop.example"));
+            h
+        };
+        let h = through(stranger, ForwardHeaders::default());
         assert_eq!(h[&X_FORWARDED_FOR], "198.51.100.7");
         assert_eq!(h[&X_FORWARDED_PROTO], "http");
+        assert_eq!(h[&X_FORWARDED_HOST], "shop.example");
         assert!(h.get(header::FORWARDED).is_none());
-        let mut h = spoofed();
-        forwarded_headers(&mut h, proxy, &[proxy]);
+        assert!(h.get(&X_REAL_IP).is_none());
+        let h = through(proxy, ForwardHeaders::default());
         assert_eq!(h[&X_FORWARDED_FOR], "1.2.3.4, 10.0.0.1");
         assert_eq!(h[&X_FORWARDED_PROTO], "https");
+        let all = ForwardHeaders {
+            x_real_ip: true,
+            forwarded: true,
+            ..ForwardHeaders::default()
+        };
+        let h = through(stranger, all);
+        assert_eq!(h[&X_REAL_IP], "203.0.113.5");
+        assert_eq!(
+            h[header::FORWARDED],
+            "for=203.0.113.5;host=\"shop.example\";proto=http"
+        );
     }
 }

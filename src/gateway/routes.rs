@@ -8,7 +8,10 @@ use std::sync::Mutex;
 
 use metrics::{Counter, Gauge, Histogram};
 
-use super::config::{GatewayConfig, HostMatch, IdentityHeaders, LimiterStore, RouteConfig};
+use super::config::{
+    ForwardHeaders, GatewayConfig, HostMatch, IdentityHeaders, LimiterStore, RouteConfig, UnknownRevocations,
+};
+use super::path::{drop_segments, prefix_matches};
 use crate::limits::PolicyMetrics;
 
 /// A `&'static str` for a name that lives as long as the process (route
@@ -72,6 +75,8 @@ pub struct RouteTable {
     /// within each, longer prefixes first; ties keep the file's order.
     routes: Vec<Route>,
     pub identity: IdentityHeaders,
+    pub forward: ForwardHeaders,
+    pub when_revocations_unknown: UnknownRevocations,
     pub trusted_proxies: Vec<IpAddr>,
     /// Requests no route serves.
     pub unmatched: RouteMetrics,
@@ -120,21 +125,24 @@ impl RouteTable {
         RouteTable {
             routes: routes.into_iter().map(|(_, r)| r).collect(),
             identity: cfg.identity.clone(),
+            forward: cfg.forward_headers,
+            when_revocations_unknown: cfg.revocations.when_unknown,
             trusted_proxies: cfg.trusted_proxies.clone(),
             unmatched: RouteMetrics::new("unmatched"),
             in_flight: metrics::gauge!("latchkey_gateway_requests_in_flight"),
         }
     }
 
-    /// The route serving `host` (if known) and `path`.
-    pub fn find(&self, host: Option<&str>, path: &str) -> Option<&Route> {
+    /// The route serving `host` (if known) and the match key of a
+    /// normalised path (`path::Normal::key`).
+    pub fn find(&self, host: Option<&str>, key: &str) -> Option<&Route> {
         self.routes.iter().find(|r| {
             let host_ok = match (&r.config.host, host) {
                 (None, _) => true,
                 (Some(m), Some(h)) => m.matches(h),
                 (Some(_), None) => false,
             };
-            host_ok && prefix_matches(&r.config.path_prefix, path)
+            host_ok && prefix_matches(&r.config.path_prefix, key, r.config.case_sensitive)
         })
     }
 
@@ -143,20 +151,12 @@ impl RouteTable {
     }
 }
 
-/// `/api` serves `/api` and `/api/...` but not `/apiary`; `/api/` serves `/api/...`.
-pub fn prefix_matches(prefix: &str, path: &str) -> bool {
-    match path.strip_prefix(prefix) {
-        None => false,
-        Some(rest) => prefix.ends_with('/') || rest.is_empty() || rest.starts_with('/'),
-    }
-}
-
 /// The path sent upstream: the upstream URL's own path, then the request
 /// path (without the route prefix when `strip_prefix`), then the query.
 pub fn upstream_path_and_query(route: &RouteConfig, path: &str, query: Option<&str>) -> String {
     let rest = if route.strip_prefix {
-        path.strip_prefix(route.path_prefix.trim_end_matches('/'))
-            .unwrap_or(path)
+        let segments = route.path_prefix.split('/').filter(|s| !s.is_empty()).count();
+        drop_segments(path, segments)
     } else {
         path
     };

@@ -135,24 +135,25 @@ pub fn client_ip(
         return peer;
     }
     // Every line of the header, in order: a proxy appends its hop last.
-    let values = headers.get_all(from.name()).into_iter();
-    let hops: Vec<Option<IpAddr>> = match from {
-        ProxyHeader::XForwardedFor => values
-            .flat_map(|v| v.to_str().unwrap_or("").split(','))
-            .map(|f| f.trim().parse().ok())
-            .collect(),
-        ProxyHeader::Forwarded => values
-            .flat_map(|v| v.to_str().unwrap_or("").split(','))
-            .map(|element| {
-                element.split(';').find_map(|pair| {
+    // Hops are split on the raw bytes, so that a byte the client wrote that
+    // is not text spoils only the client's own hop, not the proxy's.
+    let hops: Vec<Option<IpAddr>> = headers
+        .get_all(from.name())
+        .into_iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(|hop| {
+            let hop = std::str::from_utf8(hop).ok()?;
+            match from {
+                ProxyHeader::XForwardedFor => hop.trim().parse().ok(),
+                ProxyHeader::Forwarded => hop.split(';').find_map(|pair| {
                     let (k, v) = pair.trim().split_once('=')?;
                     k.trim()
                         .eq_ignore_ascii_case("for")
                         .then(|| forwarded_node(v.trim()))?
-                })
-            })
-            .collect(),
-    };
+                }),
+            }
+        })
+        .collect();
     // Right to left: trusted hops are skipped; the first other hop is the
     // client. A hop that is not an address (unknown, obfuscated, garbled)
     // ends the walk: nothing left of it can be trusted.
@@ -252,6 +253,16 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", "6.6.6.6, garbage".parse().unwrap());
         assert_eq!(client_ip(proxy, &h, &[proxy], ProxyHeader::XForwardedFor), proxy);
+        // A byte that is not text in the client's hop spoils that hop only.
+        let mut h = HeaderMap::new();
+        h.insert(
+            "x-forwarded-for",
+            axum::http::HeaderValue::from_bytes(b"9.9.9.9\xff, 5.5.5.5").unwrap(),
+        );
+        assert_eq!(
+            client_ip(proxy, &h, &[proxy], ProxyHeader::XForwardedFor),
+            ip("5.5.5.5")
+        );
         // Two trusted proxies in a row are both skipped.
         let inner = ip("10.0.0.2");
         let mut h = HeaderMap::new();

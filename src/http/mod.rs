@@ -152,10 +152,12 @@ pub fn router(state: AppState) -> Router {
 
 /// The operators' listener (`admin_listen`, loopback by default): metrics,
 /// which would tell an outsider which emails have accounts (cache and
-/// database counters move differently for them), and the health checks.
+/// database counters move differently for them), the revocations a gateway
+/// polls, and the health checks.
 pub fn admin_router(state: AppState) -> Router {
     Router::new()
         .route("/metrics", get(ops::metrics))
+        .route("/revocations", get(ops::revocations))
         .route("/health/live", get(ops::live))
         .route("/health/ready", get(ops::ready))
         .fallback(|| async { ApiError::NotFound })

@@ -79,3 +79,21 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
 pub async fn openapi() -> Response {
     Json(super::ApiDoc::openapi()).into_response()
 }
+
+#[derive(serde::Deserialize)]
+pub struct Since {
+    /// Unix milliseconds.
+    since: i64,
+}
+
+/// Sessions revoked since `since` (admin listener only): what a gateway
+/// polls so that logouts reach it even when Redis does not.
+pub async fn revocations(
+    State(st): State<AppState>,
+    axum::extract::Query(q): axum::extract::Query<Since>,
+) -> Response {
+    match st.store.revoked_sessions_since(q.since).await {
+        Ok(revoked) => Json(crate::cache::PolledRevocations { revoked }).into_response(),
+        Err(e) => super::error::ApiError::Auth(e.into()).into_response(),
+    }
+}

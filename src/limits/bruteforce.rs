@@ -344,6 +344,14 @@ pub struct Attempt {
     account_counted: bool,
 }
 
+impl Attempt {
+    /// Whether it counted on the account-wide level (it did not for a known
+    /// address while that level was delaying).
+    pub fn counted_for_account(&self) -> bool {
+        self.account_counted
+    }
+}
+
 /// Brute-force protection of password logins, keyed twice:
 ///
 /// - per account **and client address** (`rules`): one address gets a few
@@ -351,18 +359,22 @@ pub struct Attempt {
 ///   address only, so an attacker locks out nobody but themselves;
 /// - per account over all addresses (`account_rules`): a much higher
 ///   threshold with growing delays and no lock, which caps guessing spread
-///   over many addresses. An address from which the account logged in
-///   within [`KNOWN_ADDRESS_MS`] skips this one, so a distributed attack
-///   does not keep the owner out of their usual network either.
+///   over many addresses. An address from which the verified account logged
+///   in within [`KNOWN_ADDRESS_MS`] skips this one, so a distributed attack
+///   does not keep the owner out of their usual network either. The known
+///   addresses of an email are forgotten whenever its mailbox is proven
+///   again (verification, password reset): they belong to the owner who
+///   earned them, never to whoever held the email before.
 ///
 /// Keys are the normalised email whether or not an account exists, so the
-/// answers never tell whether it does; in Redis the three keys of an
-/// account share one hash slot (`{email}`).
+/// answers never tell whether it does; in Redis the keys of an account share
+/// one hash slot (`{email}`), and its known addresses are one hash.
 pub struct BruteForce {
     rules: Rules,
     account_rules: Rules,
     states: Softlocks,
-    known: Mutex<HashMap<String, i64>>,
+    /// Email -> (address -> until, ms), when there is no Redis.
+    known: Mutex<HashMap<String, HashMap<String, i64>>>,
 }
 
 impl BruteForce {
@@ -413,19 +425,22 @@ impl BruteForce {
         }
     }
 
-    /// The attempt had the right password: this address starts over and
-    /// becomes known for the account. The account-wide count is only taken
-    /// back by one: it fades with quiet time, so that a success of the owner
-    /// in the middle of a distributed attack does not give the attackers a
-    /// fresh allowance.
-    pub async fn success(&self, account: &str, client: &str, attempt: Attempt) {
+    /// The attempt had the right password: this address starts over, and
+    /// becomes known for the account if the login succeeds (`verified`: a
+    /// right password of an unverified account, which anyone may have set,
+    /// earns nothing). The account-wide count is only taken back by one: it
+    /// fades with quiet time, so that a success of the owner in the middle
+    /// of a distributed attack does not give the attackers a fresh allowance.
+    pub async fn success(&self, account: &str, client: &str, attempt: Attempt, verified: bool) {
         self.states.clear(&Self::pair_key(account, client)).await;
         if attempt.account_counted {
             self.states
                 .abandon(&Self::account_key(account), &self.account_rules)
                 .await;
         }
-        self.remember(account, client).await;
+        if verified {
+            self.remember(account, client).await;
+        }
     }
 
     /// The attempt never reached a verdict (shed, or an internal error): it
@@ -442,23 +457,45 @@ impl BruteForce {
     }
 
     /// The owner proved the mailbox (a password reset): both counts of this
-    /// address start over.
+    /// address start over, and the addresses known before are forgotten.
     pub async fn reset(&self, account: &str, client: &str) {
         self.states.clear(&Self::pair_key(account, client)).await;
         self.states.clear(&Self::account_key(account)).await;
+        self.forget_known(account).await;
+    }
+
+    /// Forgets every known address of `account` (its mailbox was proven by
+    /// someone who may not be who logged in before).
+    pub async fn forget_known(&self, account: &str) {
+        if let Some(r) = &self.states.redis {
+            let key = r.key(&Self::known_key(account));
+            let res = r
+                .run("bruteforce", |mut c| async move {
+                    redis::cmd("DEL").arg(&key).query_async::<()>(&mut c).await
+                })
+                .await;
+            if res.is_ok() {
+                return;
+            }
+        }
+        self.known.lock().expect("known addresses").remove(account);
+    }
+
+    fn known_key(account: &str) -> String {
+        format!("bf:{{{account}}}:known")
     }
 
     async fn remember(&self, account: &str, client: &str) {
-        let key = format!("{{{account}}}:known:{client}");
+        let until = now_ms() + KNOWN_ADDRESS_MS;
         if let Some(r) = &self.states.redis {
-            let rkey = r.key(&format!("bf:{key}"));
+            let key = r.key(&Self::known_key(account));
             let res = r
                 .run("bruteforce", |mut c| async move {
-                    redis::cmd("SET")
-                        .arg(&rkey)
-                        .arg(1)
-                        .arg("PX")
-                        .arg(KNOWN_ADDRESS_MS)
+                    redis::pipe()
+                        .hset(&key, client, until)
+                        .ignore()
+                        .pexpire(&key, KNOWN_ADDRESS_MS)
+                        .ignore()
                         .query_async::<()>(&mut c)
                         .await
                 })
@@ -469,25 +506,35 @@ impl BruteForce {
         }
         if self.states.enabled {
             let mut known = self.known.lock().expect("known addresses");
-            known.insert(key, now_ms() + KNOWN_ADDRESS_MS);
+            known
+                .entry(account.to_string())
+                .or_default()
+                .insert(client.to_string(), until);
         }
     }
 
     async fn is_known(&self, account: &str, client: &str) -> bool {
-        let key = format!("{{{account}}}:known:{client}");
+        let now = now_ms();
         if let Some(r) = &self.states.redis {
-            let rkey = r.key(&format!("bf:{key}"));
+            let key = r.key(&Self::known_key(account));
             let res = r
                 .run("bruteforce", |mut c| async move {
-                    redis::cmd("EXISTS").arg(&rkey).query_async::<i64>(&mut c).await
+                    redis::cmd("HGET")
+                        .arg(&key)
+                        .arg(client)
+                        .query_async::<Option<i64>>(&mut c)
+                        .await
                 })
                 .await;
-            if let Ok(n) = res {
-                return n == 1;
+            if let Ok(until) = res {
+                return until.is_some_and(|u| now < u);
             }
         }
         let known = self.known.lock().expect("known addresses");
-        known.get(&key).is_some_and(|&until| now_ms() < until)
+        known
+            .get(account)
+            .and_then(|m| m.get(client))
+            .is_some_and(|&until| now < until)
     }
 
     /// Forgets local states that have gone quiet, and known addresses that expired.
@@ -499,10 +546,11 @@ impl BruteForce {
         };
         self.states.purge(longest);
         let now = now_ms();
-        self.known
-            .lock()
-            .expect("known addresses")
-            .retain(|_, &mut until| now < until);
+        let mut known = self.known.lock().expect("known addresses");
+        for addresses in known.values_mut() {
+            addresses.retain(|_, &mut until| now < until);
+        }
+        known.retain(|_, addresses| !addresses.is_empty());
     }
 }
 

@@ -51,15 +51,26 @@ pub struct NewCode<'a> {
 
 /// Insert or replace the code of (email, purpose) with its pending
 /// credentials; parameters `$1 email, $2 purpose, $3 code_hash, $4 now,
-/// $5 expires_at, $6 pending hash, $7 pending name`.
+/// $5 expires_at, $6 pending hash, $7 pending name`. A registration that
+/// replaces the live code of another registration makes the email
+/// *contested*: two parties claimed it within one code's life, and
+/// whichever code is used then verifies the mailbox but activates neither
+/// password (the owner sets one with a reset).
 pub(super) const REPLACE_CODE: &str = "INSERT INTO codes \
      (email, purpose, code_hash, created_at, expires_at, failed_attempts, consumed_at, \
-      pending_password_hash, pending_name) \
-     VALUES ($1, $2, $3, $4, $5, 0, NULL, $6, $7) \
+      pending_password_hash, pending_name, contested) \
+     VALUES ($1, $2, $3, $4, $5, 0, NULL, $6, $7, 0) \
      ON CONFLICT (email, purpose) DO UPDATE SET code_hash = excluded.code_hash, \
      created_at = excluded.created_at, expires_at = excluded.expires_at, \
      failed_attempts = 0, consumed_at = NULL, \
-     pending_password_hash = excluded.pending_password_hash, pending_name = excluded.pending_name";
+     pending_password_hash = excluded.pending_password_hash, pending_name = excluded.pending_name, \
+     contested = CASE WHEN excluded.pending_password_hash IS NOT NULL \
+       AND codes.pending_password_hash IS NOT NULL AND codes.consumed_at IS NULL \
+       AND codes.expires_at > excluded.created_at THEN 1 ELSE 0 END";
+
+/// The password hash of an account verified while contested: no password
+/// matches it (it is no PHC string), and login pays a dummy hash for it.
+pub const UNUSABLE_PASSWORD: &str = "!contested";
 
 /// Marks the code used, only if it is the same code, unused and not dead.
 /// `$1 email, $2 purpose, $3 created_at, $4 now, $5 max failures`.
@@ -153,10 +164,12 @@ impl Store {
         Ok(n == 1)
     }
 
-    /// Consumes the verification code, activates the credentials of the
-    /// registration it was issued for, marks the email verified and starts a
-    /// session, in one transaction. `false` when the code was used
-    /// concurrently or the account is already verified.
+    /// Activates the credentials of the registration the verification code
+    /// was issued for (none if the email was contested), marks the email
+    /// verified, consumes the code and starts a session, in one transaction.
+    /// `false` when the code was used concurrently, is no longer usable, or
+    /// the account is already verified. Rows are locked users first, then
+    /// codes, as registration does, so that the two cannot deadlock.
     pub async fn verify_email(
         &self,
         email: &str,
@@ -166,6 +179,28 @@ impl Store {
     ) -> StoreResult<bool> {
         db_op!(self, "verify_email", conn => {
             let mut tx = conn.begin().await?;
+            let n = sqlx::query(
+                "UPDATE users SET \
+                 password_hash = CASE WHEN c.contested = 1 THEN $5 \
+                   ELSE COALESCE(c.pending_password_hash, users.password_hash) END, \
+                 name = CASE WHEN c.contested = 1 THEN NULL \
+                   WHEN c.pending_password_hash IS NULL THEN users.name ELSE c.pending_name END, \
+                 email_verified_at = $2, updated_at = $2 \
+                 FROM codes c WHERE users.id = $1 AND users.email_verified_at IS NULL \
+                 AND c.email = users.email AND c.purpose = 'verify_email' AND c.created_at = $3 \
+                 AND c.consumed_at IS NULL AND c.failed_attempts < $4 AND c.expires_at > $2",
+            )
+            .bind(session.user_id)
+            .bind(session.now)
+            .bind(code_created_at)
+            .bind(max_failures)
+            .bind(UNUSABLE_PASSWORD)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if n != 1 {
+                return Ok(false); // verified meanwhile (a reset), or the code changed
+            }
             let n = sqlx::query(CONSUME_CODE)
                 .bind(email)
                 .bind(Purpose::VerifyEmail.as_str())
@@ -177,24 +212,6 @@ impl Store {
                 .rows_affected();
             if n != 1 {
                 return Ok(false);
-            }
-            // The registration's own password and name; a code issued by a
-            // resend carries those of the registration before it.
-            let n = sqlx::query(
-                "UPDATE users SET \
-                 password_hash = COALESCE(c.pending_password_hash, users.password_hash), \
-                 name = CASE WHEN c.pending_password_hash IS NULL THEN users.name ELSE c.pending_name END, \
-                 email_verified_at = $2, updated_at = $2 \
-                 FROM codes c WHERE users.id = $1 AND users.email_verified_at IS NULL \
-                 AND c.email = users.email AND c.purpose = 'verify_email'",
-            )
-            .bind(session.user_id)
-            .bind(session.now)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-            if n != 1 {
-                return Ok(false); // verified meanwhile (a reset): the code is void
             }
             sqlx::query(INSERT_SESSION)
                 .bind(session.id)
@@ -215,10 +232,11 @@ impl Store {
         })
     }
 
-    /// Consumes the reset code, sets the new password (the email counts as
-    /// verified: the code reached it, and any verification code left is
-    /// void), and revokes every session, in one transaction. Returns the
-    /// revoked session ids, or `None` when the code was used concurrently.
+    /// Sets the new password if the reset code is still usable (the email
+    /// counts as verified: the code reached it, and any verification code
+    /// left is void), consumes the code, and revokes every session, in one
+    /// transaction (users, then codes, as everywhere). Returns the revoked
+    /// session ids, or `None` when the code was used concurrently.
     pub async fn reset_password(
         &self,
         user_id: &str,
@@ -230,6 +248,24 @@ impl Store {
     ) -> StoreResult<Option<Vec<String>>> {
         db_op!(self, "reset_password", conn => {
             let mut tx = conn.begin().await?;
+            let n = sqlx::query(
+                "UPDATE users SET password_hash = $2, email_verified_at = COALESCE(email_verified_at, $3), \
+                 updated_at = $3 WHERE id = $1 AND EXISTS (SELECT 1 FROM codes WHERE email = $4 \
+                 AND purpose = 'reset_password' AND created_at = $5 AND consumed_at IS NULL \
+                 AND failed_attempts < $6 AND expires_at > $3)",
+            )
+            .bind(user_id)
+            .bind(new_hash)
+            .bind(now)
+            .bind(email)
+            .bind(code_created_at)
+            .bind(max_failures)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if n != 1 {
+                return Ok(None);
+            }
             let n = sqlx::query(CONSUME_CODE)
                 .bind(email)
                 .bind(Purpose::ResetPassword.as_str())
@@ -242,15 +278,6 @@ impl Store {
             if n != 1 {
                 return Ok(None);
             }
-            sqlx::query(
-                "UPDATE users SET password_hash = $2, email_verified_at = COALESCE(email_verified_at, $3), \
-                 updated_at = $3 WHERE id = $1",
-            )
-            .bind(user_id)
-            .bind(new_hash)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
             sqlx::query(
                 "UPDATE codes SET consumed_at = $2 WHERE email = $1 AND purpose = 'verify_email' \
                  AND consumed_at IS NULL",

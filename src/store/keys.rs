@@ -74,6 +74,17 @@ impl Store {
         })
     }
 
+    /// The value stored under `name` in the installation table, if any.
+    pub async fn installation_get(&self, name: &str) -> StoreResult<Option<Vec<u8>>> {
+        let row: Option<(Vec<u8>,)> = db_op!(self, "installation_get", conn => Ok(sqlx::query_as(
+            "SELECT value FROM installation WHERE name = $1",
+        )
+        .bind(name)
+        .fetch_optional(&mut *conn)
+        .await?))?;
+        Ok(row.map(|r| r.0))
+    }
+
     /// The value stored under `name` in the installation table, after
     /// storing `value` there if nothing was (the first instance decides).
     pub async fn installation_value(&self, name: &str, value: &[u8]) -> StoreResult<Vec<u8>> {

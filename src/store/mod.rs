@@ -16,7 +16,7 @@ mod sessions;
 mod users;
 
 pub use clients::ClientRecord;
-pub use codes::{CodeRecord, NewCode, Purpose};
+pub use codes::{CodeRecord, NewCode, Purpose, UNUSABLE_PASSWORD};
 pub use keys::KeyRecord;
 pub use outbox::OutboxRow;
 pub use sessions::{NewSession, RefreshRecord};
@@ -117,7 +117,7 @@ impl Store {
                     .synchronous(SqliteSynchronous::Normal)
                     .foreign_keys(true)
                     .busy_timeout(Duration::from_secs(5));
-                secure_sqlite_files(opts.get_filename())?;
+                secure_sqlite_files(opts.get_filename(), &cfg.own_dir)?;
                 let pool = SqlitePoolOptions::new()
                     .max_connections(cfg.max_connections)
                     .min_connections(cfg.min_connections)
@@ -187,10 +187,12 @@ impl Store {
 }
 
 /// The SQLite database holds password hashes and sealed keys: its directory
-/// is made (or narrowed to) 0700 and the database file 0600 before SQLite
-/// opens it; SQLite gives its `-wal` and `-shm` files the database file's
-/// mode, and files left by an older version are narrowed too.
-fn secure_sqlite_files(db: &std::path::Path) -> anyhow::Result<()> {
+/// is created 0700, or narrowed to 0700 if it is the service's own
+/// `data_dir` (another directory, `/tmp` say, is not the service's to change:
+/// a warning says it is readable), and the database file is made 0600
+/// before SQLite opens it; SQLite gives its `-wal` and `-shm` files the
+/// database file's mode, and files left by an older version are narrowed too.
+fn secure_sqlite_files(db: &std::path::Path, own_dir: &std::path::Path) -> anyhow::Result<()> {
     use anyhow::Context;
     if db.as_os_str().is_empty() || db.to_string_lossy().starts_with(':') {
         return Ok(()); // in memory
@@ -206,10 +208,17 @@ fn secure_sqlite_files(db: &std::path::Path) -> anyhow::Result<()> {
                 .create(dir)
                 .with_context(|| format!("creating {}", dir.display()))?;
             let mode = std::fs::metadata(dir)?.permissions().mode() & 0o777;
-            if mode & 0o077 != 0 {
+            let own = match (dir.canonicalize(), own_dir.canonicalize()) {
+                (Ok(a), Ok(b)) => a == b,
+                _ => false,
+            };
+            if mode & 0o077 != 0 && own {
                 std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
                     .with_context(|| format!("making {} private (0700)", dir.display()))?;
                 tracing::info!(dir = %dir.display(), "data directory narrowed to 0700");
+            } else if mode & 0o077 != 0 {
+                tracing::warn!(dir = %dir.display(), mode = format!("{mode:o}"),
+                    "the SQLite database's directory is readable by others (the file itself is 0600)");
             }
         }
         std::fs::OpenOptions::new()

@@ -15,6 +15,10 @@ use crate::oauth::{client, form, oauth_error};
 crate::on_every_backend!(
     settings = &[("trusted_proxies", "127.0.0.1")];
     pre_registration_does_not_take_over_the_account,
+    a_registration_racing_the_owners_activates_no_password,
+    a_flood_from_one_address_does_not_spend_the_owners_allowance,
+    an_unverified_login_earns_no_known_address,
+    logout_does_not_end_an_oauth_clients_session,
     one_address_cannot_lock_the_owner_out,
     distributed_guessing_is_capped_but_the_owner_keeps_their_usual_address,
     code_endpoints_answer_unknown_emails_like_known_ones,
@@ -68,8 +72,9 @@ async fn sql(app: &TestApp, statement: &str) {
 }
 
 /// An attacker registers the victim's email first, with the attacker's
-/// password. When the victim registers and verifies, the victim's password
-/// must be the one that logs in, and the attacker's must not.
+/// password (days before, as pre-hijacking goes). When the victim registers
+/// and verifies, the victim's password must be the one that logs in, and
+/// the attacker's must not.
 async fn pre_registration_does_not_take_over_the_account(app: &TestApp) {
     let email = unique_email("victim");
     let attacker_pw = "attacker's own password";
@@ -81,6 +86,11 @@ async fn pre_registration_does_not_take_over_the_account(app: &TestApp) {
         .await;
     assert_eq!(r.status(), 201);
     app.wait_for_mail(&email, 1).await; // lands in the victim's mailbox, unused
+    sql(
+        app,
+        "UPDATE codes SET created_at = created_at - 700000, expires_at = expires_at - 700000",
+    )
+    .await;
     let r = app
         .post(
             "/auth/register",
@@ -112,16 +122,6 @@ async fn pre_registration_does_not_take_over_the_account(app: &TestApp) {
         .unwrap();
     assert_eq!(me["name"], "Victim");
 
-    // The other order: the first code (the victim's own registration)
-    // activates the victim's password even if the attacker tries the first
-    // code of theirs: codes are bound to their registration.
-    let email = unique_email("victim2");
-    app.register(&email, PASSWORD).await;
-    let first = app.wait_for_code(&email, 1).await;
-    let r = app
-        .post("/auth/verify-otp", json!({"email": email, "code": first}))
-        .await;
-    assert_eq!(r.status(), 200);
     // Registering a verified email changes nothing.
     let r = app
         .post("/auth/register", json!({"email": email, "password": attacker_pw}))
@@ -129,6 +129,162 @@ async fn pre_registration_does_not_take_over_the_account(app: &TestApp) {
     assert_eq!(r.status(), 201);
     assert_eq!(app.login(&email, PASSWORD).await.status(), 200);
     assert_eq!(app.login(&email, attacker_pw).await.status(), 401);
+}
+
+/// The victim registers; before the victim verifies, the attacker registers
+/// the same email (the victim's code dies, a new one arrives). Whatever code
+/// the victim then uses (the new one, or one from a resend), neither
+/// password becomes active: the victim is logged in by the code and sets a
+/// password with a reset; the attacker has nothing.
+async fn a_registration_racing_the_owners_activates_no_password(app: &TestApp) {
+    let email = unique_email("raced");
+    let attacker_pw = "attacker's own password";
+    app.register(&email, PASSWORD).await;
+    app.wait_for_mail(&email, 1).await;
+    let r = app
+        .post(
+            "/auth/register",
+            json!({"email": email, "password": attacker_pw, "name": "Support"}),
+        )
+        .await;
+    assert_eq!(r.status(), 201);
+    // The victim's first code no longer works; a resend brings another.
+    let first = app.wait_for_code(&email, 1).await;
+    let r = app
+        .post("/auth/verify-otp", json!({"email": email, "code": first}))
+        .await;
+    assert_eq!(answer(r).await.0, 401);
+    sql(app, "UPDATE codes SET created_at = created_at - 120000").await;
+    app.post("/auth/resend-otp", json!({"email": email})).await;
+    let code = app.wait_for_code(&email, 3).await;
+    let r = app
+        .post("/auth/verify-otp", json!({"email": email, "code": code}))
+        .await;
+    assert_eq!(r.status(), 200, "the mailbox is verified, the owner logged in");
+    let pair: Value = r.json().await.unwrap();
+    for pw in [attacker_pw, PASSWORD] {
+        assert_eq!(
+            answer(app.login(&email, pw).await).await,
+            (401, "INVALID_CREDENTIALS".into()),
+            "no password of a contested registration is active"
+        );
+    }
+    let me: Value = app
+        .get_bearer("/auth/me", pair["access_token"].as_str().unwrap())
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(me["name"].is_null(), "the attacker's name is not kept: {me}");
+    // A reset gives the owner a password.
+    app.post("/auth/password-reset", json!({"email": email})).await;
+    let code = app.wait_for_code(&email, 4).await;
+    let r = app
+        .post(
+            "/auth/password-reset/confirm",
+            json!({"email": email, "code": code, "new_password": "the owner's password"}),
+        )
+        .await;
+    assert_eq!(r.status(), 204);
+    assert_eq!(app.login(&email, "the owner's password").await.status(), 200);
+}
+
+/// Requests the brute-force rules refuse must not spend the per-email
+/// allowances: one address flooding wrong passwords or wrong codes cannot
+/// make the owner's right ones answer 429.
+async fn a_flood_from_one_address_does_not_spend_the_owners_allowance(app: &TestApp) {
+    let email = unique_email("flooded");
+    app.register_verified(&email, PASSWORD).await;
+    let home = "203.0.113.21";
+    assert_eq!(login_from(app, home, &email, PASSWORD).await.0, 200);
+    for _ in 0..70 {
+        login_from(app, "198.51.100.31", &email, "a wrong guess!").await;
+    }
+    assert_eq!(
+        login_from(app, home, &email, PASSWORD).await.0,
+        200,
+        "login_account not drained"
+    );
+    // The same with codes: the flood kills the live reset code (5 wrong
+    // tries), but not the owner's allowance for the next one.
+    app.post("/auth/password-reset", json!({"email": email})).await;
+    app.wait_for_mail(&email, 2).await;
+    for _ in 0..45 {
+        let body = json!({"email": email, "code": "000000", "new_password": "whatever it is"});
+        post_from(app, "198.51.100.32", "/auth/password-reset/confirm", body).await;
+    }
+    sql(app, "UPDATE codes SET created_at = created_at - 120000").await;
+    app.post("/auth/password-reset", json!({"email": email})).await;
+    let code = app.wait_for_code(&email, 3).await;
+    let body = json!({"email": email, "code": code, "new_password": "a fresh password"});
+    let r = post_from(app, home, "/auth/password-reset/confirm", body).await;
+    assert_eq!(r.status(), 204, "verify_account not drained");
+}
+
+/// A right password of an unverified account (which the attacker may have
+/// set by registering first) must not make the attacker's address known to
+/// the account that the owner verifies later.
+async fn an_unverified_login_earns_no_known_address(app: &TestApp) {
+    let app = app.twin_with(&[("brute_force_account_free_failures", "8")]).await;
+    let email = unique_email("future");
+    let attacker = "198.51.100.41";
+    let attacker_pw = "attacker's own password";
+    app.post("/auth/register", json!({"email": email, "password": attacker_pw}))
+        .await;
+    let (status, code) = login_from(&app, attacker, &email, attacker_pw).await;
+    assert_eq!((status, code.as_str()), (401, "VERIFICATION_PENDING"));
+    // Much later, the owner registers and verifies.
+    sql(
+        &app,
+        "UPDATE codes SET created_at = created_at - 700000, expires_at = expires_at - 700000",
+    )
+    .await;
+    app.register(&email, PASSWORD).await;
+    let code = app.wait_for_code(&email, 2).await;
+    let r = app
+        .post("/auth/verify-otp", json!({"email": email, "code": code}))
+        .await;
+    assert_eq!(r.status(), 200);
+    for i in 0..12 {
+        login_from(&app, &format!("192.0.2.{}", i + 150), &email, "a wrong guess!").await;
+    }
+    let (status, code) = login_from(&app, attacker, &email, "another guess!").await;
+    assert_eq!((status, code.as_str()), (429, "TOO_MANY_ATTEMPTS"));
+    app.stop().await;
+}
+
+/// `/auth/logout` takes no client authentication: it ends first-party
+/// sessions only, never an OAuth client's.
+async fn logout_does_not_end_an_oauth_clients_session(app: &TestApp) {
+    let secret = client(app, "kept-alive").await;
+    let email = unique_email("oauthlogout");
+    app.register_verified(&email, PASSWORD).await;
+    let pair: Value = form(
+        app,
+        "/oauth/token",
+        Some(("kept-alive", &secret)),
+        &[
+            ("grant_type", "password"),
+            ("username", &email),
+            ("password", PASSWORD),
+        ],
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let rt = pair["refresh_token"].as_str().unwrap();
+    let r = app.post("/auth/logout", json!({"refresh_token": rt})).await;
+    assert_eq!(r.status(), 204);
+    assert_eq!(app.validate(pair["access_token"].as_str().unwrap()).await, 200);
+    let r = form(
+        app,
+        "/oauth/token",
+        Some(("kept-alive", &secret)),
+        &[("grant_type", "refresh_token"), ("refresh_token", rt)],
+    )
+    .await;
+    assert_eq!(r.status(), 200);
 }
 
 /// Failed logins from one address delay and lock that address, not the
@@ -650,7 +806,8 @@ async fn sqlite_files_are_private() {
     std::fs::create_dir(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let db = format!("sqlite://{}", dir.join("latchkey.db").display());
-    let app = TestApp::embedded(&[("database_url", &db)]).await;
+    let own = dir.display().to_string();
+    let app = TestApp::embedded(&[("database_url", &db), ("data_dir", &own)]).await;
     app.register(&unique_email("private"), PASSWORD).await;
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&dir), 0o700, "the data directory");
@@ -662,6 +819,16 @@ async fn sqlite_files_are_private() {
             assert_ne!(f, "latchkey.db");
         }
     }
+    app.stop().await;
+    // A directory that is not the service's own is left as it is (a shared
+    // /tmp must not become private), while the file still is.
+    let shared = outer.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let db = format!("sqlite://{}", shared.join("latchkey.db").display());
+    let app = TestApp::embedded(&[("database_url", &db)]).await;
+    assert_eq!(mode(&shared), 0o777, "not the service's directory");
+    assert_eq!(mode(&shared.join("latchkey.db")), 0o600);
     app.stop().await;
 }
 
@@ -803,27 +970,53 @@ async fn resend_takes_as_long_for_unknown_emails_as_for_unverified_accounts() {
 }
 
 /// Tokens are verified with the public keys in the database whatever the
-/// master secret: an instance that cannot unseal a key (a database from
-/// before the secret check, started with another secret) still accepts the
-/// tokens that key signed, instead of splitting the deployment in two.
+/// master secret: an instance that cannot unseal a key still accepts the
+/// tokens that key signed. (A database from before the check value existed,
+/// holding keys of two secrets: the instance of the second one starts, as
+/// one of its keys unseals, and must not split the deployment in two.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_of_a_key_sealed_under_another_secret_still_verify() {
+    const OTHER: &str = "YW5vdGhlci1zZWNyZXQta2V5LW9mLXRoaXJ0eS10d28tYnl0ZXM=";
     let a = TestApp::embedded(&[]).await;
     let pair = a.register_verified(&unique_email("sealed"), PASSWORD).await;
     let token = pair["access_token"].as_str().unwrap();
-    // As a database initialised before the check value existed.
+    // A key of the other secret, made by an instance of it elsewhere.
+    let elsewhere = TestApp::embedded(&[("secret_key", OTHER)]).await;
+    for k in elsewhere.services.store.signing_keys().await.unwrap() {
+        a.services.store.add_signing_key(&k).await.unwrap();
+    }
+    elsewhere.stop().await;
     sql(&a, "DELETE FROM installation").await;
-    let b = a
-        .twin_with(&[(
-            "secret_key",
-            "YW5vdGhlci1zZWNyZXQta2V5LW9mLXRoaXJ0eS10d28tYnl0ZXM=",
-        )])
-        .await;
+    let b = a.twin_with(&[("secret_key", OTHER)]).await;
     assert_eq!(
         b.validate(token).await,
         200,
         "verified with the stored public key"
     );
     b.stop().await;
+    a.stop().await;
+}
+
+/// A database from before the check value existed, whose keys were all
+/// sealed under another secret (an instance that made itself a new
+/// `secret.key`, say): refused, so that it cannot store its own check value
+/// and lock every rightly configured instance out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_start_under_a_foreign_secret_does_not_claim_the_database() {
+    let a = TestApp::embedded(&[]).await;
+    sql(&a, "DELETE FROM installation").await;
+    let mut settings = a.settings.clone();
+    settings.push((
+        "secret_key".into(),
+        "YW5vdGhlci1zZWNyZXQta2V5LW9mLXRoaXJ0eS10d28tYnl0ZXM=".into(),
+    ));
+    let err = latchkey::app::Application::build(TestApp::config(&settings))
+        .await
+        .err()
+        .expect("a secret that opens no key must not start");
+    assert!(format!("{err:#}").contains("LATCHKEY_SECRET_KEY"));
+    // The right secret still starts, and stores the check value.
+    let twin = a.twin().await;
+    twin.stop().await;
     a.stop().await;
 }

@@ -525,17 +525,20 @@ async fn a_down_upstream_is_502_and_a_slow_one_504(app: &TestApp) {
     let r = gw.get("/nowhere", Some(at)).await;
     assert_eq!(r.status(), 404);
     assert_eq!(r.json::<Value>().await.unwrap()["error"], "NOT_FOUND");
-    for p in [
-        "/public/../api/secret",
-        "/public/%2e%2e/api/secret",
-        "/public%2f..%2fapi",
+    // Dot segments resolve before routing (RFC 3986 §5.2.4): the path is
+    // served by the route it names, here one that wants a token; an encoded
+    // slash is refused.
+    for (p, status) in [
+        ("/public/../api/secret", "401"),
+        ("/public/%2e%2e/api/secret", "401"),
+        ("/public%2f..%2fapi", "400"),
     ] {
         let resp = raw_request(
             &gw.base,
             format!("GET {p} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
         )
         .await;
-        assert!(resp.starts_with("HTTP/1.1 400"), "{p}: {resp}");
+        assert!(resp.starts_with(&format!("HTTP/1.1 {status}")), "{p}: {resp}");
     }
     // The gateway still serves.
     assert_eq!(gw.get("/api/ok", Some(at)).await.status(), 200);
