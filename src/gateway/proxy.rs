@@ -285,6 +285,8 @@ async fn forward<'t>(
     let response = match result {
         Ok(Ok(resp)) => {
             let (mut p, body) = resp.into_parts();
+            // Our answer is ours: an HTTP/1.0 upstream does not make it 1.0.
+            p.version = Version::HTTP_11;
             strip_hop_by_hop(&mut p.headers);
             Response::from_parts(p, Body::new(body))
         }

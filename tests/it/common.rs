@@ -428,7 +428,7 @@ impl Drop for OwnRedis {
     }
 }
 
-/// A server from `tests/support/` (Python), started with `args`, killed on
+/// A server from `tests/support/` (Python, or Node for `.js`), started with `args`, killed on
 /// drop. It prints `READY [port]` once it listens; `ready` is the rest of
 /// that line. `hint` says what to install when it does not start.
 pub struct SupportServer {
@@ -439,7 +439,13 @@ pub struct SupportServer {
 impl SupportServer {
     pub fn start(script: &str, args: &[&std::ffi::OsStr], hint: &str) -> SupportServer {
         use std::io::BufRead;
-        let mut child = std::process::Command::new("python3")
+        // `.js` runs on Node, everything else on Python.
+        let interpreter = if script.ends_with(".js") {
+            "node"
+        } else {
+            "python3"
+        };
+        let mut child = std::process::Command::new(interpreter)
             .arg(
                 Path::new(env!("CARGO_MANIFEST_DIR"))
                     .join("tests/support")
@@ -448,7 +454,7 @@ impl SupportServer {
             .args(args)
             .stdout(std::process::Stdio::piped())
             .spawn()
-            .unwrap_or_else(|e| panic!("python3 for {script} ({hint}): {e}"));
+            .unwrap_or_else(|e| panic!("{interpreter} for {script} ({hint}): {e}"));
         let mut line = String::new();
         std::io::BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)

@@ -728,6 +728,79 @@ mod revocation {
         gw.stop().await;
         app.stop().await;
     }
+
+    /// Redis goes away; a logout still reaches a gateway that polls the
+    /// service's `GET /revocations`, and a gateway that cannot learn of
+    /// logouts at all refuses tokens (503) rather than honour ended sessions,
+    /// unless told to accept them.
+    #[sqlx::test(migrations = false)]
+    async fn a_logout_during_a_redis_outage_reaches_the_gateway(
+        _: sqlx::postgres::PgPoolOptions,
+        opts: sqlx::postgres::PgConnectOptions,
+    ) {
+        let mut redis = crate::common::OwnRedis::start().await;
+        let app = TestApp::postgres(opts, &[("redis_url", &redis.url())]).await;
+        let up = Upstream::start().await;
+        let polling = format!(
+            "revocations_url = \"{}/revocations\"\nrevocations_poll_ms = 200\n",
+            app.admin_base
+        );
+        let gw = TestGateway::start(
+            &config(&app, &up, "").replace("log = \"warn\"", &format!("log = \"warn\"\n{polling}")),
+        )
+        .await;
+        let blind = TestGateway::start(&config(&app, &up, "")).await;
+        let lenient = TestGateway::start(&config(&app, &up, "").replace(
+            "log = \"warn\"",
+            "log = \"warn\"\non_unknown_revocations = \"accept\"",
+        ))
+        .await;
+        let (_, pair) = user(&app, "gw-outage").await;
+        let at = pair["access_token"].as_str().unwrap();
+        for g in [&gw, &blind, &lenient] {
+            assert_eq!(g.get("/api/x", Some(at)).await.status(), 200);
+        }
+        redis.stop();
+        let r = app
+            .post("/auth/logout", json!({"refresh_token": pair["refresh_token"]}))
+            .await;
+        assert_eq!(r.status(), 204);
+        let start = Instant::now();
+        loop {
+            let status = gw.get("/api/x", Some(at)).await.status();
+            if status == 401 {
+                break;
+            }
+            assert_eq!(status, 200);
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "the polling gateway still accepts a logged-out token"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Without a source that answers, the others cannot tell.
+        let start = Instant::now();
+        loop {
+            let r = blind.get("/api/x", Some(at)).await;
+            if r.status() == 503 {
+                assert!(r.headers().contains_key("retry-after"));
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(5), "{}", r.status());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(
+            lenient.get("/api/x", Some(at)).await.status(),
+            200,
+            "accept, as configured"
+        );
+        // Public routes do not depend on it.
+        assert_eq!(blind.get("/public/x", None).await.status(), 200);
+        for g in [gw, blind, lenient] {
+            g.stop().await;
+        }
+        app.stop().await;
+    }
 }
 
 /// The binary: bad files stop start-up with one line naming the field;

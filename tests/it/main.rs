@@ -7,6 +7,7 @@ mod cli;
 mod common;
 mod dump;
 mod gateway;
+mod gateway_attacks;
 mod limits;
 mod mail;
 mod oauth;

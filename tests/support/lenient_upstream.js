@@ -1,0 +1,54 @@
+// A deliberately lenient upstream behind the gateway, on Node's own HTTP
+// server: it routes the way the most forgiving frameworks do, so that any
+// path or header trick that gets past the gateway shows up as the wrong
+// handler running. Same rules and output as lenient_upstream.py (WSGI).
+//
+// usage: node lenient_upstream.js LOG   (prints "READY <port>"; one JSON
+// line per request is appended to LOG and returned as the body)
+'use strict';
+const fs = require('fs');
+const http = require('http');
+const path = require('path');
+
+function decode(p) {
+  try {
+    return decodeURIComponent(p);
+  } catch (e) {
+    return unescape(p);
+  }
+}
+
+function lenient(raw) {
+  let p = decode(decode(raw.split('?')[0]));
+  p = p.replace(/\\/g, '/');
+  const segments = p.split('/').map((s) => s.split(';')[0]).filter((s) => s);
+  return path.posix.normalize('/' + segments.join('/')).toLowerCase();
+}
+
+const log = process.argv[2];
+const server = http.createServer((req, res) => {
+  const routedBy = req.headers['x-original-url'] || req.headers['x-rewrite-url'];
+  const p = lenient(routedBy || req.url);
+  const handler = p === '/admin' || p.startsWith('/admin/') ? 'admin' : 'public';
+  const identity = {};
+  const forwarding = {};
+  for (const [k, v] of Object.entries(req.headers)) {
+    const name = k.replace(/_/g, '-');
+    if (name.startsWith('x-auth-')) {
+      identity[name] = identity[name] ? identity[name] + ',' + v : String(v);
+    } else if (name.startsWith('x-forwarded') ||
+               ['forwarded', 'x-real-ip', 'x-original-url', 'x-rewrite-url', 'x-http-method-override'].includes(name)) {
+      forwarding[name] = String(v);
+    }
+  }
+  const line = JSON.stringify({ stack: 'node', handler, path: req.url, identity, forwarding });
+  fs.appendFileSync(log, line + '\n');
+  req.resume();
+  req.on('end', () => {
+    res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(line) });
+    res.end(line);
+  });
+});
+server.listen(0, '127.0.0.1', () => {
+  console.log(`READY ${server.address().port}`);
+});
