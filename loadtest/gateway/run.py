@@ -490,6 +490,11 @@ def main():
                     help="open-model load generators, in this order: vegeta (light: ~0.4 core at 5,000/s) "
                          "and/or k6 (the seeds' tool: ~1 core at 5,000/s)")
     ap.add_argument("--no-wrk", action="store_true")
+    ap.add_argument("--wrk-rounds", type=int, default=1,
+                    help="wrk rounds over every target, interleaved; the round with the median req/s is reported")
+    ap.add_argument("--baseline",
+                    help="another latchkey binary (say, the previous commit's release build): targets ending "
+                         "in -base run their gateway with it, for before/after figures from one run")
     ap.add_argument("--perf", action="store_true",
                     help="record a CPU profile (perf, call graphs) of each target during its first wrk run")
     ap.add_argument("--no-wait", action="store_true",
@@ -505,8 +510,10 @@ def main():
             hint = " (go install github.com/tsenart/vegeta/v12@latest)" if tool == "vegeta" else ""
             raise SystemExit(f"{tool} is not installed{hint}")
     targets = args.targets.split(",")
+    if any(t.endswith("-base") for t in targets) and not (args.baseline and os.path.exists(args.baseline)):
+        raise SystemExit("targets ending in -base need --baseline PATH (a latchkey binary)")
     for t in targets:
-        if t not in ("upstream", "gateway-local", "gateway-redis", "gateway-local-ws", "gateway-redis-ws",
+        if t.removesuffix("-base") not in ("upstream", "gateway-local", "gateway-redis", "gateway-local-ws", "gateway-redis-ws",
                      "gateway-local-1w", "gateway-redis-1w",
                      "haproxy", "haproxy-plain"):
             raise SystemExit(f"unknown target {t}")
@@ -576,10 +583,11 @@ def main():
                 with open(cfg, "w") as f:
                     f.write(gateway_toml(port, up_port, f"{base}/.well-known/jwks.json",
                                          f"redis://127.0.0.1:{redis_port}", target.split("-")[1],
-                                         "work-stealing" if target.endswith("-ws") else "per-core",
-                                         1 if target.endswith("-1w") else None))
+                                         "work-stealing" if target.removesuffix("-base").endswith("-ws") else "per-core",
+                                         1 if target.removesuffix("-base").endswith("-1w") else None))
                 shutil.copy(cfg, os.path.join(raw, f"{target}.toml"))
-                procs.start(target, [LATCHKEY, "gateway", "--config", cfg], os.path.join(raw, f"{target}.log"))
+                binary = args.baseline if target.endswith("-base") else LATCHKEY
+                procs.start(target, [binary, "gateway", "--config", cfg], os.path.join(raw, f"{target}.log"))
             elif target.startswith("haproxy"):
                 port = free_port()
                 cfg = os.path.join(tmp, f"{target}.cfg")
@@ -598,9 +606,11 @@ def main():
         pid_of = {t: procs.items[t].pid for t in targets}
         redis_pid = procs.items["redis"].pid
 
-        for target in targets if not args.no_wrk else []:
+        wrk_plan = [(rnd, t) for rnd in range(1, args.wrk_rounds + 1) for t in targets] if not args.no_wrk else []
+        for rnd, target in wrk_plan:
             url, pid = urls[target], pid_of[target]
-            run_wrk(url, 50, 3, tokens_file, raw, f"{target}-warmup")
+            if rnd == 1:
+                run_wrk(url, 50, 3, tokens_file, raw, f"{target}-warmup")
             for conns in [int(c) for c in args.conns.split(",")]:
                 def one_wrk():
                     c0, r0 = cpu_seconds(pid), cpu_seconds(redis_pid)
@@ -616,8 +626,11 @@ def main():
                     w["cpu_us_per_req"] = (cpu_seconds(pid) - c0) * 1e6 / max(w["requests"], 1)
                     w["redis_cpu_us_per_req"] = (cpu_seconds(redis_pid) - r0) * 1e6 / max(w["requests"], 1)
                     return w
-                w = measure(procs, f"{target} wrk c{conns}", one_wrk)
-                results[target]["wrk"][conns] = w
+                w = measure(procs, f"{target} wrk c{conns} round {rnd}", one_wrk)
+                rounds = results[target].setdefault("wrk_rounds", {}).setdefault(conns, [])
+                rounds.append(w)
+                # The round with the median req/s stands for the target.
+                results[target]["wrk"][conns] = sorted(rounds, key=lambda x: x["rps"])[(len(rounds) - 1) // 2]
                 say(f"{target} wrk c{conns}: {w['rps']:.0f} req/s, p99 {w['latency_us']['p99'] / 1000:.2f} ms, "
                     f"non-2xx {w['errors']['status']}, {w['cpu_us_per_req']:.1f} us CPU/req")
 
