@@ -1,4 +1,5 @@
-//! The verified-credential cache: the honest form of seed 000's token cache.
+//! The verified-credential cache: a login that skips argon2 for a password
+//! this process verified recently, without keeping anything a thief could use.
 //!
 //! After a full argon2 verification succeeds, we keep
 //! `HMAC(k, user_id | password_hash | password)` under a key `k` drawn at

@@ -5,9 +5,10 @@
 //! and at most `queue` jobs may wait at once. A job that cannot start in time
 //! is shed at once (`Overloaded`, answered `503` with `Retry-After`): a client
 //! gets a fast refusal instead of a slow answer after its patience ran out,
-//! and the CPU goes to work that can still finish in time (seed 003's
-//! collapse). Cheap requests never touch this pool, so they never wait
-//! behind hashing.
+//! and the CPU goes to work that can still finish in time (an unbounded
+//! queue of hashes makes every login late once the arrival rate passes the
+//! hashing capacity). Cheap requests never touch this pool, so they never
+//! wait behind hashing.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};

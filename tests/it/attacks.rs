@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::common::{unique_email, TestApp, PASSWORD};
-use crate::oauth::{client, form, oauth_error};
+use crate::oauth::{client, form, oauth_error, password_grant};
 
 crate::on_every_backend!(
     settings = &[("trusted_proxies", "127.0.0.1")];
@@ -259,20 +259,7 @@ async fn logout_does_not_end_an_oauth_clients_session(app: &TestApp) {
     let secret = client(app, "kept-alive").await;
     let email = unique_email("oauthlogout");
     app.register_verified(&email, PASSWORD).await;
-    let pair: Value = form(
-        app,
-        "/oauth/token",
-        Some(("kept-alive", &secret)),
-        &[
-            ("grant_type", "password"),
-            ("username", &email),
-            ("password", PASSWORD),
-        ],
-    )
-    .await
-    .json()
-    .await
-    .unwrap();
+    let pair: Value = password_grant(app, "kept-alive", &secret, &email).await;
     let rt = pair["refresh_token"].as_str().unwrap();
     let r = app.post("/auth/logout", json!({"refresh_token": rt})).await;
     assert_eq!(r.status(), 204);
@@ -484,20 +471,7 @@ async fn an_oauth_clients_refresh_token_does_not_refresh_at_auth_refresh(app: &T
     let secret = client(app, "confidential").await;
     let email = unique_email("oauthrt");
     app.register_verified(&email, PASSWORD).await;
-    let pair: Value = form(
-        app,
-        "/oauth/token",
-        Some(("confidential", &secret)),
-        &[
-            ("grant_type", "password"),
-            ("username", &email),
-            ("password", PASSWORD),
-        ],
-    )
-    .await
-    .json()
-    .await
-    .unwrap();
+    let pair: Value = password_grant(app, "confidential", &secret, &email).await;
     let rt = pair["refresh_token"].as_str().unwrap();
     let r = app.post("/auth/refresh", json!({"refresh_token": rt})).await;
     assert_eq!(answer(r).await, (401, "INVALID_TOKEN".into()));
@@ -545,20 +519,7 @@ async fn introspection_and_revocation_are_bound_to_the_calling_client(app: &Test
     let secret_b = client(app, "client-b").await;
     let email = unique_email("bound");
     app.register_verified(&email, PASSWORD).await;
-    let pair: Value = form(
-        app,
-        "/oauth/token",
-        Some(("client-a", &secret_a)),
-        &[
-            ("grant_type", "password"),
-            ("username", &email),
-            ("password", PASSWORD),
-        ],
-    )
-    .await
-    .json()
-    .await
-    .unwrap();
+    let pair: Value = password_grant(app, "client-a", &secret_a, &email).await;
     let rt = pair["refresh_token"].as_str().unwrap();
     let at = pair["access_token"].as_str().unwrap();
     let v: Value = form(

@@ -34,6 +34,23 @@ pub(crate) async fn form(
     rb.send().await.unwrap()
 }
 
+/// A token pair from the password grant, for client `id`.
+pub(crate) async fn password_grant(app: &TestApp, id: &str, secret: &str, email: &str) -> Value {
+    let r = form(
+        app,
+        "/oauth/token",
+        Some((id, secret)),
+        &[
+            ("grant_type", "password"),
+            ("username", email),
+            ("password", PASSWORD),
+        ],
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    r.json().await.unwrap()
+}
+
 pub(crate) async fn oauth_error(r: reqwest::Response) -> (u16, String) {
     let s = r.status().as_u16();
     let v: Value = r.json().await.unwrap();
