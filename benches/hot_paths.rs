@@ -1,6 +1,7 @@
 //! Criterion benchmarks of the hot paths: token signing and verification
 //! (EdDSA and ES256, uncached and cached), a rate-limit check on each
-//! backend, and one argon2id verification at the default parameters.
+//! backend, one argon2id verification at the default parameters, and the
+//! gateway's request rules (path normal form, reserved headers).
 //!
 //! `cargo bench --bench hot_paths` (set LATCHKEY_BENCH_REDIS_URL, or run
 //! under scripts/with-services, to include the Redis limiter).
@@ -144,5 +145,61 @@ fn argon2_bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, token_benches, limiter_benches, argon2_bench);
+/// What the gateway's trust rules cost a request: the checks on `Host` and
+/// `Authorization`, the path's normal form, and the removal of reserved
+/// headers, on a typical request and on a hostile one.
+fn gateway_rules_bench(c: &mut Criterion) {
+    use axum::http::{HeaderMap, HeaderName, HeaderValue};
+    use latchkey::gateway::headers::{ambiguous, strip_reserved};
+    use latchkey::gateway::path::normalise;
+    let identity = [
+        HeaderName::from_static("x-auth-subject"),
+        HeaderName::from_static("x-auth-email"),
+        HeaderName::from_static("x-auth-session"),
+        HeaderName::from_static("x-auth-client-id"),
+    ];
+    let identity: Vec<&HeaderName> = identity.iter().collect();
+    let typical = {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("host", "api.example.com"),
+            ("authorization", "Bearer eyJhbGciOiJFUzI1NiJ9.e30.sig"),
+            ("accept", "application/json"),
+            ("user-agent", "bench/1.0"),
+            ("content-type", "application/json"),
+        ] {
+            h.insert(HeaderName::from_static(k), HeaderValue::from_static(v));
+        }
+        h
+    };
+    let hostile = {
+        let mut h = typical.clone();
+        for k in ["x_auth_subject", "x-forwarded-for", "x-original-url", "x_real_ip"] {
+            h.insert(HeaderName::from_static(k), HeaderValue::from_static("spoofed"));
+        }
+        h
+    };
+    let mut g = c.benchmark_group("gateway rules");
+    for (name, headers, path) in [
+        ("typical request", &typical, "/api/v1/orders/42"),
+        ("hostile request", &hostile, "/x/../api/%61dmin;p=1//users"),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let mut h = headers.clone();
+                assert!(ambiguous(&h).is_none());
+                let n = normalise(std::hint::black_box(path)).unwrap();
+                strip_reserved(&mut h, &identity);
+                std::hint::black_box((n.key().len(), h.len()))
+            })
+        });
+    }
+    // The clone every iteration needs, to subtract.
+    g.bench_function("header map clone alone", |b| {
+        b.iter(|| std::hint::black_box(typical.clone().len()))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, token_benches, limiter_benches, argon2_bench, gateway_rules_bench);
 criterion_main!(benches);

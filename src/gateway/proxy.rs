@@ -166,9 +166,12 @@ async fn forward<'t>(
     );
     let from_proxy = Forwarded::from_trusted(&parts.headers, peer, &table.trusted_proxies);
     // As the client wrote it (with its port); it agrees with the route's host.
-    let forwarded_host = match parts.headers.get(header::HOST).and_then(|h| h.to_str().ok()) {
-        Some(h) => Some(h.to_string()),
-        None => parts.uri.authority().map(|a| a.as_str().to_string()),
+    let forwarded_host = match parts.headers.get(header::HOST) {
+        Some(h) => Some(h.clone()),
+        None => parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
     };
     let headers = &mut parts.headers;
     strip_hop_by_hop(headers);
@@ -247,13 +250,7 @@ async fn forward<'t>(
     if !rc.forward_authorization {
         headers.remove(header::AUTHORIZATION);
     }
-    from_proxy.write(
-        headers,
-        &table.forward,
-        peer,
-        client_addr,
-        forwarded_host.as_deref(),
-    );
+    from_proxy.write(headers, &table.forward, peer, client_addr, forwarded_host);
     headers.insert(X_REQUEST_ID, id.clone());
     let original_host = headers.remove(header::HOST);
     if let (Some(h), true) = (original_host, rc.preserve_host) {
@@ -375,33 +372,39 @@ impl Forwarded {
         which: &ForwardHeaders,
         peer: IpAddr,
         client: IpAddr,
-        host: Option<&str>,
+        host: Option<HeaderValue>,
     ) {
         let proto = self.proto.unwrap_or(HeaderValue::from_static("http"));
-        let mut set = |on: bool, name: HeaderName, value: String| {
-            if let (true, Ok(v)) = (on, HeaderValue::from_str(&value)) {
+        let mut set = |name: HeaderName, value: String| {
+            if let Ok(v) = HeaderValue::from_str(&value) {
                 headers.insert(name, v);
             }
         };
-        let chain = match self.chain {
-            Some(c) => format!("{c}, {peer}"),
-            None => peer.to_string(),
-        };
-        set(which.x_forwarded_for, X_FORWARDED_FOR, chain);
-        set(which.x_real_ip, X_REAL_IP, client.to_string());
-        if let Some(h) = host {
-            set(which.x_forwarded_host, X_FORWARDED_HOST, h.to_string());
+        if which.x_forwarded_for {
+            let chain = match self.chain {
+                Some(c) => format!("{c}, {peer}"),
+                None => peer.to_string(),
+            };
+            set(X_FORWARDED_FOR, chain);
         }
-        let node = match client {
-            IpAddr::V4(a) => a.to_string(),
-            IpAddr::V6(a) => format!("\"[{a}]\""),
-        };
-        let p = proto.to_str().unwrap_or("http").to_string();
-        let fwd = match host {
-            Some(h) => format!("for={node};host=\"{h}\";proto={p}"),
-            None => format!("for={node};proto={p}"),
-        };
-        set(which.forwarded, header::FORWARDED, fwd);
+        if which.x_real_ip {
+            set(X_REAL_IP, client.to_string());
+        }
+        if which.forwarded {
+            let node = match client {
+                IpAddr::V4(a) => a.to_string(),
+                IpAddr::V6(a) => format!("\"[{a}]\""),
+            };
+            let p = proto.to_str().unwrap_or("http");
+            let fwd = match host.as_ref().and_then(|h| h.to_str().ok()) {
+                Some(h) => format!("for={node};host=\"{h}\";proto={p}"),
+                None => format!("for={node};proto={p}"),
+            };
+            set(header::FORWARDED, fwd);
+        }
+        if let (true, Some(h)) = (which.x_forwarded_host, host) {
+            headers.insert(X_FORWARDED_HOST, h);
+        }
         if which.x_forwarded_proto {
             headers.insert(X_FORWARDED_PROTO, proto);
         }
@@ -440,7 +443,13 @@ mod tests {
             let mut h = spoofed();
             let prior = Forwarded::from_trusted(&h, peer, &[proxy]);
             crate::gateway::headers::strip_reserved(&mut h, &[]);
-            prior.write(&mut h, &which, peer, client, Some("shop.example"));
+            prior.write(
+                &mut h,
+                &which,
+                peer,
+                client,
+                Some(HeaderValue::from_static("shop.example")),
+            );
             h
         };
         let h = through(stranger, ForwardHeaders::default());
