@@ -201,5 +201,11 @@ fn gateway_rules_bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, token_benches, limiter_benches, argon2_bench, gateway_rules_bench);
+criterion_group!(
+    benches,
+    token_benches,
+    limiter_benches,
+    argon2_bench,
+    gateway_rules_bench
+);
 criterion_main!(benches);
