@@ -35,6 +35,16 @@ crate::on_every_backend!(
     registering_again_does_not_raise_the_guess_budget,
 );
 
+/// A new OAuth client, and a session of a new verified user through its
+/// password grant: (the client's secret, the token pair).
+async fn client_session(app: &TestApp, client_id: &str, tag: &str) -> (String, Value) {
+    let secret = client(app, client_id).await;
+    let email = unique_email(tag);
+    app.register_verified(&email, PASSWORD).await;
+    let pair = password_grant(app, client_id, &secret, &email).await;
+    (secret, pair)
+}
+
 /// A request as a proxy at 127.0.0.1 forwards it for `client`.
 async fn post_from(app: &TestApp, client: &str, path: &str, body: Value) -> reqwest::Response {
     app.http
@@ -256,10 +266,7 @@ async fn an_unverified_login_earns_no_known_address(app: &TestApp) {
 /// `/auth/logout` takes no client authentication: it ends first-party
 /// sessions only, never an OAuth client's.
 async fn logout_does_not_end_an_oauth_clients_session(app: &TestApp) {
-    let secret = client(app, "kept-alive").await;
-    let email = unique_email("oauthlogout");
-    app.register_verified(&email, PASSWORD).await;
-    let pair: Value = password_grant(app, "kept-alive", &secret, &email).await;
+    let (secret, pair) = client_session(app, "kept-alive", "oauthlogout").await;
     let rt = pair["refresh_token"].as_str().unwrap();
     let r = app.post("/auth/logout", json!({"refresh_token": rt})).await;
     assert_eq!(r.status(), 204);
@@ -468,10 +475,7 @@ async fn ipv6_clients_share_a_limit_per_64(app: &TestApp) {
 /// A confidential client's refresh token must not be usable without the
 /// client's secret.
 async fn an_oauth_clients_refresh_token_does_not_refresh_at_auth_refresh(app: &TestApp) {
-    let secret = client(app, "confidential").await;
-    let email = unique_email("oauthrt");
-    app.register_verified(&email, PASSWORD).await;
-    let pair: Value = password_grant(app, "confidential", &secret, &email).await;
+    let (secret, pair) = client_session(app, "confidential", "oauthrt").await;
     let rt = pair["refresh_token"].as_str().unwrap();
     let r = app.post("/auth/refresh", json!({"refresh_token": rt})).await;
     assert_eq!(answer(r).await, (401, "INVALID_TOKEN".into()));
