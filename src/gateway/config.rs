@@ -686,6 +686,18 @@ fn route(
     if !path_prefix.starts_with('/') || path_prefix.contains(['?', '#', ' ']) {
         return Err(f.err("path_prefix", "must start with / and hold no ?, # or space"));
     }
+    // Requests are matched in normal form: a prefix in any other form
+    // would match one spelling of a path and not another.
+    let normal = super::path::normalise(&path_prefix).ok();
+    if !path_prefix.is_ascii()
+        || path_prefix.contains(['%', ';'])
+        || normal.is_none_or(|n| n.path != path_prefix)
+    {
+        return Err(f.err(
+            "path_prefix",
+            "must be in normal form: ASCII, no %, ;, // or dot segments",
+        ));
+    }
     let upstream_url = f.required("upstream")?;
     let u = url::Url::parse(upstream_url).map_err(|e| f.err("upstream", format!("not a URL: {e}")))?;
     if u.scheme() != "http" {
@@ -896,6 +908,9 @@ on_redis_failure = "open"
             ("on_unknown_revocations = \"maybe\"\n[[routes]]\nupstream = \"http://x\"", "on_unknown_revocations"),
             ("revocations_poll_ms = 5\n[[routes]]\nupstream = \"http://x\"", "revocations_poll_ms"),
             ("[[routes]]\nupstream = \"http://x\"\ncase_sensitive = \"no\"", "routes[0].case_sensitive"),
+            ("[[routes]]\nupstream = \"http://x\"\npath_prefix = \"/a/../b\"", "routes[0].path_prefix"),
+            ("[[routes]]\nupstream = \"http://x\"\npath_prefix = \"/%61dmin\"", "routes[0].path_prefix"),
+            ("[[routes]]\nupstream = \"http://x\"\npath_prefix = \"/caf\u{e9}\"", "routes[0].path_prefix"),
             ("[identity_headers]\nsubject = \"bad header\"\n[[routes]]\nupstream = \"http://x\"", "identity_headers.subject"),
             ("[identity_headers]\nemail = \"Connection\"\n[[routes]]\nupstream = \"http://x\"", "identity_headers.email"),
             ("[upstream]\nconnect_timeout_ms = -1\n[[routes]]\nupstream = \"http://x\"", "upstream.connect_timeout_ms"),

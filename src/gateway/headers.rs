@@ -4,9 +4,10 @@
 //!   named by `Connection`, `Connection` itself, `Keep-Alive`, `TE`,
 //!   `Trailer`, `Transfer-Encoding`, `Upgrade`, and every `Proxy-*` (plus a
 //!   bare `Proxy`, which some CGI stacks turn into `HTTP_PROXY`: "httpoxy");
-//! - names are compared as CGI-style stacks (WSGI, PHP, Rack) read them:
-//!   lower case, with `_` and `-` alike, since `X_Auth_Subject` reaches such
-//!   an upstream as `HTTP_X_AUTH_SUBJECT` just as `X-Auth-Subject` does;
+//! - names are compared as CGI-style stacks (WSGI, PHP, Rack, lighttpd) read
+//!   them: lower case, every character other than a letter or digit alike,
+//!   since `X_Auth_Subject` or `X.Auth.Subject` reaches such an upstream as
+//!   `HTTP_X_AUTH_SUBJECT` just as `X-Auth-Subject` does;
 //! - every header of the identity namespace (the four configured identity
 //!   headers and anything named `x-auth-*`) and every forwarding header
 //!   ([`FORWARDING`]: `X-Forwarded-*`, `Forwarded`, `X-Real-IP`,
@@ -15,7 +16,9 @@
 //!   (authenticated routes) and the forwarding headers it is configured to
 //!   write, so an upstream sees only the gateway's values;
 //! - a request with more than one `Host` or `Authorization` is refused: an
-//!   upstream could read the other one than the gateway did;
+//!   upstream could read the other one than the gateway did; `Host` and the
+//!   target's authority are parsed strictly ([`HostPort`]) and must agree,
+//!   and the upstream sees only the parsed value;
 //! - `X-Request-Id` is kept when sane, generated otherwise.
 //!
 //! Paths have their own rules in `path`.
@@ -105,15 +108,23 @@ pub const FORWARDING: [&str; 32] = [
 
 /// The identity namespace beyond the four configured names.
 const IDENTITY_PREFIX: &str = "x-auth-";
+/// Every `X-Forwarded-*` is the gateway's to write.
+const FORWARDED_PREFIX: &str = "x-forwarded-";
 
-/// `name` (already lower case, as `HeaderName`s are) equals `target` when
-/// `_` is read as `-`.
+/// A header name's byte as CGI-style stacks fold it: letters and digits
+/// stand, every other character (`-`, `_`, `.`, `~`, ...) becomes `-`
+/// (lighttpd and older Apache turn each into `_`, PHP turns `.` into `_`).
+fn fold(b: u8) -> u8 {
+    if b.is_ascii_alphanumeric() {
+        b
+    } else {
+        b'-'
+    }
+}
+
+/// `name` (already lower case, as `HeaderName`s are) equals `target` once folded.
 fn folded_eq(name: &str, target: &str) -> bool {
-    name.len() == target.len()
-        && name
-            .bytes()
-            .zip(target.bytes())
-            .all(|(a, b)| a == b || (a == b'_' && b == b'-'))
+    name.len() == target.len() && name.bytes().zip(target.bytes()).all(|(a, b)| fold(a) == fold(b))
 }
 
 fn folded_starts_with(name: &str, prefix: &str) -> bool {
@@ -121,11 +132,14 @@ fn folded_starts_with(name: &str, prefix: &str) -> bool {
 }
 
 /// Whether the gateway alone may write a header of this name: the identity
-/// namespace (`identity`, and `x-auth-*`) and the forwarding headers, in any
-/// spelling a CGI-style stack would fold together.
+/// namespace (`identity`, and `x-auth-*`) and the forwarding headers (the
+/// list, and every `x-forwarded-*`: oauth2-proxy's `X-Forwarded-User` and
+/// Envoy's `X-Forwarded-Client-Cert` are identity to some upstreams), in
+/// any spelling a CGI-style stack would fold together.
 pub fn is_reserved(name: &HeaderName, identity: &[&HeaderName]) -> bool {
     let n = name.as_str();
     folded_starts_with(n, IDENTITY_PREFIX)
+        || folded_starts_with(n, FORWARDED_PREFIX)
         || identity.iter().any(|i| folded_eq(n, i.as_str()))
         || FORWARDING.iter().any(|f| folded_eq(n, f))
 }
@@ -178,28 +192,100 @@ fn new_request_id() -> HeaderValue {
     HeaderValue::from_str(&format!("{prefix:016x}{n:016x}")).expect("hex is a valid header")
 }
 
-/// The host a request is for, without port: the request target's authority
-/// (absolute form, HTTP/2 `:authority`) or else `Host`.
-pub fn request_host<'a>(uri: &'a axum::http::Uri, headers: &'a HeaderMap) -> Option<&'a str> {
-    if let Some(h) = uri.host() {
-        return Some(h.trim_start_matches('[').trim_end_matches(']'));
-    }
-    host_header(headers)
+/// A host and port as the gateway routes by and forwards: a host name in
+/// lower case without a trailing dot, an IPv4 address, or an IPv6 address
+/// (written in brackets), and an optional port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostPort {
+    pub host: String,
+    pub port: Option<u16>,
 }
 
-/// The host named by the `Host` header, without port.
-pub fn host_header(headers: &HeaderMap) -> Option<&str> {
-    let host = headers.get(header::HOST)?.to_str().ok()?;
-    if let Some(rest) = host.strip_prefix('[') {
-        return rest.split(']').next();
-    }
-    Some(host.rsplit_once(':').map_or(host, |(h, port)| {
-        if port.bytes().all(|b| b.is_ascii_digit()) {
-            h
+impl std::fmt::Display for HostPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]", self.host)?;
         } else {
-            host
+            f.write_str(&self.host)?;
         }
-    }))
+        match self.port {
+            Some(p) => write!(f, ":{p}"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl HostPort {
+    /// Parses a `Host` value or a request target's authority strictly:
+    /// anything else (user info, a second value, a port that is not a
+    /// number, characters a host name cannot hold) is `None`, so that no
+    /// upstream can read another host out of it than the gateway did.
+    pub fn parse(raw: &str) -> Option<HostPort> {
+        let (host, port) = if let Some(rest) = raw.strip_prefix('[') {
+            let (v6, after) = rest.split_once(']')?;
+            let ip: std::net::Ipv6Addr = v6.parse().ok()?;
+            let port = match after {
+                "" => None,
+                p => Some(p.strip_prefix(':')?),
+            };
+            (ip.to_string(), port)
+        } else {
+            let (h, port) = match raw.rsplit_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (raw, None),
+            };
+            let h = h.strip_suffix('.').unwrap_or(h);
+            let labels_ok = !h.is_empty()
+                && h.split('.').all(|l| {
+                    !l.is_empty()
+                        && l.len() <= 63
+                        && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                });
+            if !labels_ok || h.len() > 253 {
+                return None;
+            }
+            (h.to_ascii_lowercase(), port)
+        };
+        let port = match port {
+            None => None,
+            Some(p) if !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()) => {
+                Some(p.parse::<u16>().ok()?)
+            }
+            Some(_) => return None,
+        };
+        Some(HostPort { host, port })
+    }
+}
+
+/// The host a request is for: the request target's authority (absolute
+/// form, HTTP/2 `:authority`) and `Host`, which must agree when both are
+/// there; `Err` with the reason when either is malformed, they differ, or an
+/// HTTP/1.1 request names no host at all.
+pub fn request_host(
+    uri: &axum::http::Uri,
+    headers: &HeaderMap,
+    version: axum::http::Version,
+) -> Result<Option<HostPort>, &'static str> {
+    let from_target = match uri.authority() {
+        None => None,
+        Some(a) => Some(HostPort::parse(a.as_str()).ok_or("the request target's authority is not a host")?),
+    };
+    let from_header = match headers.get(header::HOST) {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(HostPort::parse)
+                .ok_or("Host: not a host name with an optional port")?,
+        ),
+    };
+    match (from_target, from_header) {
+        (Some(t), Some(h)) if t != h => Err("Host: differs from the request target's authority"),
+        (Some(t), _) => Ok(Some(t)),
+        (None, Some(h)) => Ok(Some(h)),
+        (None, None) if version == axum::http::Version::HTTP_11 => Err("Host: required"),
+        (None, None) => Ok(None),
+    }
 }
 
 #[cfg(test)]
@@ -250,6 +336,11 @@ mod tests {
             "x-rewrite-url",
             "forwarded",
             "x-http-method-override",
+            "x.auth.subject",
+            "x~auth~subject",
+            "x-forwarded-user",
+            "x_forwarded_access_token",
+            "x-forwarded-client-cert",
         ] {
             assert!(
                 is_reserved(&HeaderName::from_bytes(name.as_bytes()).unwrap(), &identity),
@@ -297,14 +388,44 @@ mod tests {
     }
 
     #[test]
-    fn hosts_lose_their_port() {
+    fn hosts_are_parsed_strictly_and_agree() {
+        let hp = |s: &str| HostPort::parse(s).map(|h| h.to_string());
+        assert_eq!(
+            hp("Api.Example.com:8443").as_deref(),
+            Some("api.example.com:8443")
+        );
+        assert_eq!(hp("admin.example.com.").as_deref(), Some("admin.example.com"));
+        assert_eq!(hp("[::1]:8000").as_deref(), Some("[::1]:8000"));
+        assert_eq!(hp("10.0.0.1").as_deref(), Some("10.0.0.1"));
+        for bad in [
+            "admin.example.com:x",
+            "admin.example.com:80:80",
+            "a.example, admin.example.com",
+            "gw.test\", for=10.0.0.9",
+            "user@admin.example.com",
+            "",
+            ":80",
+            "a..b",
+            "[::1",
+            "[nothost]",
+            "host:999999",
+        ] {
+            assert_eq!(hp(bad), None, "{bad}");
+        }
+        use axum::http::Version;
         let uri: axum::http::Uri = "/x".parse().unwrap();
         let mut h = HeaderMap::new();
-        h.insert(header::HOST, HeaderValue::from_static("Api.Example.com:8443"));
-        assert_eq!(request_host(&uri, &h), Some("Api.Example.com"));
-        h.insert(header::HOST, HeaderValue::from_static("[::1]:8000"));
-        assert_eq!(request_host(&uri, &h), Some("::1"));
-        let abs: axum::http::Uri = "http://other.example:81/x".parse().unwrap();
-        assert_eq!(request_host(&abs, &h), Some("other.example"));
+        assert!(
+            request_host(&uri, &h, Version::HTTP_11).is_err(),
+            "HTTP/1.1 needs a host"
+        );
+        assert_eq!(request_host(&uri, &h, Version::HTTP_10), Ok(None));
+        h.insert(header::HOST, HeaderValue::from_static("Shop.example:81"));
+        let got = request_host(&uri, &h, Version::HTTP_11).unwrap().unwrap();
+        assert_eq!((got.host.as_str(), got.port), ("shop.example", Some(81)));
+        let abs: axum::http::Uri = "http://shop.example:82/x".parse().unwrap();
+        assert!(request_host(&abs, &h, Version::HTTP_11).is_err(), "ports differ");
+        let abs: axum::http::Uri = "http://SHOP.example:81/x".parse().unwrap();
+        assert!(request_host(&abs, &h, Version::HTTP_11).is_ok());
     }
 }

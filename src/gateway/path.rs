@@ -5,10 +5,12 @@
 //! raw path ──► percent-escapes checked ──refused──► 400 (encoded / \ % ; NUL or
 //!                  │                                     controls, bad hex, invalid UTF-8)
 //!                  ▼
-//!              unreserved escapes decoded (%61 -> a, %2E -> .), others kept, hex upper-cased
+//!              unreserved escapes decoded (%61 -> a, %2E -> .), others kept, hex upper-cased,
+//!              raw non-ASCII escaped (one spelling for every character)
 //!                  │
 //!              raw `\` or NUL? ──────────────refused──► 400
-//!              a segment `.;x` or `..;x`? ───refused──► 400 (Tomcat reads it as a dot segment)
+//!              a segment `;x`, `.;x` or `..;x`? ─refused──► 400 (Tomcat reads it as an
+//!                                                    empty or a dot segment)
 //!                  │
 //!              `//` collapsed, `.` and `..` resolved (RFC 3986 §5.2.4, never above `/`)
 //!                  ▼
@@ -35,8 +37,10 @@ pub enum Refusal {
     InvalidUtf8,
     /// A raw `\`, or a NUL or control character (raw or encoded).
     Forbidden,
-    /// A dot segment with parameters (`..;x`).
-    DotWithParameters,
+    /// A segment of parameters only (`;x`) or a dot segment with
+    /// parameters (`..;x`): Tomcat and Spring drop the parameters and read
+    /// an empty or a dot segment, which would move the route.
+    BareParameters,
     /// Not an origin-form path (does not start with `/`).
     NotAbsolute,
 }
@@ -48,7 +52,9 @@ impl Refusal {
             Refusal::BadEscape => "path: a % must be followed by two hex digits",
             Refusal::InvalidUtf8 => "path: escapes must encode valid UTF-8",
             Refusal::Forbidden => "path: backslashes and control characters are not allowed",
-            Refusal::DotWithParameters => "path: dot segments with parameters (..;) are not allowed",
+            Refusal::BareParameters => {
+                "path: a segment of parameters only (;x) or a dot segment with parameters (..;x) is not allowed"
+            }
             Refusal::NotAbsolute => "path: must start with /",
         }
     }
@@ -60,6 +66,10 @@ pub struct Normal<'a> {
     pub path: Cow<'a, str>,
     /// `path` without the `;parameters` of its segments (borrowed when it has none).
     key: Option<String>,
+    /// Whether the path holds characters beyond ASCII (escaped): their case
+    /// has more than one spelling (`ı`, the Kelvin sign), so routes that
+    /// ignore case cannot judge it.
+    pub non_ascii: bool,
 }
 
 impl Normal<'_> {
@@ -90,12 +100,13 @@ pub fn normalise(raw: &str) -> Result<Normal<'_>, Refusal> {
     // The common case, a plain path, costs one scan and no allocation.
     let plain = !b
         .iter()
-        .any(|&c| matches!(c, b'%' | b'\\' | b';' | b'.') || c < 0x20 || c == 0x7f)
+        .any(|&c| matches!(c, b'%' | b'\\' | b';' | b'.') || !(0x20..0x7f).contains(&c))
         && !raw.contains("//");
     if plain {
         return Ok(Normal {
             path: Cow::Borrowed(raw),
             key: None,
+            non_ascii: false,
         });
     }
     let decoded = decode_unreserved(b)?;
@@ -109,8 +120,8 @@ pub fn normalise(raw: &str) -> Result<Normal<'_>, Refusal> {
     let mut trailing_slash = false;
     for (i, seg) in segments.iter().enumerate() {
         let name = seg.split(';').next().unwrap_or("");
-        if seg.contains(';') && (name == "." || name == "..") {
-            return Err(Refusal::DotWithParameters);
+        if seg.contains(';') && matches!(name, "" | "." | "..") {
+            return Err(Refusal::BareParameters);
         }
         match *seg {
             "" | "." => trailing_slash = i == last,
@@ -140,9 +151,12 @@ pub fn normalise(raw: &str) -> Result<Normal<'_>, Refusal> {
         }
         k
     });
+    // Escapes of bytes 0x80 and above (the only ones left above ASCII).
+    let non_ascii = path.as_bytes().windows(2).any(|w| w[0] == b'%' && w[1] >= b'8');
     Ok(Normal {
         path: Cow::Owned(path),
         key,
+        non_ascii,
     })
 }
 
@@ -152,7 +166,14 @@ pub fn normalise(raw: &str) -> Result<Normal<'_>, Refusal> {
 fn decode_unreserved(b: &[u8]) -> Result<Vec<u8>, Refusal> {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
     while i < b.len() {
+        if b[i] >= 0x80 {
+            // Raw UTF-8 (valid: the path is a str) takes its escaped spelling.
+            out.extend_from_slice(&[b'%', HEX[usize::from(b[i] >> 4)], HEX[usize::from(b[i] & 15)]]);
+            i += 1;
+            continue;
+        }
         if b[i] != b'%' {
             out.push(b[i]);
             i += 1;
@@ -169,10 +190,7 @@ fn decode_unreserved(b: &[u8]) -> Result<Vec<u8>, Refusal> {
             b'/' | b'\\' | b'%' | b';' => return Err(Refusal::EncodedDelimiter),
             0..=0x1f | 0x7f => return Err(Refusal::Forbidden),
             v if unreserved(v) => out.push(v),
-            v => {
-                const HEX: &[u8; 16] = b"0123456789ABCDEF";
-                out.extend_from_slice(&[b'%', HEX[usize::from(v >> 4)], HEX[usize::from(v & 15)]]);
-            }
+            v => out.extend_from_slice(&[b'%', HEX[usize::from(v >> 4)], HEX[usize::from(v & 15)]]),
         }
         i += 3;
     }
@@ -292,12 +310,29 @@ mod tests {
             ("/%e0%80%ae", Refusal::InvalidUtf8),
             ("/%zzadmin", Refusal::BadEscape),
             ("/admin%4", Refusal::BadEscape),
-            ("/x/..;/admin", Refusal::DotWithParameters),
-            ("/x/.;a=b/admin", Refusal::DotWithParameters),
+            ("/x/..;/admin", Refusal::BareParameters),
+            ("/x/.;a=b/admin", Refusal::BareParameters),
+            ("/;/admin/users", Refusal::BareParameters),
+            ("/;x/admin", Refusal::BareParameters),
+            ("/a/;x", Refusal::BareParameters),
             ("admin", Refusal::NotAbsolute),
             ("", Refusal::NotAbsolute),
         ] {
             assert_eq!(norm(raw), Err(why), "{raw}");
+        }
+    }
+
+    #[test]
+    fn beyond_ascii_there_is_one_spelling_and_a_flag() {
+        let n = normalise("/caf\u{e9}").unwrap();
+        assert_eq!(n.path, "/caf%C3%A9");
+        assert!(n.non_ascii);
+        assert!(normalise("/adm%C4%B1n").unwrap().non_ascii);
+        assert!(!normalise("/a%20b").unwrap().non_ascii);
+        assert!(!normalise("/admin/users").unwrap().non_ascii);
+        // No match key ever holds an empty segment in the middle.
+        for p in ["/a;x/b", "//a;y//b", "/a/b;c/"] {
+            assert!(!normalise(p).unwrap().key().contains("//"), "{p}");
         }
     }
 

@@ -31,7 +31,7 @@ use axum::http::{StatusCode, Uri, Version};
 use axum::response::Response;
 
 use super::config::{ForwardHeaders, LimitKey, UnknownRevocations};
-use super::headers::{ambiguous, host_header, request_host, request_id, strip_hop_by_hop, strip_reserved};
+use super::headers::{ambiguous, request_host, request_id, strip_hop_by_hop, strip_reserved};
 use super::path;
 use super::routes::{upstream_path_and_query, Route, RouteTable};
 use super::{GatewayState, Worker};
@@ -134,20 +134,17 @@ async fn forward<'t>(
         Ok(n) => n,
         Err(why) => return Outcome::refused(None, bad_request(why.message())),
     };
-    let host = request_host(&parts.uri, &parts.headers);
-    // An absolute-form target names the host; a `Host` that says otherwise
-    // would have the upstream (or its X-Forwarded-Host) see another one.
-    if let Some(authority) = parts.uri.host() {
-        let named = host_header(&parts.headers);
-        let authority = authority.trim_start_matches('[').trim_end_matches(']');
-        if named.is_some_and(|h| !h.eq_ignore_ascii_case(authority)) {
-            return Outcome::refused(
-                None,
-                bad_request("Host: differs from the request target's authority"),
-            );
-        }
+    let host = match request_host(&parts.uri, &parts.headers, parts.version) {
+        Ok(h) => h,
+        Err(why) => return Outcome::refused(None, bad_request(why)),
+    };
+    if normal.non_ascii && table.any_case_insensitive {
+        return Outcome::refused(
+            None,
+            bad_request("path: characters beyond ASCII are not allowed where routes ignore case"),
+        );
     }
-    let Some(route) = table.find(host, normal.key()) else {
+    let Some(route) = table.find(host.as_ref().map(|h| h.host.as_str()), normal.key()) else {
         return Outcome::refused(
             None,
             error_response(
@@ -165,14 +162,9 @@ async fn forward<'t>(
         ProxyHeader::XForwardedFor,
     );
     let from_proxy = Forwarded::from_trusted(&parts.headers, peer, &table.trusted_proxies);
-    // As the client wrote it (with its port); it agrees with the route's host.
-    let forwarded_host = match parts.headers.get(header::HOST) {
-        Some(h) => Some(h.clone()),
-        None => parts
-            .uri
-            .authority()
-            .and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
-    };
+    // The host the request was routed by, as the gateway parsed it: the
+    // upstream sees this, never the client's spelling.
+    let forwarded_host = host.and_then(|h| HeaderValue::from_str(&h.to_string()).ok());
     let headers = &mut parts.headers;
     strip_hop_by_hop(headers);
     headers.remove(header::EXPECT); // answered by our server already
@@ -250,11 +242,11 @@ async fn forward<'t>(
     if !rc.forward_authorization {
         headers.remove(header::AUTHORIZATION);
     }
-    from_proxy.write(headers, &table.forward, peer, client_addr, forwarded_host);
+    from_proxy.write(headers, &table.forward, peer, client_addr, forwarded_host.clone());
     headers.insert(X_REQUEST_ID, id.clone());
-    let original_host = headers.remove(header::HOST);
-    if let (Some(h), true) = (original_host, rc.preserve_host) {
-        headers.insert(header::HOST, h);
+    headers.remove(header::HOST);
+    if let (Some(h), true) = (&forwarded_host, rc.preserve_host) {
+        headers.insert(header::HOST, h.clone());
     }
 
     let target = upstream_path_and_query(rc, &normal.path, parts.uri.query());

@@ -77,6 +77,8 @@ pub struct RouteTable {
     pub identity: IdentityHeaders,
     pub forward: ForwardHeaders,
     pub when_revocations_unknown: UnknownRevocations,
+    /// Some route ignores case: paths beyond ASCII are then refused.
+    pub any_case_insensitive: bool,
     pub trusted_proxies: Vec<IpAddr>,
     /// Requests no route serves.
     pub unmatched: RouteMetrics,
@@ -127,6 +129,7 @@ impl RouteTable {
             identity: cfg.identity.clone(),
             forward: cfg.forward_headers,
             when_revocations_unknown: cfg.revocations.when_unknown,
+            any_case_insensitive: cfg.routes.iter().any(|r| !r.case_sensitive),
             trusted_proxies: cfg.trusted_proxies.clone(),
             unmatched: RouteMetrics::new("unmatched"),
             in_flight: metrics::gauge!("latchkey_gateway_requests_in_flight"),

@@ -87,6 +87,12 @@ fn corpus(token: &str) -> Vec<(String, Vec<u8>, bool)> {
         "/admin/.",
         "/admin/./users",
         "/public/..",
+        "/;/admin/users",
+        "/;x/admin/users",
+        "/public/;/../admin/users",
+        "/adm%C4%B1n/users",
+        "/adm\u{131}n/users",
+        "/%E2%84%AAeys",
     ] {
         out.push((format!("GET {path}"), get(path, ""), false));
     }
@@ -99,6 +105,33 @@ fn corpus(token: &str) -> Vec<(String, Vec<u8>, bool)> {
     out.push((
         "absolute-form with another Host".into(),
         b"GET http://gw.test/admin/users HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n".to_vec(),
+        false,
+    ));
+    // The host-based admin route (admin.gw.test), in other spellings.
+    for host in [
+        "admin.gw.test.",
+        "ADMIN.gw.test",
+        "admin.gw.test:x",
+        "admin.gw.test:80:80",
+        "gw.test, admin.gw.test",
+        "gw.test\", for=10.0.0.9;host=admin.gw.test;proto=https, x=\"",
+        "user@admin.gw.test",
+    ] {
+        out.push((
+            format!("Host: {host}"),
+            format!("GET /public HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").into_bytes(),
+            false,
+        ));
+    }
+    out.push((
+        "absolute-form to admin.gw.test.".into(),
+        b"GET http://admin.gw.test./public HTTP/1.1\r\nHost: admin.gw.test.\r\nConnection: close\r\n\r\n"
+            .to_vec(),
+        false,
+    ));
+    out.push((
+        "HTTP/1.1 without Host".into(),
+        b"GET /public HTTP/1.1\r\nConnection: close\r\n\r\n".to_vec(),
         false,
     ));
     out.push((
@@ -121,6 +154,13 @@ fn corpus(token: &str) -> Vec<(String, Vec<u8>, bool)> {
         "X_Forwarded_For: 10.0.0.1",
         "Forwarded: for=10.0.0.1;host=admin.internal",
         "X-HTTP-Method-Override: DELETE",
+        "X-Forwarded-User: admin",
+        "X_Forwarded_User: admin",
+        "X-Forwarded-Email: boss@corp.example",
+        "X-Forwarded-Groups: admins",
+        "X-Forwarded-Access-Token: t",
+        "X-Forwarded-Client-Cert: By=spiffe://admin",
+        "X-Forwarded-Protocol: https",
     ] {
         out.push((
             format!("GET /public with {h}"),
@@ -138,6 +178,8 @@ fn corpus(token: &str) -> Vec<(String, Vec<u8>, bool)> {
         "X-Auth-Client-Id: trusted-app",
         "X-Auth-Roles: admin",
         "X_Auth_Session: forged",
+        "X.Auth.Subject: victim-id",
+        "X~Auth~Subject: victim-id",
     ] {
         out.push((
             format!("GET /public with {h}"),
@@ -212,6 +254,13 @@ listen = "127.0.0.1:0"
 jwks_url = "{jwks}"
 issuer = "http://latchkey.test"
 log = "warn"
+forward_headers = ["x-forwarded-for", "x-forwarded-host", "x-forwarded-proto", "forwarded"]
+
+[[routes]]
+name = "admin-host"
+host = "admin.gw.test"
+upstream = "http://127.0.0.1:{port}"
+forward_authorization = false
 
 [[routes]]
 name = "admin"
@@ -283,6 +332,7 @@ auth = false
                     "x-forwarded-for" => value == "127.0.0.1",
                     "x-forwarded-proto" => value == "http",
                     "x-forwarded-host" => value == "gw.test",
+                    "forwarded" => value == "for=127.0.0.1;host=\"gw.test\";proto=http",
                     _ => false,
                 };
                 if !ours {

@@ -1,7 +1,8 @@
 // A deliberately lenient upstream behind the gateway, on Node's own HTTP
 // server: it routes the way the most forgiving frameworks do, so that any
 // path or header trick that gets past the gateway shows up as the wrong
-// handler running. Same rules and output as lenient_upstream.py (WSGI).
+// handler running. Same rules and output as lenient_upstream.py (WSGI):
+// /admin paths or the host admin.gw.test run the "admin" handler.
 //
 // usage: node lenient_upstream.js LOG   (prints "READY <port>"; one JSON
 // line per request is appended to LOG and returned as the body)
@@ -25,15 +26,23 @@ function lenient(raw) {
   return path.posix.normalize('/' + segments.join('/')).toLowerCase();
 }
 
+function lenientHost(req) {
+  let host = String(req.headers['x-forwarded-host'] || req.headers.host || '');
+  host = host.split(',').pop().trim().toLowerCase();
+  if (!host.endsWith(']')) host = host.replace(/:[^:]*$/, '');
+  return host.replace(/\.+$/, '');
+}
+
 const log = process.argv[2];
 const server = http.createServer((req, res) => {
   const routedBy = req.headers['x-original-url'] || req.headers['x-rewrite-url'];
   const p = lenient(routedBy || req.url);
-  const handler = p === '/admin' || p.startsWith('/admin/') ? 'admin' : 'public';
+  const admin = p === '/admin' || p.startsWith('/admin/') || lenientHost(req) === 'admin.gw.test';
+  const handler = admin ? 'admin' : 'public';
   const identity = {};
   const forwarding = {};
   for (const [k, v] of Object.entries(req.headers)) {
-    const name = k.replace(/_/g, '-');
+    const name = k.replace(/[^a-z0-9]/g, '-');
     if (name.startsWith('x-auth-')) {
       identity[name] = identity[name] ? identity[name] + ',' + v : String(v);
     } else if (name.startsWith('x-forwarded') ||

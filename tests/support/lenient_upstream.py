@@ -9,11 +9,15 @@ request is appended to LOG and returned as the body)
 Routing: X-Original-URL / X-Rewrite-URL win over the path (IIS, Symfony);
 the path is percent-decoded twice, `\\` is `/`, `;parameters` are dropped
 from segments (Tomcat), `//` collapses, dot segments resolve, and case is
-ignored. A path under /admin runs the "admin" handler, which a real
-application would only serve to an authenticated user.
+ignored. A path under /admin, or the host admin.gw.test (from the last entry
+of X-Forwarded-Host, else Host; case, port and a trailing dot ignored), runs
+the "admin" handler, which a real application would only serve to an
+authenticated user. Header names are folded as lighttpd does: every
+character other than a letter or digit is the same.
 """
 import json
 import posixpath
+import re
 import sys
 import urllib.parse
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -29,16 +33,24 @@ def lenient(path):
     return path.lower()
 
 
+def lenient_host(environ):
+    host = environ.get("HTTP_X_FORWARDED_HOST") or environ.get("HTTP_HOST") or ""
+    host = host.split(",")[-1].strip().lower()
+    host = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    return host.rstrip(".")
+
+
 def app(environ, start_response):
     routed_by = environ.get("HTTP_X_ORIGINAL_URL") or environ.get("HTTP_X_REWRITE_URL")
     path = lenient(routed_by or environ.get("PATH_INFO", "/"))
-    handler = "admin" if path == "/admin" or path.startswith("/admin/") else "public"
+    admin = path == "/admin" or path.startswith("/admin/") or lenient_host(environ) == "admin.gw.test"
+    handler = "admin" if admin else "public"
     identity = {}
     forwarding = {}
     for k, v in environ.items():
         if not k.startswith("HTTP_"):
             continue
-        name = k[5:].lower().replace("_", "-")
+        name = re.sub(r"[^a-z0-9]", "-", k[5:].lower())
         if name.startswith("x-auth-"):
             identity[name] = v
         elif name.startswith("x-forwarded") or name in (
