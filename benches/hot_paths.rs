@@ -150,7 +150,7 @@ fn argon2_bench(c: &mut Criterion) {
 /// headers, on a typical request and on a hostile one.
 fn gateway_rules_bench(c: &mut Criterion) {
     use axum::http::{HeaderMap, HeaderName, HeaderValue};
-    use latchkey::gateway::headers::{ambiguous, strip_reserved};
+    use latchkey::gateway::headers::{ambiguous, request_host, strip_reserved};
     use latchkey::gateway::path::normalise;
     let identity = [
         HeaderName::from_static("x-auth-subject"),
@@ -185,12 +185,15 @@ fn gateway_rules_bench(c: &mut Criterion) {
         ("hostile request", &hostile, "/x/../api/%61dmin;p=1//users"),
     ] {
         g.bench_function(name, |b| {
+            let uri: axum::http::Uri = "/".parse().unwrap();
             b.iter(|| {
                 let mut h = headers.clone();
                 assert!(ambiguous(&h).is_none());
+                let host = request_host(&uri, &h, axum::http::Version::HTTP_11).unwrap();
                 let n = normalise(std::hint::black_box(path)).unwrap();
                 strip_reserved(&mut h, &identity);
-                std::hint::black_box((n.key().len(), h.len()))
+                let forwarded = host.map(|h| h.to_string());
+                std::hint::black_box((n.key().len(), h.len(), forwarded))
             })
         });
     }

@@ -8,7 +8,9 @@ local path = os.getenv("TOKENS_FILE")
 for line in io.lines(path) do
   line = line:gsub("%s+$", "")
   if #line > 0 then
-    requests[#requests + 1] = wrk.format("GET", nil, { ["Authorization"] = "Bearer " .. line }, nil)
+    -- wrk adds no Host to requests formatted before it starts, and an
+    -- HTTP/1.1 request without one is refused (RFC 9112 §3.2).
+    requests[#requests + 1] = wrk.format("GET", nil, { ["Host"] = "gateway.bench", ["Authorization"] = "Bearer " .. line }, nil)
   end
 end
 assert(#requests > 0, "no tokens in " .. tostring(path))
