@@ -298,21 +298,25 @@ impl Softlocks {
         if !self.enabled {
             return;
         }
-        if let Some(r) = &self.redis {
-            let key = r.key(&format!("bf:{key}"));
-            let res = r
-                .run("bruteforce", |mut c| async move {
-                    redis::cmd("DEL").arg(&key).query_async::<()>(&mut c).await
-                })
-                .await;
-            match res {
-                Ok(()) => return,
-                Err(e) => {
-                    tracing::warn!(error = %e, "brute-force state unavailable in Redis; using local state")
-                }
-            }
+        if !self.delete_in_redis(&format!("bf:{key}")).await {
+            self.local.lock().expect("softlock").remove(key);
         }
-        self.local.lock().expect("softlock").remove(key);
+    }
+
+    /// Deletes `suffix` (under the key prefix) in Redis; `false` without
+    /// Redis or when it cannot be asked (the caller then uses local state).
+    async fn delete_in_redis(&self, suffix: &str) -> bool {
+        let Some(r) = &self.redis else { return false };
+        let key = r.key(suffix);
+        let res = r
+            .run("bruteforce", |mut c| async move {
+                redis::cmd("DEL").arg(&key).query_async::<()>(&mut c).await
+            })
+            .await;
+        if let Err(e) = &res {
+            tracing::warn!(error = %e, "brute-force state unavailable in Redis; using local state");
+        }
+        res.is_ok()
     }
 
     /// Takes back one attempt that never reached a verdict (or that proved
@@ -467,18 +471,9 @@ impl BruteForce {
     /// Forgets every known address of `account` (its mailbox was proven by
     /// someone who may not be who logged in before).
     pub async fn forget_known(&self, account: &str) {
-        if let Some(r) = &self.states.redis {
-            let key = r.key(&Self::known_key(account));
-            let res = r
-                .run("bruteforce", |mut c| async move {
-                    redis::cmd("DEL").arg(&key).query_async::<()>(&mut c).await
-                })
-                .await;
-            if res.is_ok() {
-                return;
-            }
+        if !self.states.delete_in_redis(&Self::known_key(account)).await {
+            self.known.lock().expect("known addresses").remove(account);
         }
-        self.known.lock().expect("known addresses").remove(account);
     }
 
     fn known_key(account: &str) -> String {

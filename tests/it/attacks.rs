@@ -81,6 +81,20 @@ async fn sql(app: &TestApp, statement: &str) {
     }
 }
 
+/// Every code as if issued two minutes ago: past the one-minute resend pause.
+async fn past_resend_pause(app: &TestApp) {
+    sql(app, "UPDATE codes SET created_at = created_at - 120000").await;
+}
+
+/// Every code as if issued well over ten minutes ago: expired.
+async fn expire_codes(app: &TestApp) {
+    sql(
+        app,
+        "UPDATE codes SET created_at = created_at - 700000, expires_at = expires_at - 700000",
+    )
+    .await;
+}
+
 /// An attacker registers the victim's email first, with the attacker's
 /// password (days before, as pre-hijacking goes). When the victim registers
 /// and verifies, the victim's password must be the one that logs in, and
@@ -96,11 +110,7 @@ async fn pre_registration_does_not_take_over_the_account(app: &TestApp) {
         .await;
     assert_eq!(r.status(), 201);
     app.wait_for_mail(&email, 1).await; // lands in the victim's mailbox, unused
-    sql(
-        app,
-        "UPDATE codes SET created_at = created_at - 700000, expires_at = expires_at - 700000",
-    )
-    .await;
+    expire_codes(app).await;
     let r = app
         .post(
             "/auth/register",
@@ -164,7 +174,7 @@ async fn a_registration_racing_the_owners_activates_no_password(app: &TestApp) {
         .post("/auth/verify-otp", json!({"email": email, "code": first}))
         .await;
     assert_eq!(answer(r).await.0, 401);
-    sql(app, "UPDATE codes SET created_at = created_at - 120000").await;
+    past_resend_pause(app).await;
     app.post("/auth/resend-otp", json!({"email": email})).await;
     let code = app.wait_for_code(&email, 3).await;
     let r = app
@@ -223,7 +233,7 @@ async fn a_flood_from_one_address_does_not_spend_the_owners_allowance(app: &Test
         let body = json!({"email": email, "code": "000000", "new_password": "whatever it is"});
         post_from(app, "198.51.100.32", "/auth/password-reset/confirm", body).await;
     }
-    sql(app, "UPDATE codes SET created_at = created_at - 120000").await;
+    past_resend_pause(app).await;
     app.post("/auth/password-reset", json!({"email": email})).await;
     let code = app.wait_for_code(&email, 3).await;
     let body = json!({"email": email, "code": code, "new_password": "a fresh password"});
@@ -244,11 +254,7 @@ async fn an_unverified_login_earns_no_known_address(app: &TestApp) {
     let (status, code) = login_from(&app, attacker, &email, attacker_pw).await;
     assert_eq!((status, code.as_str()), (401, "VERIFICATION_PENDING"));
     // Much later, the owner registers and verifies.
-    sql(
-        &app,
-        "UPDATE codes SET created_at = created_at - 700000, expires_at = expires_at - 700000",
-    )
-    .await;
+    expire_codes(&app).await;
     app.register(&email, PASSWORD).await;
     let code = app.wait_for_code(&email, 2).await;
     let r = app
@@ -901,7 +907,7 @@ async fn resend_takes_as_long_for_unknown_emails_as_for_unverified_accounts() {
         app.register(e, PASSWORD).await;
     }
     // Every code is older than the resend pause: each resend issues a code.
-    sql(&app, "UPDATE codes SET created_at = created_at - 120000").await;
+    past_resend_pause(&app).await;
     let mut t_known = Vec::with_capacity(N);
     let mut t_unknown = Vec::with_capacity(N);
     for (i, e) in known.iter().enumerate() {

@@ -160,6 +160,36 @@ impl TestGateway {
         r.send().await.unwrap()
     }
 
+    /// Polls `path` until it answers `want` (within `within`); answers in
+    /// between must be among `meanwhile` (any, when it is empty).
+    async fn until_status(
+        &self,
+        path: &str,
+        token: Option<&str>,
+        want: u16,
+        meanwhile: &[u16],
+        within: Duration,
+    ) -> reqwest::Response {
+        let start = Instant::now();
+        loop {
+            let r = self.get(path, token).await;
+            let status = r.status().as_u16();
+            if status == want {
+                return r;
+            }
+            assert!(
+                meanwhile.is_empty() || meanwhile.contains(&status),
+                "{path} answered {status} while waiting for {want}"
+            );
+            assert!(
+                start.elapsed() < within,
+                "{path} still answers {status}, not {want}, after {:?}",
+                start.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     async fn stop(mut self) {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
@@ -702,19 +732,9 @@ mod revocation {
             .post("/auth/logout", json!({"refresh_token": pair["refresh_token"]}))
             .await;
         assert_eq!(r.status(), 204);
-        let start = Instant::now();
-        loop {
-            let r = gw.get("/api/x", Some(at)).await;
-            if r.status() == 401 {
-                break;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(1),
-                "the gateway still accepts a logged-out token after {:?}",
-                start.elapsed()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        // A logged-out token is refused within a second.
+        gw.until_status("/api/x", Some(at), 401, &[], Duration::from_secs(1))
+            .await;
         let refused_at = up.hits();
         assert_eq!(gw.get("/api/x", Some(at)).await.status(), 401);
         assert_eq!(
@@ -765,30 +785,14 @@ mod revocation {
             .post("/auth/logout", json!({"refresh_token": pair["refresh_token"]}))
             .await;
         assert_eq!(r.status(), 204);
-        let start = Instant::now();
-        loop {
-            let status = gw.get("/api/x", Some(at)).await.status();
-            if status == 401 {
-                break;
-            }
-            assert_eq!(status, 200);
-            assert!(
-                start.elapsed() < Duration::from_secs(5),
-                "the polling gateway still accepts a logged-out token"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        // The polling gateway refuses the logged-out token.
+        gw.until_status("/api/x", Some(at), 401, &[200], Duration::from_secs(5))
+            .await;
         // Without a source that answers, the others cannot tell.
-        let start = Instant::now();
-        loop {
-            let r = blind.get("/api/x", Some(at)).await;
-            if r.status() == 503 {
-                assert!(r.headers().contains_key("retry-after"));
-                break;
-            }
-            assert!(start.elapsed() < Duration::from_secs(5), "{}", r.status());
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let r = blind
+            .until_status("/api/x", Some(at), 503, &[], Duration::from_secs(5))
+            .await;
+        assert!(r.headers().contains_key("retry-after"));
         assert_eq!(
             lenient.get("/api/x", Some(at)).await.status(),
             200,
