@@ -10,15 +10,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use latchkey::cache::{RedisHandle, Revocations, UserCache};
-use latchkey::config::{
-    Argon2Config, DatabaseConfig, DatabaseUrl, RedisConfig, Secret, SigningAlgorithm, Sources,
-};
+use latchkey::cache::{RedisConfig, RedisHandle, Revocations};
 use latchkey::crypto::Sealer;
+use latchkey::domain::hashing::Argon2Config;
 use latchkey::domain::hashing::Passwords;
+use latchkey::domain::tokens::SigningAlgorithm;
 use latchkey::domain::tokens::{TokenSettings, Tokens};
 use latchkey::limits::{Limiter, Policies, PolicyName};
+use latchkey::settings::{Secret, Sources};
 use latchkey::store::Store;
+use latchkey::store::{DatabaseConfig, DatabaseUrl};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -39,14 +40,14 @@ async fn tokens(alg: SigningAlgorithm) -> Tokens {
     .await
     .unwrap();
     store.migrate().await.unwrap();
-    let users = Arc::new(UserCache::new(10, Duration::from_secs(1)));
-    let revocations = Arc::new(Revocations::new(None, users, Duration::from_secs(960)));
+    let revocations = Arc::new(Revocations::new(None, Duration::from_secs(960)));
     let settings = TokenSettings {
         issuer: "http://bench".into(),
         audience: "latchkey".into(),
         algorithm: alg,
         access_ttl: Duration::from_secs(900),
         cache_capacity: 100_000,
+        key_refresh_interval: Duration::from_secs(10),
     };
     Tokens::load(settings, store, Sealer::new(&[7; 32]), revocations)
         .await
@@ -82,7 +83,7 @@ fn token_benches(c: &mut Criterion) {
 fn limiter_benches(c: &mut Criterion) {
     let rt = runtime();
     let src = Sources::from_pairs([("rate_limit_login_ip", "1000000000/60")]);
-    let local = Limiter::new(true, Policies::from_sources(&src).unwrap(), None);
+    let local = Limiter::new(true, None).with_policies(&Policies::read(&src).unwrap());
     let mut i = 0u64;
     c.bench_function("rate limit check, in process", |b| {
         b.iter(|| {
@@ -102,7 +103,7 @@ fn limiter_benches(c: &mut Criterion) {
                     key_prefix: "bench:".into(),
                 }))
                 .unwrap();
-            let shared = Limiter::new(true, Policies::from_sources(&src).unwrap(), Some(redis));
+            let shared = Limiter::new(true, Some(redis)).with_policies(&Policies::read(&src).unwrap());
             // A new key each time: never hot, so every check is one round trip.
             let mut n = 0u64;
             c.bench_function(

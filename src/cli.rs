@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 
+use crate::app::config::Config;
 use crate::app::{Application, Services};
-use crate::config::Config;
 
 #[derive(Parser)]
 #[command(name = "latchkey", version, about = "Authentication service and API gateway")]
@@ -96,11 +96,7 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    crate::telemetry::init(
-        config.log_format,
-        &config.log_level,
-        config.otlp_traces_url.as_deref(),
-    );
+    crate::telemetry::init(&config.telemetry);
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -197,12 +193,12 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
 }
 
 async fn serve(config: Config, started: Instant) -> anyhow::Result<()> {
-    if !config.rate_limit {
+    if !config.limits.enabled {
         tracing::warn!(
             "LATCHKEY_RATE_LIMIT=off: every rate limit and brute-force delay is OFF (lab use only)"
         );
     }
-    if matches!(config.mail, crate::config::MailConfig::Log) {
+    if matches!(config.mail.transport, crate::mail::MailConfig::Log) {
         tracing::info!(
             "LATCHKEY_MAIL=log: mail (codes included) goes to the log; use file: or smtp:// in production"
         );
@@ -228,8 +224,8 @@ async fn seed_users(config: Config, count: usize, pattern: &str, password: &str)
         .map_err(|e| anyhow::anyhow!("--password: {}", e.reason))?;
     let store = crate::store::Store::connect(&config.database).await?;
     store.migrate().await?;
-    let passwords = std::sync::Arc::new(crate::domain::hashing::Passwords::new(&config.argon2)?);
-    let threads = config.hash_threads.max(1);
+    let passwords = std::sync::Arc::new(crate::domain::hashing::Passwords::new(&config.hashing.argon2)?);
+    let threads = config.hashing.threads.max(1);
     let start = Instant::now();
     let (pattern, password) = (pattern.to_string(), password.to_string());
     let users = tokio::task::spawn_blocking(move || {
@@ -262,7 +258,7 @@ async fn seed_users(config: Config, count: usize, pattern: &str, password: &str)
     })
     .await?;
     let inserted = store
-        .insert_verified_users(&users, crate::store::now_ms())
+        .insert_verified_users(&users, crate::clock::now_ms())
         .await?;
     println!(
         "seeded {inserted} new verified accounts ({} requested) in {:.1} s",

@@ -9,8 +9,6 @@ use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use ring::rand::{SecureRandom, SystemRandom};
 use ring::{digest, hmac};
 
-use crate::config::Secret;
-
 pub fn random_bytes<const N: usize>() -> [u8; N] {
     let mut b = [0u8; N];
     SystemRandom::new()
@@ -154,10 +152,10 @@ impl ServerKeys {
 
 /// The master secret: the configured one, or `<data_dir>/secret.key`, created
 /// (mode 0600) with 32 random bytes on first start.
-pub fn load_master_secret(configured: Option<&Secret<Vec<u8>>>, data_dir: &Path) -> anyhow::Result<Vec<u8>> {
+pub fn load_master_secret(configured: Option<&[u8]>, data_dir: &Path) -> anyhow::Result<Vec<u8>> {
     use anyhow::Context;
     if let Some(s) = configured {
-        return Ok(s.expose().clone());
+        return Ok(s.to_vec());
     }
     let path = data_dir.join("secret.key");
     match std::fs::read(&path) {

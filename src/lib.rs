@@ -1,20 +1,32 @@
 //! latchkey: an authentication service and API gateway.
 //!
-//! Layers, top to bottom: `http` (routes, extractors, errors) over the domain
-//! (`domain`: accounts, sessions, tokens; `limits`: rate limits and
-//! brute-force protection; `mail`: the outbox) over `store` (SQLite,
-//! PostgreSQL) and `cache` (in-process, Redis). `app` builds it all; `cli` is
-//! the command line.
+//! The modules are layers; each imports only from layers below it (the
+//! test `tests/it/layers.rs` checks this against docs/design.md):
+//!
+//! 1. ground floor, importing nothing from the crate: `settings` (where
+//!    values come from, shared parsers), `clock`, `crypto`, `lifecycle`
+//!    (signals, shutdown, tasks, readiness);
+//! 2. `telemetry` (logs, metrics, trace export);
+//! 3. `store` (SQLite, PostgreSQL);
+//! 4. `cache` (in-process, Redis: revocations, users);
+//! 5. `limits` (rate limits, brute force) and `mail` (the outbox);
+//! 6. `domain` (accounts, sessions, tokens, operations);
+//! 7. `http` (routes, extractors, errors);
+//! 8. `app` (the service: settings aggregate, wiring, background work) and
+//!    `gateway` (the reverse proxy);
+//! 9. `cli` (the command line).
 
 pub mod app;
 pub mod cache;
 pub mod cli;
-pub mod config;
+pub mod clock;
 pub mod crypto;
 pub mod domain;
 pub mod gateway;
 pub mod http;
+pub mod lifecycle;
 pub mod limits;
 pub mod mail;
+pub mod settings;
 pub mod store;
 pub mod telemetry;

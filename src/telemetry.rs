@@ -6,24 +6,79 @@ use std::sync::OnceLock;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
-use crate::config::LogFormat;
-use crate::http::AppState;
+use crate::settings::{optional, ConfigError, Source};
 
 pub mod otlp;
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Human,
+    Json,
+}
+
+/// Log lines: their format and filter (the service and the gateway alike).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogSettings {
+    pub format: LogFormat,
+    /// An `EnvFilter` directive such as `info` or `latchkey=debug,warn`.
+    pub filter: String,
+}
+
+impl LogSettings {
+    /// `log` (a filter) and `log_format` (`human` or `json`).
+    pub fn read(src: &impl Source) -> Result<LogSettings, ConfigError> {
+        Ok(LogSettings {
+            format: src.get("log_format", LogFormat::Human, |s| match s {
+                "human" | "text" => Ok(LogFormat::Human),
+                "json" => Ok(LogFormat::Json),
+                _ => Err("expected human or json".into()),
+            })?,
+            filter: src.get("log", "info".to_string(), |s| {
+                EnvFilter::try_new(s)
+                    .map(|_| s.to_string())
+                    .map_err(|e| format!("not a log filter: {e}"))
+            })?,
+        })
+    }
+}
+
+/// The service's telemetry: log lines and, optionally, trace export.
+#[derive(Clone, Debug)]
+pub struct TelemetrySettings {
+    pub log: LogSettings,
+    /// Where to export spans over OTLP/HTTP (the full `.../v1/traces` URL);
+    /// `None`: no export.
+    pub otlp_traces_url: Option<String>,
+}
+
+impl TelemetrySettings {
+    pub fn read(src: &impl Source) -> Result<TelemetrySettings, ConfigError> {
+        Ok(TelemetrySettings {
+            log: LogSettings::read(src)?,
+            otlp_traces_url: src.get("otlp_endpoint", None, optional(otlp::traces_url))?,
+        })
+    }
+}
+
 /// Installs the global tracing subscriber (once per process) without trace
 /// export.
-pub fn init_logging(format: LogFormat, filter: &str) {
-    init(format, filter, None);
+pub fn init_logging(log: &LogSettings) {
+    install(log, None);
 }
 
 /// Installs the global tracing subscriber (once per process): log lines
 /// filtered by `filter`, and, with `otlp_traces_url`, this crate's spans
 /// exported over OTLP whatever the log filter (see [`otlp`]).
-pub fn init(format: LogFormat, filter: &str, otlp_traces_url: Option<&str>) {
+pub fn init(settings: &TelemetrySettings) {
+    install(&settings.log, settings.otlp_traces_url.as_deref());
+}
+
+fn install(log: &LogSettings, otlp_traces_url: Option<&str>) {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::Layer;
+
+    let (format, filter) = (log.format, log.filter.as_str());
 
     let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
     let Some(url) = otlp_traces_url else {
@@ -305,18 +360,8 @@ fn describe() {
     let _ = metrics::histogram!("latchkey_db_acquire_seconds");
 }
 
-/// Gauges read at scrape time: pools, caches, process.
-pub fn record_gauges(st: &AppState) {
-    let (size, idle) = st.store.pool_stats();
-    metrics::gauge!("latchkey_db_pool_connections").set(size as f64);
-    metrics::gauge!("latchkey_db_pool_idle").set(idle as f64);
-    metrics::gauge!("latchkey_db_pool_max").set(st.config.database.max_connections as f64);
-    metrics::gauge!("latchkey_token_cache_size").set(st.tokens.cache_len() as f64);
-    metrics::gauge!("latchkey_user_cache_size").set(st.users.len() as f64);
-    metrics::gauge!("latchkey_revocations_size").set(st.revocations.len() as f64);
-    if let Some(c) = &st.accounts.credentials {
-        metrics::gauge!("latchkey_credential_cache_size").set(c.len() as f64);
-    }
+/// The process's gauges, read at scrape time from /proc.
+pub fn record_process_gauges() {
     if let Some(p) = process_stats() {
         metrics::gauge!("process_resident_memory_bytes").set(p.rss_bytes as f64);
         metrics::gauge!("process_cpu_seconds_total").set(p.cpu_seconds);

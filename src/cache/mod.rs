@@ -1,11 +1,12 @@
 //! What lives in memory (and, when configured, in Redis): the revocation set
 //! that every validation consults, the user cache, and the Redis connection.
 
+pub mod fetch;
 mod redis;
 mod revocations;
 mod users;
 
-pub use self::redis::{RedisFailure, RedisHandle};
+pub use self::redis::{RedisConfig, RedisFailure, RedisHandle};
 pub use revocations::{PolledRevocations, Revocations};
 pub use users::UserCache;
 

@@ -9,7 +9,44 @@ use redis::aio::ConnectionManager;
 use redis::{aio::ConnectionManagerConfig, RedisError};
 use tracing::Instrument;
 
-use crate::config::RedisConfig;
+use crate::settings::{optional, ConfigError, Secret, Source};
+
+/// Where Redis is, for the service and the gateway alike.
+#[derive(Clone, Debug)]
+pub struct RedisConfig {
+    pub url: Secret<String>,
+    /// Prefix of every key and channel, so that several deployments (or tests)
+    /// can share one Redis server. Always ends with `:`.
+    pub key_prefix: String,
+}
+
+impl RedisConfig {
+    /// `redis_url` (unset or empty: no Redis) and `redis_key_prefix`.
+    pub fn read(src: &impl Source) -> Result<Option<RedisConfig>, ConfigError> {
+        let url = src.get("redis_url", None, optional(parse_redis_url))?;
+        let key_prefix = src.get("redis_key_prefix", "latchkey:".to_string(), |s| {
+            if s.is_empty() || s.len() > 64 {
+                return Err("must be 1..=64 characters".into());
+            }
+            Ok(if s.ends_with(':') {
+                s.to_string()
+            } else {
+                format!("{s}:")
+            })
+        })?;
+        Ok(url.map(|url| RedisConfig { url, key_prefix }))
+    }
+}
+
+fn parse_redis_url(s: &str) -> Result<Secret<String>, String> {
+    let u = url::Url::parse(s).map_err(|e| format!("not a valid URL: {e}"))?;
+    match u.scheme() {
+        "redis" | "rediss" => Ok(Secret(s.to_string())),
+        other => Err(format!(
+            "unsupported scheme {other:?}: expected redis://host:port"
+        )),
+    }
+}
 
 /// Longest wait for one Redis command before we treat Redis as unavailable.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_millis(250);

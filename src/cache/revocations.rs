@@ -26,16 +26,21 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use crate::lifecycle::Shutdown;
 use futures_util::StreamExt;
-use tokio::sync::watch;
 
-use super::{RedisHandle, UserCache};
-use crate::store::{now_ms, Store};
+use super::RedisHandle;
+use crate::clock::now_ms;
+use crate::store::Store;
+
+type UserListener = Box<dyn Fn(&str) + Send + Sync>;
 
 pub struct Revocations {
     set: RwLock<HashMap<String, i64>>,
     redis: Option<RedisHandle>,
-    users: Arc<UserCache>,
+    /// Told of every "user changed" event, local or from another instance
+    /// (the service's user cache forgets the user).
+    user_listeners: RwLock<Vec<UserListener>>,
     retention_ms: i64,
     /// Subscribed to the Redis channel (resynced), right now.
     subscribed: AtomicBool,
@@ -45,11 +50,11 @@ pub struct Revocations {
 }
 
 impl Revocations {
-    pub fn new(redis: Option<RedisHandle>, users: Arc<UserCache>, retention: Duration) -> Self {
+    pub fn new(redis: Option<RedisHandle>, retention: Duration) -> Self {
         Revocations {
             set: RwLock::new(HashMap::new()),
             redis,
-            users,
+            user_listeners: RwLock::new(Vec::new()),
             retention_ms: retention.as_millis() as i64,
             subscribed: AtomicBool::new(false),
             polled_at: AtomicI64::new(0),
@@ -78,13 +83,13 @@ impl Revocations {
     /// Polls `url` (the service's `GET /revocations`) every `every` until
     /// shutdown: each answer adds the sessions revoked since the last one
     /// (with an overlap, so that nothing committed late is missed).
-    pub async fn poll(self: Arc<Self>, url: String, every: Duration, mut shutdown: watch::Receiver<bool>) {
+    pub async fn poll(self: Arc<Self>, url: String, every: Duration, mut shutdown: Shutdown) {
         self.expect_polls(every);
         let mut since = self.horizon();
         loop {
             let asked_at = now_ms();
             let target = format!("{url}?since={since}");
-            match crate::domain::tokens::http_get(&target).await.and_then(|body| {
+            match super::fetch::http_get(&target).await.and_then(|body| {
                 let doc: PolledRevocations = serde_json::from_slice(&body)?;
                 Ok(doc)
             }) {
@@ -102,7 +107,7 @@ impl Revocations {
             }
             tokio::select! {
                 _ = tokio::time::sleep(every) => {}
-                _ = shutdown.changed() => return,
+                _ = shutdown.wait() => return,
             }
         }
     }
@@ -148,9 +153,25 @@ impl Revocations {
         }
     }
 
-    /// A user changed (password, verification): drop cached copies everywhere.
+    /// Calls `listener` with the email of every user that changes, here or
+    /// on another instance.
+    pub fn on_user_changed(&self, listener: impl Fn(&str) + Send + Sync + 'static) {
+        self.user_listeners
+            .write()
+            .expect("listener lock")
+            .push(Box::new(listener));
+    }
+
+    fn tell_user_listeners(&self, email: &str) {
+        for listener in self.user_listeners.read().expect("listener lock").iter() {
+            listener(email);
+        }
+    }
+
+    /// A user changed (password, verification): every instance's listeners
+    /// hear of it (here at once, elsewhere through Redis).
     pub async fn user_changed(&self, email: &str) {
-        self.users.forget(email);
+        self.tell_user_listeners(email);
         if let Some(r) = &self.redis {
             let channel = r.key("events");
             let msg = format!("u:{email}");
@@ -232,7 +253,7 @@ impl Revocations {
 
     /// With Redis: listens for events until shutdown, resubscribing (and
     /// resyncing) after any disconnection.
-    pub async fn listen(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+    pub async fn listen(self: Arc<Self>, mut shutdown: Shutdown) {
         let Some(r) = self.redis.clone() else {
             return;
         };
@@ -259,7 +280,7 @@ impl Revocations {
             };
             let ended = tokio::select! {
                 res = session => Some(res),
-                _ = shutdown.changed() => None,
+                _ = shutdown.wait() => None,
             };
             self.subscribed.store(false, Ordering::Relaxed);
             match ended {
@@ -274,7 +295,7 @@ impl Revocations {
             }
             tokio::select! {
                 _ = tokio::time::sleep(backoff) => {}
-                _ = shutdown.changed() => return,
+                _ = shutdown.wait() => return,
             }
             backoff = (backoff * 2).min(Duration::from_secs(2));
         }
@@ -284,7 +305,7 @@ impl Revocations {
         if let Some(sid) = payload.strip_prefix("s:") {
             self.insert_local(sid, now_ms() + self.retention_ms);
         } else if let Some(email) = payload.strip_prefix("u:") {
-            self.users.forget(email);
+            self.tell_user_listeners(email);
         }
     }
 }

@@ -11,18 +11,20 @@ use serde::Serialize;
 use tokio::sync::Notify;
 
 use super::codes::{self, CodeState, CodeVerdict, CODE_TTL_MS, MAX_FAILURES, RESEND_QUIET_MS};
-use super::credcache::CredentialCache;
+use super::credcache::{CredentialCache, CredentialCacheSettings};
 use super::hashing::HashPool;
 use super::input::{Code, Email, Password};
 use super::refresh::{self, RefreshDecision, RefreshState};
 use super::tokens::{Tokens, Verified};
 use super::AuthError;
 use crate::cache::{Revocations, UserCache};
+use crate::clock::now_ms;
 use crate::crypto::{ct_eq, random_bytes, random_code, random_token, sha256, MacKey, Sealer};
 use crate::limits::{BruteForce, BruteForceRules, Limiter, PolicyName, Softlocks};
 use crate::mail::Message;
+use crate::settings::{secs, ConfigError, Source};
 use crate::store::{
-    now_ms, NewCode, NewSession, Purpose, RegisterOutcome, Store, UserRecord, UNUSABLE_PASSWORD,
+    ClientRecord, NewCode, NewSession, Purpose, RegisterOutcome, Store, UserRecord, UNUSABLE_PASSWORD,
 };
 
 /// The `client_id` claim of tokens issued through the first-party endpoints.
@@ -45,6 +47,46 @@ pub struct Profile {
     pub email_verified: bool,
     /// RFC 3339 time, UTC.
     pub created_at: String,
+}
+
+/// A live refresh token, as introspection shows it.
+pub struct RefreshInfo {
+    pub user_id: String,
+    pub session_id: String,
+    pub email: String,
+    pub client_id: String,
+    /// Unix milliseconds.
+    pub expires_at: i64,
+}
+
+/// How long sessions and unverified accounts live, and the credential cache.
+#[derive(Clone, Debug)]
+pub struct AccountSettings {
+    pub refresh_ttl: Duration,
+    /// A rotated refresh token still refreshes this long (a client's retry).
+    pub refresh_grace: Duration,
+    /// Accounts never verified are deleted this long after their last registration.
+    pub unverified_ttl: Duration,
+    pub credential_cache: Option<CredentialCacheSettings>,
+}
+
+impl AccountSettings {
+    pub fn read(src: &impl Source) -> Result<AccountSettings, ConfigError> {
+        Ok(AccountSettings {
+            refresh_ttl: src.get(
+                "refresh_token_ttl_secs",
+                Duration::from_secs(30 * 86_400),
+                secs(60, 365 * 86_400),
+            )?,
+            refresh_grace: src.get("refresh_grace_secs", Duration::from_secs(10), secs(0, 300))?,
+            unverified_ttl: src.get(
+                "unverified_account_ttl_secs",
+                Duration::from_secs(7 * 86_400),
+                secs(60, 365 * 86_400),
+            )?,
+            credential_cache: CredentialCacheSettings::read(src)?,
+        })
+    }
 }
 
 pub struct Accounts {
@@ -434,6 +476,37 @@ impl Accounts {
         });
     }
 
+    /// An OAuth client's credentials (`client_secret_basic` or `_post`).
+    pub async fn authenticate_client(&self, id: &str, secret: &str) -> Result<ClientRecord, AuthError> {
+        super::clients::authenticate(&self.store, id, secret).await
+    }
+
+    /// What introspection may tell `caller` of a refresh token: only the
+    /// client it was issued to learns anything, and only while it refreshes.
+    pub async fn introspect_refresh(
+        &self,
+        token: &str,
+        caller: &str,
+    ) -> Result<Option<RefreshInfo>, AuthError> {
+        let Some(rec) = self.store.refresh_token(&sha256(token.as_bytes())).await? else {
+            return Ok(None);
+        };
+        if rec.client_id.as_deref() != Some(caller) {
+            return Ok(None);
+        }
+        let grace = self.refresh_grace.as_millis() as i64;
+        if !refresh::decide(RefreshState::from(&rec), now_ms(), grace).is_live() {
+            return Ok(None);
+        }
+        Ok(Some(RefreshInfo {
+            user_id: rec.user_id,
+            session_id: rec.session_id,
+            email: rec.email,
+            client_id: rec.client_id.unwrap_or_else(|| FIRST_PARTY_CLIENT.into()),
+            expires_at: rec.session_expires_at,
+        }))
+    }
+
     pub async fn refresh(&self, token: &str, client_id: Option<&str>) -> Result<TokenPair, AuthError> {
         let hash = sha256(token.as_bytes());
         let Some(rec) = self.store.refresh_token(&hash).await? else {
@@ -449,11 +522,7 @@ impl Accounts {
             .check(PolicyName::RefreshSession, &rec.session_id)
             .await?;
         let grace = self.refresh_grace.as_millis() as i64;
-        let state = |r: &crate::store::RefreshRecord| RefreshState {
-            session_revoked: r.session_revoked_at.is_some(),
-            session_expires_at: r.session_expires_at,
-            rotated_at: r.rotated_at,
-        };
+        let state = |r: &crate::store::RefreshRecord| RefreshState::from(r);
         let client = rec
             .client_id
             .clone()

@@ -1,8 +1,10 @@
 //! OAuth clients: confidential clients with a generated 256-bit secret, stored
 //! as a SHA-256 digest (a slow hash adds nothing for a random 256-bit secret).
 
+use crate::clock::now_ms;
 use crate::crypto::{ct_eq, random_token, sha256};
-use crate::store::{now_ms, ClientRecord, Store};
+pub use crate::store::ClientRecord;
+use crate::store::Store;
 
 use super::AuthError;
 

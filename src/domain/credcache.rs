@@ -15,6 +15,28 @@ use std::time::{Duration, Instant};
 use crate::cache::{bounded_cache, BoundedCache};
 
 use crate::crypto::{ct_eq, MacKey};
+use crate::settings::{number, secs, switch, ConfigError, Source};
+
+#[derive(Clone, Debug)]
+pub struct CredentialCacheSettings {
+    pub ttl: Duration,
+    pub capacity: usize,
+}
+
+impl CredentialCacheSettings {
+    /// `None` with `credential_cache = off`: every login pays argon2.
+    pub fn read(src: &impl Source) -> Result<Option<CredentialCacheSettings>, ConfigError> {
+        let settings = CredentialCacheSettings {
+            ttl: src.get(
+                "credential_cache_ttl_secs",
+                Duration::from_secs(600),
+                secs(1, 86_400),
+            )?,
+            capacity: src.get("credential_cache_capacity", 100_000, number(1, 10_000_000))?,
+        };
+        Ok(src.get("credential_cache", true, switch)?.then_some(settings))
+    }
+}
 
 pub struct CredentialCache {
     key: MacKey,

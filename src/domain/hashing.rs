@@ -20,7 +20,41 @@ use tokio::sync::{oneshot, Semaphore};
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
-use crate::config::Argon2Config;
+use crate::settings::{millis, number, ConfigError, Source};
+
+/// Argon2id's cost parameters (OWASP: 19 MiB, 2 passes, 1 lane).
+#[derive(Clone, Debug)]
+pub struct Argon2Config {
+    pub memory_kib: u32,
+    pub iterations: u32,
+    pub parallelism: u32,
+}
+
+/// The hashing pool's settings: the cost of one hash, and how many run,
+/// wait and for how long.
+#[derive(Clone, Debug)]
+pub struct HashSettings {
+    pub argon2: Argon2Config,
+    pub threads: usize,
+    pub queue: usize,
+    pub budget: Duration,
+}
+
+impl HashSettings {
+    pub fn read(src: &impl Source) -> Result<HashSettings, ConfigError> {
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+        Ok(HashSettings {
+            argon2: Argon2Config {
+                memory_kib: src.get("argon2_memory_kib", 19_456, number(8, 4 * 1024 * 1024))?,
+                iterations: src.get("argon2_iterations", 2, number(1, 100))?,
+                parallelism: src.get("argon2_parallelism", 1, number(1, 64))?,
+            },
+            threads: src.get("hash_threads", cores, number(1, 256))?,
+            queue: src.get("hash_queue", 64, number(0, 100_000))?,
+            budget: src.get("hash_budget_ms", Duration::from_millis(150), millis(1, 60_000))?,
+        })
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("password hashing is overloaded")]
@@ -38,12 +72,13 @@ pub struct HashPool {
 }
 
 impl HashPool {
-    pub fn new(
-        threads: usize,
-        queue: usize,
-        budget: Duration,
-        cfg: &Argon2Config,
-    ) -> anyhow::Result<HashPool> {
+    pub fn new(settings: &HashSettings) -> anyhow::Result<HashPool> {
+        let (threads, queue, budget, cfg) = (
+            settings.threads,
+            settings.queue,
+            settings.budget,
+            &settings.argon2,
+        );
         let (tx, rx) = mpsc::channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..threads {
@@ -278,6 +313,16 @@ impl Passwords {
 mod tests {
     use super::*;
 
+    /// One thread, a queue of `queue`, a budget of `budget_ms`, cheap hashes.
+    fn pool_of(queue: usize, budget_ms: u64) -> HashSettings {
+        HashSettings {
+            argon2: cheap(),
+            threads: 1,
+            queue,
+            budget: Duration::from_millis(budget_ms),
+        }
+    }
+
     fn cheap() -> Argon2Config {
         Argon2Config {
             memory_kib: 64,
@@ -338,7 +383,7 @@ mod tests {
 
     #[tokio::test]
     async fn sheds_when_the_queue_is_full() {
-        let pool = HashPool::new(1, 0, Duration::from_millis(50), &cheap()).unwrap();
+        let pool = HashPool::new(&pool_of(0, 50)).unwrap();
         let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
         let pool = Arc::new(pool);
         let p2 = pool.clone();
@@ -353,7 +398,7 @@ mod tests {
 
     #[tokio::test]
     async fn sheds_after_the_budget() {
-        let pool = Arc::new(HashPool::new(1, 10, Duration::from_millis(30), &cheap()).unwrap());
+        let pool = Arc::new(HashPool::new(&pool_of(10, 30)).unwrap());
         let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
         let p2 = pool.clone();
         let busy = tokio::spawn(async move { p2.run("test", move |_| hold_rx.recv().ok()).await });

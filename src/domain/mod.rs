@@ -8,6 +8,7 @@ pub mod credcache;
 pub mod error;
 pub mod hashing;
 pub mod input;
+pub mod ops;
 pub mod refresh;
 pub mod tokens;
 

@@ -24,6 +24,23 @@ pub enum RefreshDecision {
     Invalid,
 }
 
+impl RefreshDecision {
+    /// Whether the token still refreshes (what introspection calls active).
+    pub fn is_live(self) -> bool {
+        matches!(self, RefreshDecision::Rotate | RefreshDecision::ReturnSuccessor)
+    }
+}
+
+impl From<&crate::store::RefreshRecord> for RefreshState {
+    fn from(r: &crate::store::RefreshRecord) -> RefreshState {
+        RefreshState {
+            session_revoked: r.session_revoked_at.is_some(),
+            session_expires_at: r.session_expires_at,
+            rotated_at: r.rotated_at,
+        }
+    }
+}
+
 pub fn decide(s: RefreshState, now: i64, grace_ms: i64) -> RefreshDecision {
     if s.session_revoked || now >= s.session_expires_at {
         return RefreshDecision::Invalid;

@@ -10,6 +10,7 @@
 //! signature, `iss`, `aud`, `exp` and `nbf` with 60 s leeway.
 
 use std::collections::HashMap;
+use std::str::FromStr;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -21,9 +22,10 @@ use ring::signature::{EcdsaKeyPair, Ed25519KeyPair, KeyPair, ECDSA_P256_SHA256_F
 use serde::{Deserialize, Serialize};
 
 use crate::cache::Revocations;
-use crate::config::SigningAlgorithm;
+use crate::clock::now_ms;
 use crate::crypto::{b64url, sha256, Sealer};
-use crate::store::{now_ms, KeyRecord, Store};
+use crate::settings::{non_empty, secs, url_text, ConfigError, Source};
+use crate::store::{KeyRecord, Store};
 
 /// Leeway for `exp`, `nbf` and `iat`, in seconds.
 pub const LEEWAY_SECS: i64 = 60;
@@ -100,12 +102,65 @@ struct KeyRing {
     jwks: Bytes,
 }
 
+#[derive(Clone, Debug)]
 pub struct TokenSettings {
     pub issuer: String,
     pub audience: String,
     pub algorithm: SigningAlgorithm,
     pub access_ttl: Duration,
     pub cache_capacity: usize,
+    /// How often keys are reloaded from the database (rotation reaches
+    /// every instance within this time).
+    pub key_refresh_interval: Duration,
+}
+
+impl TokenSettings {
+    /// The service's token settings; the issuer defaults to `default_issuer`
+    /// (the listen address as a URL).
+    pub fn read(src: &impl Source, default_issuer: String) -> Result<TokenSettings, ConfigError> {
+        Ok(TokenSettings {
+            issuer: src.get("issuer", default_issuer, url_text)?,
+            audience: src.get("audience", "latchkey".to_string(), non_empty)?,
+            algorithm: src.get("signing_algorithm", SigningAlgorithm::EdDsa, |s| s.parse())?,
+            access_ttl: src.get(
+                "access_token_ttl_secs",
+                Duration::from_secs(900),
+                secs(30, 86_400),
+            )?,
+            cache_capacity: src.get(
+                "token_cache_capacity",
+                100_000,
+                crate::settings::number(1, 10_000_000),
+            )?,
+            key_refresh_interval: src.get("key_refresh_secs", Duration::from_secs(10), secs(1, 3600))?,
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SigningAlgorithm {
+    EdDsa,
+    Es256,
+}
+
+impl SigningAlgorithm {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SigningAlgorithm::EdDsa => "EdDSA",
+            SigningAlgorithm::Es256 => "ES256",
+        }
+    }
+}
+
+impl FromStr for SigningAlgorithm {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "EdDSA" | "eddsa" | "ed25519" => Ok(SigningAlgorithm::EdDsa),
+            "ES256" | "es256" => Ok(SigningAlgorithm::Es256),
+            _ => Err("expected EdDSA or ES256".into()),
+        }
+    }
 }
 
 /// Where keys come from: our database (the service signs and verifies), or
@@ -288,7 +343,7 @@ impl Tokens {
     }
 
     async fn reload_from_jwks(&self, url: &str) -> anyhow::Result<()> {
-        let body = http_get(url).await?;
+        let body = crate::cache::fetch::http_get(url).await?;
         let doc: serde_json::Value = serde_json::from_slice(&body)?;
         let mut by_kid = HashMap::new();
         let keys = doc["keys"]
@@ -580,27 +635,6 @@ fn decoding_key(jwk: &serde_json::Value) -> anyhow::Result<(Algorithm, DecodingK
         )),
         (kty, crv) => anyhow::bail!("unsupported key type {kty}/{crv}"),
     }
-}
-
-/// GET over plain HTTP with a timeout (a JWKS from a service on the same network).
-pub(crate) async fn http_get(url: &str) -> anyhow::Result<Bytes> {
-    use http_body_util::{BodyExt, Empty};
-    let uri: hyper::Uri = url.parse()?;
-    if uri.scheme_str() != Some("http") {
-        anyhow::bail!("{url}: only http:// JWKS URLs are supported");
-    }
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<Empty<Bytes>>();
-    let fetch = async {
-        let resp = client.get(uri).await?;
-        if !resp.status().is_success() {
-            anyhow::bail!("{url}: HTTP {}", resp.status());
-        }
-        Ok(resp.into_body().collect().await?.to_bytes())
-    };
-    tokio::time::timeout(Duration::from_secs(5), fetch)
-        .await
-        .map_err(|_| anyhow::anyhow!("{url}: timed out"))?
 }
 
 /// Extracts the token from an `Authorization` header value: `Bearer <t>`

@@ -15,8 +15,10 @@ use std::time::Duration;
 
 use axum::http::{HeaderName, Uri};
 
-use crate::config::{ConfigError, LogFormat, RedisConfig, Secret};
+use crate::cache::RedisConfig;
 use crate::limits::{Fallback, Policy};
+use crate::settings::{ip, socket_addr, ConfigError, Source};
+use crate::telemetry::LogSettings;
 
 /// What a route's rate limit counts by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -208,8 +210,7 @@ pub struct GatewayConfig {
     pub revocations: RevocationSource,
     pub upstream: UpstreamSettings,
     pub shutdown_timeout: Duration,
-    pub log_level: String,
-    pub log_format: LogFormat,
+    pub log: LogSettings,
     pub routes: Vec<RouteConfig>,
 }
 
@@ -305,18 +306,27 @@ impl<'a> Fields<'a> {
             Some(_) => Err(self.err(key, "expected a table")),
         }
     }
+}
 
-    fn socket_addr(&self, key: &str) -> Result<Option<SocketAddr>> {
-        self.string(key)?
-            .map(|s| {
-                s.parse().map_err(|_| {
-                    self.err(
-                        key,
-                        format!("expected host:port such as 127.0.0.1:8000, got {s:?}"),
-                    )
-                })
-            })
-            .transpose()
+/// A table's values are read as the service's are, with the same parsers
+/// and messages; a list is a TOML array, each item named `key[i]`.
+impl Source for Fields<'_> {
+    fn text(&self, key: &str) -> Result<Option<(String, String)>> {
+        Ok(self.string(key)?.map(|s| (s.to_string(), self.name(key))))
+    }
+
+    fn items(&self, key: &str) -> Result<Option<Vec<(String, String)>>> {
+        Ok(self.strings(key)?.map(|items| {
+            items
+                .into_iter()
+                .enumerate()
+                .map(|(i, v)| (v.to_string(), format!("{}[{i}]", self.name(key))))
+                .collect()
+        }))
+    }
+
+    fn name_of(&self, key: &str) -> String {
+        self.name(key)
     }
 }
 
@@ -385,10 +395,14 @@ impl GatewayConfig {
 
     fn from_table(t: &toml::Table) -> Result<GatewayConfig> {
         let f = Fields::new("", t, TOP_KEYS)?;
-        let listen = f
-            .socket_addr("listen")?
-            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8000)));
-        let admin_listen = f.socket_addr("admin_listen")?;
+        let listen = f.get(
+            "listen",
+            SocketAddr::from(([127, 0, 0, 1], 8000)),
+            socket_addr("127.0.0.1:8000"),
+        )?;
+        let admin_listen = f.get("admin_listen", None, |s| {
+            socket_addr("127.0.0.1:9181")(s).map(Some)
+        })?;
         let jwks_url = f.required("jwks_url")?;
         let jwks: Uri = jwks_url.parse().map_err(|_| f.err("jwks_url", "not a URL"))?;
         if jwks.scheme_str() != Some("http") || jwks.host().is_none() {
@@ -407,25 +421,7 @@ impl GatewayConfig {
             }
             Some(v) => v.into_iter().map(String::from).collect(),
         };
-        let redis_url = match f.string("redis_url")? {
-            None | Some("") => None,
-            Some(s) => {
-                let u = url::Url::parse(s).map_err(|_| f.err("redis_url", "not a valid URL"))?;
-                if !matches!(u.scheme(), "redis" | "rediss") {
-                    return Err(f.err("redis_url", "expected redis://host:port"));
-                }
-                Some(Secret(s.to_string()))
-            }
-        };
-        let key_prefix = match f.string("redis_key_prefix")? {
-            None => "latchkey:".to_string(),
-            Some(s) if s.is_empty() || s.len() > 64 => {
-                return Err(f.err("redis_key_prefix", "must be 1..=64 characters"))
-            }
-            Some(s) if s.ends_with(':') => s.to_string(),
-            Some(s) => format!("{s}:"),
-        };
-        let redis = redis_url.map(|url| RedisConfig { url, key_prefix });
+        let redis = RedisConfig::read(&f)?;
         let limiter = match f.string("rate_limit_store")? {
             None if redis.is_some() => LimiterStore::Redis,
             None | Some("local") => LimiterStore::Local,
@@ -433,31 +429,8 @@ impl GatewayConfig {
             Some("redis") => return Err(f.err("rate_limit_store", "redis needs redis_url")),
             Some(_) => return Err(f.err("rate_limit_store", "expected \"local\" or \"redis\"")),
         };
-        let trusted_proxies = f
-            .strings("trusted_proxies")?
-            .unwrap_or_default()
-            .into_iter()
-            .enumerate()
-            .map(|(i, p)| {
-                p.parse::<IpAddr>().map_err(|_| {
-                    ConfigError::new(
-                        format!("trusted_proxies[{i}]"),
-                        format!("{p:?} is not an IP address"),
-                    )
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let log_level = match f.string("log")? {
-            None => "info".to_string(),
-            Some(s) => tracing_subscriber::EnvFilter::try_new(s)
-                .map(|_| s.to_string())
-                .map_err(|e| f.err("log", format!("not a log filter: {e}")))?,
-        };
-        let log_format = match f.string("log_format")? {
-            None | Some("human") | Some("text") => LogFormat::Human,
-            Some("json") => LogFormat::Json,
-            Some(_) => return Err(f.err("log_format", "expected human or json")),
-        };
+        let trusted_proxies = f.list("trusted_proxies", ip)?;
+        let log = LogSettings::read(&f)?;
         let identity = match f.table("identity_headers")? {
             None => IdentityHeaders::default(),
             Some(t) => identity_headers(t)?,
@@ -570,8 +543,7 @@ impl GatewayConfig {
             revocations,
             upstream,
             shutdown_timeout: Duration::from_secs(f.number("shutdown_timeout_secs", 10, 0, 600)?),
-            log_level,
-            log_format,
+            log,
             routes: parsed,
         })
     }

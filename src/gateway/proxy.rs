@@ -35,10 +35,10 @@ use super::headers::{ambiguous, request_host, request_id, strip_hop_by_hop, stri
 use super::path;
 use super::routes::{upstream_path_and_query, Route, RouteTable};
 use super::{GatewayState, Worker};
-use crate::config::ProxyHeader;
 use crate::domain::tokens::{bearer_token, Verified};
 use crate::http::error::{error_response, invalid_token, rate_limited};
 use crate::http::extract::client_ip;
+use crate::http::extract::ProxyHeader;
 
 const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");

@@ -13,7 +13,6 @@ use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 use super::AppState;
-use crate::config::ProxyHeader;
 use crate::domain::input::FieldError;
 use crate::domain::tokens::{bearer_token, Verified};
 use crate::domain::AuthError;
@@ -119,8 +118,8 @@ impl FromRequestParts<AppState> for ClientIp {
         Ok(ClientIp(client_ip(
             peer,
             &parts.headers,
-            &state.config.trusted_proxies,
-            state.config.trusted_proxy_header,
+            &state.settings.client_address.trusted_proxies,
+            state.settings.client_address.header,
         )))
     }
 }
@@ -196,6 +195,31 @@ impl FromRequestParts<AppState> for Bearer {
             .await
             .map(Bearer)
             .map_err(|_| ApiError::Auth(AuthError::InvalidToken))
+    }
+}
+
+/// The one forwarding header a trusted proxy writes; the client address is
+/// its right-most hop that is not a trusted proxy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProxyHeader {
+    XForwardedFor,
+    Forwarded,
+}
+
+impl ProxyHeader {
+    pub fn name(self) -> &'static str {
+        match self {
+            ProxyHeader::XForwardedFor => "x-forwarded-for",
+            ProxyHeader::Forwarded => "forwarded",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<ProxyHeader, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "x-forwarded-for" => Ok(ProxyHeader::XForwardedFor),
+            "forwarded" => Ok(ProxyHeader::Forwarded),
+            _ => Err("expected x-forwarded-for or forwarded (the header your proxy writes)".into()),
+        }
     }
 }
 

@@ -157,7 +157,7 @@ pub async fn request_context(State(st): State<AppState>, req: Request, next: Nex
     );
     let in_flight = &http_metrics().in_flight;
     in_flight.increment(1.0);
-    let deadline: Duration = st.config.request_timeout;
+    let deadline: Duration = st.settings.request_timeout;
     let mut resp = match tokio::time::timeout(deadline, next.run(req).instrument(span.clone())).await {
         Ok(r) => r,
         Err(_) => {

@@ -7,7 +7,10 @@ pub mod middleware;
 pub mod oauth;
 pub mod ops;
 pub mod schema;
+mod settings;
 pub mod tokens;
+
+pub use settings::{ClientAddress, HttpSettings};
 
 use std::sync::Arc;
 
@@ -17,10 +20,41 @@ use axum::Router;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::app::Services;
+use crate::domain::accounts::Accounts;
+use crate::domain::ops::Operations;
+use crate::domain::tokens::Tokens;
+use crate::limits::Limiter;
 use error::ApiError;
 
-pub type AppState = Arc<Services>;
+/// What handlers see: the domain's services and the edge's own settings,
+/// nothing below them (no store, no Redis). Built by the application.
+pub struct ApiState {
+    accounts: Arc<Accounts>,
+    tokens: Arc<Tokens>,
+    limiter: Arc<Limiter>,
+    ops: Arc<Operations>,
+    settings: HttpSettings,
+}
+
+impl ApiState {
+    pub fn new(
+        accounts: Arc<Accounts>,
+        tokens: Arc<Tokens>,
+        limiter: Arc<Limiter>,
+        ops: Arc<Operations>,
+        settings: HttpSettings,
+    ) -> AppState {
+        Arc::new(ApiState {
+            accounts,
+            tokens,
+            limiter,
+            ops,
+            settings,
+        })
+    }
+}
+
+pub type AppState = Arc<ApiState>;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -115,7 +149,7 @@ impl Modify for BearerAuth {
 }
 
 pub fn router(state: AppState) -> Router {
-    let body_limit = state.config.body_limit;
+    let body_limit = state.settings.body_limit;
     Router::new()
         .route("/auth/register", post(accounts::register))
         .route("/auth/verify-otp", post(accounts::verify_otp))

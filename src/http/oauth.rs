@@ -16,11 +16,10 @@ use super::accounts::token_response;
 use super::extract::ClientIp;
 use super::schema;
 use super::AppState;
-use crate::crypto::sha256;
 use crate::domain::accounts::FIRST_PARTY_CLIENT;
+use crate::domain::clients::ClientRecord;
 use crate::domain::input::{parse_opaque, Email, Password};
-use crate::domain::{clients, AuthError};
-use crate::store::{now_ms, ClientRecord};
+use crate::domain::AuthError;
 
 /// An RFC 6749 §5.2 error.
 pub struct OAuthError {
@@ -221,7 +220,7 @@ async fn authenticate_client(
             }
         },
     };
-    Ok(clients::authenticate(&st.store, &id, &secret).await?)
+    Ok(st.accounts.authenticate_client(&id, &secret).await?)
 }
 
 /// `grant_type=password` (RFC 6749 §4.3).
@@ -361,23 +360,12 @@ pub async fn introspect(State(st): State<AppState>, headers: HeaderMap, body: By
         // the client it was issued to (first-party ones by none), or one
         // client would learn the users and sessions of another.
         let as_refresh = || async {
-            let rec = st.store.refresh_token(&sha256(token.as_bytes())).await.ok()??;
-            if rec.client_id.as_deref() != Some(caller.id.as_str()) {
-                return None;
-            }
-            let now = now_ms();
-            let live = rec.session_revoked_at.is_none()
-                && rec.session_expires_at > now
-                && rec
-                    .rotated_at
-                    .is_none_or(|t| now - t <= st.config.refresh_grace.as_millis() as i64);
-            live.then(|| {
-                serde_json::json!({
-                    "active": true, "token_type": "refresh_token", "sub": rec.user_id, "sid": rec.session_id,
-                    "email": rec.email, "client_id": rec.client_id.unwrap_or_else(|| "latchkey".into()),
-                    "exp": rec.session_expires_at / 1000, "iss": st.tokens.issuer(),
-                })
-            })
+            let info = st.accounts.introspect_refresh(token, &caller.id).await.ok()??;
+            Some(serde_json::json!({
+                "active": true, "token_type": "refresh_token", "sub": info.user_id, "sid": info.session_id,
+                "email": info.email, "client_id": info.client_id,
+                "exp": info.expires_at / 1000, "iss": st.tokens.issuer(),
+            }))
         };
         let doc = if hint == Some("refresh_token") {
             match as_refresh().await {

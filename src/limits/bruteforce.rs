@@ -36,7 +36,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use crate::cache::RedisHandle;
-use crate::store::now_ms;
+use crate::clock::now_ms;
 
 /// The thresholds of the state machine (settings `brute_force_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -11,14 +11,16 @@
 mod bruteforce;
 mod gcra;
 mod lease;
+mod settings;
 
 pub use bruteforce::{Attempt, BruteForce, Rules as BruteForceRules, Softlock, Softlocks};
 pub use gcra::LocalBuckets;
+pub use settings::LimitSettings;
 
 use std::time::Duration;
 
 use crate::cache::RedisHandle;
-use crate::config::{ConfigError, Sources};
+use crate::settings::{ConfigError, Source};
 
 /// The service's named policies; `ALL` lists them in declaration order (an
 /// index into the limiter's table).
@@ -117,9 +119,11 @@ pub struct Policies {
 }
 
 impl Policies {
+    pub const DEFAULT_IPV6_PREFIX: u8 = 64;
+
     /// Defaults, overridden by `rate_limit_<policy>` settings:
     /// `LIMIT/WINDOW_SECS[,open|,local]` or `off`.
-    pub fn from_sources(src: &Sources) -> Result<Policies, ConfigError> {
+    pub fn read(src: &impl Source) -> Result<Policies, ConfigError> {
         let mut rules = Vec::new();
         for name in PolicyName::ALL {
             let default = name.default_rule().map(|(limit, secs)| Policy {
@@ -131,9 +135,11 @@ impl Policies {
             let rule = src.get(&key, default, parse_rule)?;
             rules.push((name, rule));
         }
-        let ipv6_prefix = src.get("rate_limit_ipv6_prefix", 64, |s| match s.parse::<u8>() {
-            Ok(n) if (32..=128).contains(&n) => Ok(n),
-            _ => Err("expected a prefix length from 32 to 128 (bits)".into()),
+        let ipv6_prefix = src.get("rate_limit_ipv6_prefix", Self::DEFAULT_IPV6_PREFIX, |s| {
+            match s.parse::<u8>() {
+                Ok(n) if (32..=128).contains(&n) => Ok(n),
+                _ => Err("expected a prefix length from 32 to 128 (bits)".into()),
+            }
         })?;
         Ok(Policies { rules, ipv6_prefix })
     }
@@ -258,26 +264,35 @@ pub struct Limiter {
 }
 
 impl Limiter {
-    pub fn new(enabled: bool, policies: Policies, redis: Option<RedisHandle>) -> Self {
-        let named = PolicyName::ALL
+    /// A limiter with no named policies: callers pass a policy to
+    /// [`Limiter::check_policy`] (the gateway's routes carry their own).
+    pub fn new(enabled: bool, redis: Option<RedisHandle>) -> Self {
+        Limiter {
+            enabled,
+            ipv6_prefix: Policies::DEFAULT_IPV6_PREFIX,
+            named: vec![None; PolicyName::ALL.len()],
+            local: std::sync::Arc::new(LocalBuckets::new()),
+            leases: std::sync::Arc::new(lease::Leases::new()),
+            redis,
+            script: redis::Script::new(GCRA_SCRIPT),
+        }
+    }
+
+    /// The service's named policies, checked with [`Limiter::check`].
+    pub fn with_policies(mut self, policies: &Policies) -> Self {
+        let with_redis = self.redis.is_some();
+        self.named = PolicyName::ALL
             .iter()
             .enumerate()
             .map(|(i, &name)| {
                 debug_assert_eq!(i, name as usize);
                 policies
                     .get(name)
-                    .map(|p| (p, PolicyMetrics::new(name.as_str(), &p, redis.is_some())))
+                    .map(|p| (p, PolicyMetrics::new(name.as_str(), &p, with_redis)))
             })
             .collect();
-        Limiter {
-            enabled,
-            ipv6_prefix: policies.ipv6_prefix,
-            named,
-            local: std::sync::Arc::new(LocalBuckets::new()),
-            leases: std::sync::Arc::new(lease::Leases::new()),
-            redis,
-            script: redis::Script::new(GCRA_SCRIPT),
-        }
+        self.ipv6_prefix = policies.ipv6_prefix;
+        self
     }
 
     /// The same policies and in-process buckets (the fallback), asking Redis
@@ -456,6 +471,7 @@ fn now_us() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::settings::Sources;
 
     #[test]
     fn rules_parse() {
@@ -473,7 +489,7 @@ mod tests {
     #[tokio::test]
     async fn local_policy_lets_exactly_n_through() {
         let src = Sources::from_pairs([("rate_limit_login_ip", "5/60")]);
-        let limiter = Limiter::new(true, Policies::from_sources(&src).unwrap(), None);
+        let limiter = Limiter::new(true, None).with_policies(&Policies::read(&src).unwrap());
         let mut allowed = 0;
         let mut last = None;
         for _ in 0..50 {
@@ -494,7 +510,7 @@ mod tests {
     #[tokio::test]
     async fn rates_above_one_per_millisecond_are_exact() {
         let src = Sources::from_pairs([("rate_limit_login_ip", "5000/1")]);
-        let limiter = Limiter::new(true, Policies::from_sources(&src).unwrap(), None);
+        let limiter = Limiter::new(true, None).with_policies(&Policies::read(&src).unwrap());
         let mut allowed = 0;
         for _ in 0..6000 {
             allowed += limiter.check(PolicyName::LoginIp, "k").await.is_ok() as u32;
@@ -534,7 +550,7 @@ mod tests {
     #[tokio::test]
     async fn disabled_limiter_allows_everything() {
         let src = Sources::from_pairs([("rate_limit_login_ip", "1/60")]);
-        let limiter = Limiter::new(false, Policies::from_sources(&src).unwrap(), None);
+        let limiter = Limiter::new(false, None).with_policies(&Policies::read(&src).unwrap());
         for _ in 0..10 {
             assert!(limiter.check(PolicyName::LoginIp, "k").await.is_ok());
         }

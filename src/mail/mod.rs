@@ -2,9 +2,11 @@
 //! them (see `store::outbox`) and delivered by `OutboxWorker` through the sink
 //! named by `LATCHKEY_MAIL`.
 
+mod settings;
 mod sink;
 mod worker;
 
+pub use settings::{MailConfig, MailSettings, SmtpTls};
 pub use sink::{MailSink, SinkError};
 pub use worker::OutboxWorker;
 

@@ -9,7 +9,7 @@ use lettre::transport::smtp::client::{Certificate, Tls, TlsParameters};
 use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
 
 use super::Message;
-use crate::config::{MailConfig, SmtpTls};
+use super::{MailConfig, SmtpTls};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
@@ -94,7 +94,7 @@ impl MailSink {
             }
             MailSink::File(dir) => {
                 let email = build(from, m)?;
-                let name = format!("{}-{id:010}.eml", crate::store::now_ms());
+                let name = format!("{}-{id:010}.eml", crate::clock::now_ms());
                 let tmp = dir.join(format!(".{name}.tmp"));
                 let bytes = email.formatted();
                 tokio::fs::write(&tmp, &bytes)

@@ -9,11 +9,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
+
+use crate::lifecycle::Shutdown;
 
 use super::{MailSink, Message, SinkError};
+use crate::clock::now_ms;
 use crate::crypto::Sealer;
-use crate::store::{now_ms, Store};
+use crate::store::Store;
 
 const LEASE_MS: i64 = 60_000;
 const BATCH: i64 = 20;
@@ -42,7 +45,7 @@ impl OutboxWorker {
         }
     }
 
-    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run(self, mut shutdown: Shutdown) {
         tracing::debug!(sink = self.sink.kind(), "outbox worker started");
         metrics::counter!("latchkey_outbox_deliveries_total", "sink" => self.sink.kind()).increment(0);
         metrics::counter!("latchkey_outbox_failures_total", "sink" => self.sink.kind()).increment(0);
@@ -71,7 +74,7 @@ impl OutboxWorker {
             tokio::select! {
                 _ = self.wake.notified() => {}
                 _ = tokio::time::sleep(POLL) => {}
-                _ = shutdown.changed() => return,
+                _ = shutdown.wait() => return,
             }
         }
     }

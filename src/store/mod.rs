@@ -13,6 +13,7 @@ mod codes;
 mod keys;
 mod outbox;
 mod sessions;
+mod settings;
 mod users;
 
 pub use clients::ClientRecord;
@@ -20,6 +21,7 @@ pub use codes::{CodeRecord, NewCode, Purpose, UNUSABLE_PASSWORD};
 pub use keys::KeyRecord;
 pub use outbox::OutboxRow;
 pub use sessions::{NewSession, RefreshRecord};
+pub use settings::{DatabaseConfig, DatabaseUrl};
 pub use users::{CodeMail, NewUser, RegisterOutcome, UserRecord};
 
 use std::future::Future;
@@ -32,8 +34,6 @@ use tracing::Instrument;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{PgPool, SqlitePool};
-
-use crate::config::{DatabaseConfig, DatabaseUrl};
 
 #[derive(Clone)]
 pub enum Db {
@@ -292,11 +292,4 @@ impl Drop for QueryTimer {
         metrics::histogram!("latchkey_db_query_seconds", "op" => self.op)
             .record(self.start.elapsed().as_secs_f64());
     }
-}
-
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }

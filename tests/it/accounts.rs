@@ -375,7 +375,7 @@ async fn refresh_rotates_and_the_grace_window_returns_the_same_token(app: &TestA
 
     // After the window: reuse revokes the whole session.
     let short = TestApp::config(&app.settings); // the app's own settings, grace shortened below
-    assert_eq!(short.refresh_grace, Duration::from_secs(10));
+    assert_eq!(short.accounts.refresh_grace, Duration::from_secs(10));
     let sql = "UPDATE refresh_tokens SET rotated_at = rotated_at - 11000 WHERE rotated_at IS NOT NULL";
     match &app.services.store.db {
         latchkey::store::Db::Sqlite(p) => sqlx::query(sql).execute(p).await.map(|_| ()).unwrap(),

@@ -661,7 +661,7 @@ async fn undeliverable_mail_becomes_a_dead_letter(app: &TestApp) {
     }
     assert!(dead_total(&app.metrics().await) >= before + 1.0);
     // Not claimed again, and purged after its time.
-    let now = latchkey::store::now_ms();
+    let now = latchkey::clock::now_ms();
     assert!(app
         .services
         .store
@@ -687,10 +687,10 @@ async fn unverified_accounts_expire(app: &TestApp) {
     app.register(&email, PASSWORD).await;
     let verified = unique_email("kept");
     app.register_verified(&verified, PASSWORD).await;
-    let ttl = app.services.config.unverified_account_ttl.as_millis() as i64;
+    let ttl = app.services.config.accounts.unverified_ttl.as_millis() as i64;
     assert_eq!(ttl, 7 * 86_400_000, "the default is a week");
     // A week and a moment later (the housekeeping purge, called as it does).
-    let later = latchkey::store::now_ms() + ttl + 1;
+    let later = latchkey::clock::now_ms() + ttl + 1;
     let gone = app
         .services
         .store

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use latchkey::app::config::{Config, Sources};
 use latchkey::app::{Application, Services};
-use latchkey::config::{Config, Sources};
 use serde_json::{json, Value};
 use sqlx::postgres::PgConnectOptions;
 use tokio::sync::oneshot;
@@ -131,8 +131,8 @@ impl TestApp {
 
     async fn launch(tmp: Arc<tempfile::TempDir>, settings: Vec<(String, String)>) -> TestApp {
         let config = Self::config(&settings);
-        let mail_dir = match &config.mail {
-            latchkey::config::MailConfig::File(d) => d.clone(),
+        let mail_dir = match &config.mail.transport {
+            latchkey::mail::MailConfig::File(d) => d.clone(),
             _ => tmp.path().join("mail"),
         };
         let app = Application::build(config).await.expect("the application starts");

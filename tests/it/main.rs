@@ -8,6 +8,7 @@ mod common;
 mod dump;
 mod gateway;
 mod gateway_attacks;
+mod layers;
 mod limits;
 mod mail;
 mod oauth;

@@ -1,0 +1,82 @@
+//! The service's periodic work, one task.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Services;
+use crate::clock::now_ms;
+use crate::lifecycle::{Every, Shutdown, Ticks};
+
+/// Periodic work, one task: key reloads (rotation reaches every instance),
+/// revocation resync from the database (a safety net under Redis), purges,
+/// and the outbox gauges.
+pub(super) async fn run(st: Arc<Services>, shutdown: Shutdown) {
+    let mut ticks = Ticks::every(Duration::from_secs(1), shutdown);
+    let mut keys = Every::new(st.config.tokens.key_refresh_interval);
+    let mut resync = Every::new(Duration::from_secs(5));
+    let mut purge = Every::new(Duration::from_secs(60));
+    let mut resync_from = now_ms() - 10_000;
+    let mut users_from = now_ms() - 10_000;
+    while ticks.next().await {
+        if keys.due() {
+            if let Err(e) = st.tokens.reload().await {
+                tracing::warn!(error = %e, "reloading signing keys failed");
+            }
+        }
+        if resync.due() {
+            let now = now_ms();
+            match st.revocations.load_from_store(&st.store, resync_from).await {
+                Ok(()) => resync_from = now - 10_000, // overlap absorbs commit delays
+                Err(e) => tracing::warn!(error = %e, "revocation resync failed"),
+            }
+            // Histogram samples wait in lock-free buckets until drained: drain
+            // them even when nothing scrapes /metrics, or they pile up.
+            st.metrics.run_upkeep();
+            if let Ok((backlog, oldest, dead)) = st.store.outbox_backlog().await {
+                metrics::gauge!("latchkey_outbox_backlog").set(backlog as f64);
+                let age = oldest.map(|t| (now - t).max(0) as f64 / 1000.0).unwrap_or(0.0);
+                metrics::gauge!("latchkey_outbox_oldest_age_seconds").set(age);
+                metrics::gauge!("latchkey_outbox_dead_letters").set(dead as f64);
+            }
+            // The safety net under "user changed" events: a password changed
+            // on another instance whose Redis publish was lost is forgotten
+            // here within seconds, not at the end of the cache's lifetime.
+            match st.store.users_changed_since(users_from).await {
+                Ok(emails) => {
+                    users_from = now - 10_000;
+                    for e in emails {
+                        st.users.forget(&e);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "user cache resync failed"),
+            }
+        }
+        if purge.due() {
+            st.revocations.purge();
+            st.limiter.purge();
+            st.accounts.brute_force.purge();
+            // Keep ended sessions a day for audit, then drop them.
+            if let Err(e) = st.store.purge_sessions(now_ms() - 86_400_000).await {
+                tracing::warn!(error = %e, "purging sessions failed");
+            }
+            if let Err(e) = st.tokens.purge_retired().await {
+                tracing::warn!(error = %e, "purging retired keys failed");
+            }
+            let now = now_ms();
+            // Codes, real and shadow alike, a day after they expired.
+            if let Err(e) = st.store.purge_codes(now - 86_400_000).await {
+                tracing::warn!(error = %e, "purging codes failed");
+            }
+            let ttl = st.config.accounts.unverified_ttl.as_millis() as i64;
+            match st.store.purge_unverified_users(now - ttl).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(accounts = n, "deleted accounts never verified"),
+                Err(e) => tracing::warn!(error = %e, "purging unverified accounts failed"),
+            }
+            let ttl = st.config.mail.dead_letter_ttl.as_millis() as i64;
+            if let Err(e) = st.store.purge_dead_letters(now - ttl).await {
+                tracing::warn!(error = %e, "purging dead letters failed");
+            }
+        }
+    }
+}

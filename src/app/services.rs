@@ -1,0 +1,187 @@
+//! Wiring: the service's parts built once from its configuration, in the
+//! order they depend on each other.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::sync::Notify;
+
+use super::config::Config;
+use crate::cache::{RedisHandle, Revocations, UserCache};
+use crate::crypto::{load_master_secret, ServerKeys};
+use crate::domain::accounts::Accounts;
+use crate::domain::credcache::CredentialCache;
+use crate::domain::hashing::HashPool;
+use crate::domain::ops::Operations;
+use crate::domain::tokens::{Tokens, LEEWAY_SECS};
+use crate::http::{ApiState, AppState};
+use crate::limits::{BruteForce, Limiter, Softlocks};
+use crate::store::Store;
+
+/// Everything the service runs on, built once. The HTTP handlers see only
+/// the domain's part of it ([`ApiState`]); the background tasks, the
+/// command line and the tests see all of it.
+pub struct Services {
+    pub config: Config,
+    pub store: Store,
+    pub redis: Option<RedisHandle>,
+    pub tokens: Arc<Tokens>,
+    pub accounts: Arc<Accounts>,
+    pub revocations: Arc<Revocations>,
+    pub users: Arc<UserCache>,
+    pub limiter: Arc<Limiter>,
+    pub ops: Arc<Operations>,
+    pub metrics: metrics_exporter_prometheus::PrometheusHandle,
+    pub mail_wake: Arc<Notify>,
+}
+
+impl Services {
+    /// Connects the stores, applies migrations, loads (or creates) the keys.
+    pub async fn build(config: Config) -> anyhow::Result<Arc<Services>> {
+        let metrics = crate::telemetry::metrics_handle();
+        let store = Store::connect(&config.database).await?;
+        store.migrate().await.context("applying database migrations")?;
+        Self::build_with_store(config, store, metrics).await
+    }
+
+    pub async fn build_with_store(
+        config: Config,
+        store: Store,
+        metrics: metrics_exporter_prometheus::PrometheusHandle,
+    ) -> anyhow::Result<Arc<Services>> {
+        let redis = match &config.redis {
+            Some(r) => Some(RedisHandle::connect(r).await?),
+            None => None,
+        };
+        let master = load_master_secret(
+            config.secret_key.as_ref().map(|s| s.expose().as_slice()),
+            &config.data_dir,
+        )
+        .context("loading the master secret (LATCHKEY_SECRET_KEY or <data_dir>/secret.key)")?;
+        let ServerKeys {
+            codes,
+            outbox,
+            signing_keys,
+            secret_check,
+        } = ServerKeys::derive(&master);
+        check_master_secret(&store, &secret_check, &signing_keys).await?;
+        let users = Arc::new(UserCache::new(100_000, Duration::from_secs(60)));
+        let retention = config.tokens.access_ttl + Duration::from_secs(LEEWAY_SECS as u64);
+        let revocations = Arc::new(Revocations::new(redis.clone(), retention));
+        let forget = users.clone();
+        revocations.on_user_changed(move |email| forget.forget(email));
+        revocations
+            .load_from_store(&store, revocations.horizon())
+            .await
+            .context("loading revoked sessions")?;
+        let tokens = Arc::new(
+            Tokens::load(
+                config.tokens.clone(),
+                store.clone(),
+                signing_keys,
+                revocations.clone(),
+            )
+            .await
+            .context("loading signing keys")?,
+        );
+        let limits = &config.limits;
+        let limiter = Arc::new(Limiter::new(limits.enabled, redis.clone()).with_policies(&limits.policies));
+        let hashing = Arc::new(HashPool::new(&config.hashing)?);
+        let mail_wake = Arc::new(Notify::new());
+        let accounts = Arc::new(Accounts {
+            store: store.clone(),
+            hashing,
+            credentials: config
+                .accounts
+                .credential_cache
+                .as_ref()
+                .map(|c| CredentialCache::new(c.capacity, c.ttl)),
+            users: users.clone(),
+            tokens: tokens.clone(),
+            revocations: revocations.clone(),
+            limiter: limiter.clone(),
+            brute_force: BruteForce::new(
+                limits.enabled,
+                limits.brute_force,
+                limits.brute_force_account,
+                redis.clone(),
+            ),
+            code_guesses: Softlocks::new(limits.enabled, redis.clone()),
+            code_key: codes,
+            outbox_sealer: Arc::new(outbox),
+            mail_wake: mail_wake.clone(),
+            refresh_ttl: config.accounts.refresh_ttl,
+            refresh_grace: config.accounts.refresh_grace,
+        });
+        let ops = Arc::new(Operations {
+            store: store.clone(),
+            redis: redis.clone(),
+            accounts: accounts.clone(),
+            tokens: tokens.clone(),
+            revocations: revocations.clone(),
+            users: users.clone(),
+            metrics: metrics.clone(),
+            db_max_connections: config.database.max_connections,
+        });
+        Ok(Arc::new(Services {
+            config,
+            store,
+            redis,
+            tokens,
+            accounts,
+            revocations,
+            users,
+            limiter,
+            ops,
+            metrics,
+            mail_wake,
+        }))
+    }
+
+    /// What the HTTP handlers get.
+    pub fn api_state(&self) -> AppState {
+        ApiState::new(
+            self.accounts.clone(),
+            self.tokens.clone(),
+            self.limiter.clone(),
+            self.ops.clone(),
+            self.config.http.clone(),
+        )
+    }
+}
+
+/// Refuses to run under another master secret than the database was
+/// initialised with: the check value stored by the first instance must match.
+/// A database from before the check value existed gets it now, unless its
+/// signing keys show it was initialised under another secret (none unseals
+/// here): the first instance to start must not decide for the others.
+async fn check_master_secret(
+    store: &Store,
+    check: &[u8; 32],
+    sealer: &crate::crypto::Sealer,
+) -> anyhow::Result<()> {
+    let mismatch = || {
+        anyhow::anyhow!(
+            "LATCHKEY_SECRET_KEY: this database was initialised under another master secret; \
+             every instance must use the same LATCHKEY_SECRET_KEY (or the same <data_dir>/secret.key)"
+        )
+    };
+    let stored = match store.installation_get("secret_check").await? {
+        Some(v) => v,
+        None => {
+            let keys = store.signing_keys().await?;
+            if !keys.is_empty() && !keys.iter().any(|k| crate::domain::tokens::can_unseal(k, sealer)) {
+                return Err(mismatch());
+            }
+            store
+                .installation_value("secret_check", check)
+                .await
+                .context("storing the master secret's check value")?
+        }
+    };
+    if !crate::crypto::ct_eq(&stored, check) {
+        return Err(mismatch());
+    }
+    Ok(())
+}

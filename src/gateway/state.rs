@@ -1,0 +1,161 @@
+//! What the gateway holds while it runs, and how a new file replaces it:
+//! the route table (swapped whole on SIGHUP), the token verifier, the
+//! limiter and the revocation set.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicI64;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use super::config::GatewayConfig;
+use super::routes::RouteTable;
+use crate::cache::{RedisHandle, Revocations};
+use crate::domain::tokens::{SigningAlgorithm, TokenSettings, Tokens};
+use crate::limits::Limiter;
+use crate::settings::ConfigError;
+
+/// Everything a request needs; the route table is swapped on reload.
+pub struct GatewayState {
+    pub(super) table: RwLock<Arc<RouteTable>>,
+    pub(super) config: RwLock<GatewayConfig>,
+    pub(super) accepted_audiences: Vec<String>,
+    pub tokens: Arc<Tokens>,
+    pub limiter: Arc<Limiter>,
+    pub revocations: Arc<Revocations>,
+    pub redis: Option<RedisHandle>,
+    pub(super) metrics: metrics_exporter_prometheus::PrometheusHandle,
+    pub(super) jwks_loaded_at_ms: AtomicI64,
+}
+
+impl GatewayState {
+    pub fn table(&self) -> Arc<RouteTable> {
+        self.table.read().expect("route table lock").clone()
+    }
+
+    /// Applies a new configuration's routes, limits, identity header names
+    /// and trusted proxies. Settings that need a restart are reported (and
+    /// keep their old values); new audiences are refused, since the token
+    /// verifier was built for the old set.
+    pub fn reload(&self, new: GatewayConfig) -> Result<Vec<&'static str>, ConfigError> {
+        for (i, r) in new.routes.iter().enumerate() {
+            if let Some(a) = r.audiences.iter().find(|a| !self.accepted_audiences.contains(a)) {
+                return Err(ConfigError::new(
+                    format!("routes[{i}].audiences"),
+                    format!("{a:?} is not among the audiences the gateway started with; restart to add it"),
+                ));
+            }
+        }
+        let mut old = self.config.write().expect("config lock");
+        let ignored = restart_only_changes(&old, &new);
+        let table = Arc::new(RouteTable::new(&new));
+        *self.table.write().expect("route table lock") = table;
+        *old = new;
+        Ok(ignored)
+    }
+}
+
+/// Settings a reload cannot change (they shape listeners, pools and the verifier).
+fn restart_only_changes(old: &GatewayConfig, new: &GatewayConfig) -> Vec<&'static str> {
+    let mut changed = Vec::new();
+    let redis = |c: &GatewayConfig| {
+        c.redis
+            .as_ref()
+            .map(|r| (r.url.expose().clone(), r.key_prefix.clone()))
+    };
+    let checks: [(&'static str, bool); 14] = [
+        ("listen", old.listen != new.listen),
+        ("workers", old.workers != new.workers),
+        ("admin_listen", old.admin_listen != new.admin_listen),
+        ("jwks_url", old.jwks_url != new.jwks_url),
+        ("issuer", old.issuer != new.issuer),
+        ("audiences", old.audiences != new.audiences),
+        ("jwks_refresh_secs", old.jwks_refresh != new.jwks_refresh),
+        (
+            "access_token_ttl_secs",
+            old.access_token_ttl != new.access_token_ttl,
+        ),
+        (
+            "token_cache_capacity",
+            old.token_cache_capacity != new.token_cache_capacity,
+        ),
+        ("redis_url/redis_key_prefix", redis(old) != redis(new)),
+        ("rate_limit_store", old.limiter != new.limiter),
+        ("upstream", old.upstream != new.upstream),
+        (
+            "revocations_url/revocations_poll_ms/on_unknown_revocations",
+            old.revocations != new.revocations,
+        ),
+        (
+            "log/log_format/shutdown_timeout_secs",
+            old.log != new.log || old.shutdown_timeout != new.shutdown_timeout,
+        ),
+    ];
+    for (name, differs) in checks {
+        if differs {
+            changed.push(name);
+        }
+    }
+    changed
+}
+
+pub(super) async fn fetch_keys(
+    config: &GatewayConfig,
+    revocations: &Arc<Revocations>,
+) -> anyhow::Result<Tokens> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let settings = TokenSettings {
+            issuer: config.issuer.clone(),
+            audience: config.audiences[0].clone(),
+            algorithm: SigningAlgorithm::EdDsa, // unused: the gateway never signs
+            access_ttl: config.access_token_ttl,
+            cache_capacity: config.token_cache_capacity,
+            key_refresh_interval: config.jwks_refresh,
+        };
+        match Tokens::from_jwks(settings, config.jwks_url.clone(), revocations.clone()).await {
+            Ok(t) => {
+                if t.key_count() == 0 {
+                    tracing::warn!(jwks_url = %config.jwks_url, "the JWKS holds no usable key yet");
+                }
+                return Ok(t);
+            }
+            Err(e) if Instant::now() < deadline => {
+                tracing::warn!(jwks_url = %config.jwks_url, error = %e, "fetching the JWKS failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(e.context(format!("fetching the JWKS (jwks_url = {})", config.jwks_url))),
+        }
+    }
+}
+
+#[cfg(unix)]
+pub(super) async fn reload_on_sighup(st: Arc<GatewayState>, path: PathBuf) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        tracing::warn!("cannot listen for SIGHUP; configuration reload disabled");
+        return;
+    };
+    while hup.recv().await.is_some() {
+        reload_from(&st, &path);
+    }
+}
+
+#[cfg(not(unix))]
+pub(super) async fn reload_on_sighup(_: Arc<GatewayState>, _: PathBuf) {}
+
+/// Re-reads `path` and applies it; on any error the running table stays.
+pub fn reload_from(st: &GatewayState, path: &Path) {
+    match GatewayConfig::load(path).and_then(|c| st.reload(c)) {
+        Ok(ignored) => {
+            let routes = st.table().routes().count();
+            tracing::info!(routes, "gateway configuration reloaded");
+            if !ignored.is_empty() {
+                tracing::warn!(
+                    settings = ignored.join(", "),
+                    "changed settings take effect only at restart"
+                );
+            }
+        }
+        Err(e) => tracing::error!("gateway configuration NOT reloaded: {e}"),
+    }
+}

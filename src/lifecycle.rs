@@ -1,0 +1,344 @@
+//! How a process starts and stops its work, for the service and the gateway
+//! alike. Ground floor: imports nothing from the crate.
+//!
+//! ```text
+//!   signal() ──► stop serving ──► drain(served, timeout) ──► tasks.stop()
+//!   (SIGTERM,     (listeners      (in-flight requests         (background
+//!    SIGINT)       close)          finish, or give up)         tasks end)
+//! ```
+//!
+//! - [`Shutdown`] is the one "stop now" every task listens for (a cloned
+//!   receiver of one [`Trigger`]); a task polls it in its `select!`.
+//! - [`Tasks`] is a set of background tasks sharing one trigger: spawned
+//!   with [`Tasks::spawn`], stopped together with [`Tasks::stop`].
+//! - [`Ticks`] is the loop of a periodic task (housekeeping): one tick a
+//!   period until shutdown; [`Every`] says when a slower chore is due.
+//! - [`Readiness`] builds the answer of `/health/ready` from named checks.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// SIGTERM or SIGINT.
+pub async fn signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}
+
+/// Fires the [`Shutdown`] of every task subscribed to it.
+pub struct Trigger(watch::Sender<bool>);
+
+impl Trigger {
+    pub fn new() -> Trigger {
+        Trigger(watch::channel(false).0)
+    }
+
+    pub fn subscribe(&self) -> Shutdown {
+        Shutdown(self.0.subscribe())
+    }
+
+    pub fn fire(&self) {
+        let _ = self.0.send(true);
+    }
+}
+
+impl Default for Trigger {
+    fn default() -> Self {
+        Trigger::new()
+    }
+}
+
+/// "Stop now", heard by one task.
+#[derive(Clone)]
+pub struct Shutdown(watch::Receiver<bool>);
+
+impl Shutdown {
+    /// Completes when the trigger fires (or is dropped).
+    pub async fn wait(&mut self) {
+        while !*self.0.borrow_and_update() {
+            if self.0.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// For `with_graceful_shutdown` and other places that take a future.
+    pub async fn into_wait(mut self) {
+        self.wait().await
+    }
+}
+
+/// Background tasks that stop together.
+pub struct Tasks {
+    trigger: Trigger,
+    handles: Vec<JoinHandle<()>>,
+}
+
+impl Tasks {
+    pub fn new() -> Tasks {
+        Tasks {
+            trigger: Trigger::new(),
+            handles: Vec::new(),
+        }
+    }
+
+    /// The shutdown a new task of this set listens for.
+    pub fn shutdown(&self) -> Shutdown {
+        self.trigger.subscribe()
+    }
+
+    pub fn spawn(&mut self, task: impl Future<Output = ()> + Send + 'static) {
+        self.handles.push(tokio::spawn(task));
+    }
+
+    /// Fires the shutdown and waits for each task, `grace` at most each.
+    pub async fn stop(self, grace: Duration) {
+        self.trigger.fire();
+        for t in self.handles {
+            let _ = tokio::time::timeout(grace, t).await;
+        }
+    }
+}
+
+impl Default for Tasks {
+    fn default() -> Self {
+        Tasks::new()
+    }
+}
+
+/// Waits for `served` (the listeners finishing their in-flight requests)
+/// within `timeout`; `false` (and a warning) if they did not.
+pub async fn drain(served: impl Future<Output = ()>, timeout: Duration) -> bool {
+    let done = tokio::time::timeout(timeout, served).await.is_ok();
+    if !done {
+        tracing::warn!("in-flight requests did not finish within the shutdown timeout");
+    }
+    done
+}
+
+/// Serves `router` on `listener` (with each connection's peer address)
+/// until `shutdown`, then lets open requests finish.
+pub async fn serve(listener: tokio::net::TcpListener, router: axum::Router, shutdown: Shutdown) {
+    let served = axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown.into_wait())
+    .await;
+    if let Err(e) = served {
+        tracing::warn!(error = %e, "a listener failed");
+    }
+}
+
+/// The loop of a periodic task: `while ticks.next().await { ... }` runs its
+/// body every `period` (a late tick is delayed, not bunched) until shutdown.
+pub struct Ticks {
+    interval: tokio::time::Interval,
+    shutdown: Shutdown,
+}
+
+impl Ticks {
+    pub fn every(period: Duration, shutdown: Shutdown) -> Ticks {
+        let mut interval = tokio::time::interval(period);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Ticks { interval, shutdown }
+    }
+
+    /// `true` at the next tick, `false` once shutdown is asked for.
+    pub async fn next(&mut self) -> bool {
+        tokio::select! {
+            biased;
+            _ = self.shutdown.wait() => false,
+            _ = self.interval.tick() => true,
+        }
+    }
+}
+
+/// A chore inside a periodic task that is due every `period`.
+pub struct Every {
+    period: Duration,
+    last: Instant,
+}
+
+impl Every {
+    /// First due one `period` from now.
+    pub fn new(period: Duration) -> Every {
+        Every {
+            period,
+            last: Instant::now(),
+        }
+    }
+
+    /// Whether the chore is due; if so, the next one is a period from now.
+    pub fn due(&mut self) -> bool {
+        if self.last.elapsed() < self.period {
+            return false;
+        }
+        self.last = Instant::now();
+        true
+    }
+}
+
+/// The answer of `/health/ready`: `200 {"status":"ok","checks":{...}}`, or
+/// `503 {"error":"UNAVAILABLE","failing":[...],...}` naming the checks that
+/// failed. Informational checks and extra fields never fail it.
+pub struct Readiness {
+    checks: serde_json::Map<String, serde_json::Value>,
+    failing: Vec<&'static str>,
+    extra: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Readiness {
+    pub fn new() -> Readiness {
+        Readiness {
+            checks: serde_json::Map::new(),
+            failing: Vec::new(),
+            extra: serde_json::Map::new(),
+        }
+    }
+
+    /// A check that must pass for the process to be ready.
+    pub fn check(mut self, name: &'static str, ok: bool) -> Readiness {
+        self.checks
+            .insert(name.into(), if ok { "ok" } else { "failing" }.into());
+        if !ok {
+            self.failing.push(name);
+        }
+        self
+    }
+
+    /// A check shown but never failing readiness (`unknown` when not ok).
+    pub fn inform(mut self, name: &'static str, ok: bool) -> Readiness {
+        self.checks
+            .insert(name.into(), if ok { "ok" } else { "unknown" }.into());
+        self
+    }
+
+    /// A field of the healthy answer.
+    pub fn with(mut self, name: &'static str, value: impl Into<serde_json::Value>) -> Readiness {
+        self.extra.insert(name.into(), value.into());
+        self
+    }
+
+    /// The answer; `what` says how a failing check failed ("not answering").
+    pub fn respond(self, what: &str) -> Response {
+        if self.failing.is_empty() {
+            let mut body = serde_json::Map::new();
+            body.insert("status".into(), "ok".into());
+            body.insert("checks".into(), self.checks.into());
+            body.extend(self.extra);
+            (StatusCode::OK, Json(serde_json::Value::Object(body))).into_response()
+        } else {
+            let message = format!("not ready: {} {what}", self.failing.join(" and "));
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(serde_json::json!({"error": "UNAVAILABLE", "message": message, "failing": self.failing, "checks": self.checks})),
+            )
+                .into_response()
+        }
+    }
+}
+
+impl Default for Readiness {
+    fn default() -> Self {
+        Readiness::new()
+    }
+}
+
+/// Whether `probe` answers `Ok` within `timeout` (a readiness check).
+pub async fn answers<E>(timeout: Duration, probe: impl Future<Output = Result<(), E>>) -> bool {
+    matches!(tokio::time::timeout(timeout, probe).await, Ok(Ok(())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn every_task_hears_one_shutdown_and_stops() {
+        let mut tasks = Tasks::new();
+        let (tx, mut rx) = tokio::sync::mpsc::channel(4);
+        for i in 0..3 {
+            let mut shutdown = tasks.shutdown();
+            let tx = tx.clone();
+            tasks.spawn(async move {
+                shutdown.wait().await;
+                tx.send(i).await.unwrap();
+            });
+        }
+        drop(tx);
+        tasks.stop(Duration::from_secs(5)).await;
+        let mut heard = Vec::new();
+        while let Some(i) = rx.recv().await {
+            heard.push(i);
+        }
+        heard.sort();
+        assert_eq!(heard, [0, 1, 2]);
+    }
+
+    #[tokio::test]
+    async fn ticks_end_at_shutdown() {
+        let trigger = Trigger::new();
+        let mut ticks = Ticks::every(Duration::from_millis(1), trigger.subscribe());
+        assert!(ticks.next().await);
+        trigger.fire();
+        // A fired shutdown wins over any number of due ticks.
+        let mut ended = false;
+        for _ in 0..100 {
+            if !ticks.next().await {
+                ended = true;
+                break;
+            }
+        }
+        assert!(ended);
+    }
+
+    #[test]
+    fn a_chore_is_due_once_per_period() {
+        let mut e = Every::new(Duration::from_secs(3600));
+        assert!(!e.due());
+        let mut now = Every::new(Duration::ZERO);
+        assert!(now.due());
+    }
+
+    #[tokio::test]
+    async fn readiness_names_what_fails() {
+        let ok = Readiness::new()
+            .check("database", true)
+            .with("keys", 2)
+            .respond("failing");
+        assert_eq!(ok.status(), StatusCode::OK);
+        let bad = Readiness::new()
+            .check("database", true)
+            .check("redis", false)
+            .inform("revocations", false)
+            .respond("not answering");
+        assert_eq!(bad.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body = axum::body::to_bytes(bad.into_body(), 1 << 16).await.unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["failing"], serde_json::json!(["redis"]));
+        assert_eq!(v["message"], "not ready: redis not answering");
+        assert_eq!(v["checks"]["revocations"], "unknown");
+    }
+}
