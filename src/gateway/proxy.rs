@@ -18,7 +18,10 @@
 //!            response: hop-by-hop headers stripped, X-Request-Id added
 //! ```
 //!
-//! A refused request never reaches the upstream.
+//! In code: [`admit`] (form, route, limits, token) then [`rewrite`] (the
+//! headers and target the upstream sees) then [`send`]; every refusal is a
+//! [`Refusal`], mapped to its answer in one place. A refused request never
+//! reaches the upstream.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -116,6 +119,95 @@ pub async fn handle(
     response
 }
 
+/// Why the gateway answers a request itself: every refusal, mapped to its
+/// answer (and counted) in one place, [`Refusal::into_response`].
+enum Refusal {
+    /// 400: the request is ambiguous or its path or target is refused.
+    BadRequest(&'static str),
+    /// 404: no route for this host and path.
+    NoRoute,
+    /// 429: a route's limit.
+    RateLimited(crate::limits::Limited),
+    /// 503: sessions cannot be checked (revocations unknown, "refuse").
+    RevocationsUnknown,
+    /// 401: the bearer token, with the reason counted.
+    InvalidToken(&'static str),
+    /// 502: the upstream could not be reached or broke the connection.
+    UpstreamFailed(&'static str),
+    /// 504: no response headers within the route's timeout.
+    UpstreamTimeout,
+}
+
+impl Refusal {
+    fn into_response(self, route: Option<&Route>) -> Response {
+        let name = route.map_or("unmatched", |r| r.name);
+        let auth_failure = |reason: &'static str| {
+            metrics::counter!("latchkey_gateway_auth_failures_total", "route" => name, "reason" => reason)
+                .increment(1)
+        };
+        match self {
+            Refusal::BadRequest(why) => error_response(StatusCode::BAD_REQUEST, "INVALID_REQUEST", why),
+            Refusal::NoRoute => error_response(
+                StatusCode::NOT_FOUND,
+                "NOT_FOUND",
+                "no route for this host and path",
+            ),
+            Refusal::RateLimited(l) => {
+                if let Some(r) = route {
+                    r.metrics.rate_limited.increment(1);
+                }
+                rate_limited(&l)
+            }
+            Refusal::RevocationsUnknown => {
+                auth_failure("revocations_unknown");
+                let mut r = error_response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "UNAVAILABLE",
+                    "sessions cannot be checked right now; retry shortly",
+                );
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                r
+            }
+            Refusal::InvalidToken(reason) => {
+                auth_failure(reason);
+                invalid_token()
+            }
+            Refusal::UpstreamFailed(kind) => {
+                metrics::counter!("latchkey_gateway_upstream_errors_total", "route" => name, "kind" => kind)
+                    .increment(1);
+                error_response(
+                    StatusCode::BAD_GATEWAY,
+                    "BAD_GATEWAY",
+                    "the upstream service could not be reached or broke the connection",
+                )
+            }
+            Refusal::UpstreamTimeout => {
+                metrics::counter!("latchkey_gateway_upstream_errors_total", "route" => name, "kind" => "timeout")
+                    .increment(1);
+                error_response(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "GATEWAY_TIMEOUT",
+                    "the upstream service did not answer in time",
+                )
+            }
+        }
+    }
+}
+
+/// A request the gateway has decided to forward: its route, the path it
+/// was routed by, and who sent it.
+struct Admitted<'t, 'r> {
+    route: &'t Route,
+    normal: path::Normal<'r>,
+    /// The host the request was routed by, as the gateway parsed it: the
+    /// upstream sees this, never the client's spelling.
+    host: Option<HeaderValue>,
+    client_addr: IpAddr,
+    from_proxy: Forwarded,
+    verified: Option<Arc<Verified>>,
+}
+
 async fn forward<'t>(
     st: &GatewayState,
     w: &Worker,
@@ -124,90 +216,77 @@ async fn forward<'t>(
     req: Request,
     id: &HeaderValue,
 ) -> Outcome<'t> {
-    let limiter = w.limiter();
     let (mut parts, body) = req.into_parts();
-    let bad_request = |message: &str| error_response(StatusCode::BAD_REQUEST, "INVALID_REQUEST", message);
-    if let Some(why) = ambiguous(&parts.headers) {
-        return Outcome::refused(None, bad_request(why));
+    // The client's target, kept while `parts` becomes the upstream's request.
+    let uri = parts.uri.clone();
+    let admitted = match admit(st, w, table, peer, &mut parts.headers, &uri, parts.version).await {
+        Ok(a) => a,
+        Err((route, why)) => return Outcome::refused(route, why.into_response(route)),
+    };
+    let route = admitted.route;
+    if let Err(why) = rewrite(table, peer, admitted, &mut parts, id) {
+        return Outcome::refused(Some(route), why.into_response(Some(route)));
     }
-    let normal = match path::normalise(parts.uri.path()) {
-        Ok(n) => n,
-        Err(why) => return Outcome::refused(None, bad_request(why.message())),
-    };
-    let host = match request_host(&parts.uri, &parts.headers, parts.version) {
-        Ok(h) => h,
-        Err(why) => return Outcome::refused(None, bad_request(why)),
-    };
+    let (response, took) = send(w, route, Request::from_parts(parts, body)).await;
+    Outcome {
+        response: response.unwrap_or_else(|why| why.into_response(Some(route))),
+        route: Some(route),
+        upstream: Some(took),
+    }
+}
+
+/// Decides whether the request goes upstream, and by which route: the
+/// request's form, its route, the limits and the token. The client's
+/// address and forwarding chain are read first; then every header the
+/// client may not write is removed, before the token is read.
+async fn admit<'t, 'r>(
+    st: &GatewayState,
+    w: &Worker,
+    table: &'t RouteTable,
+    peer: IpAddr,
+    headers: &mut HeaderMap,
+    uri: &'r Uri,
+    version: Version,
+) -> Result<Admitted<'t, 'r>, (Option<&'t Route>, Refusal)> {
+    let refuse = |why| (None, Refusal::BadRequest(why));
+    if let Some(why) = ambiguous(headers) {
+        return Err(refuse(why));
+    }
+    let normal = path::normalise(uri.path()).map_err(|why| refuse(why.message()))?;
+    let host = request_host(uri, headers, version).map_err(refuse)?;
     if normal.non_ascii && table.any_case_insensitive {
-        return Outcome::refused(
-            None,
-            bad_request("path: characters beyond ASCII are not allowed where routes ignore case"),
-        );
+        return Err(refuse(
+            "path: characters beyond ASCII are not allowed where routes ignore case",
+        ));
     }
-    let Some(route) = table.find(host.as_ref().map(|h| h.host.as_str()), normal.key()) else {
-        return Outcome::refused(
-            None,
-            error_response(
-                StatusCode::NOT_FOUND,
-                "NOT_FOUND",
-                "no route for this host and path",
-            ),
-        );
-    };
+    let route = table
+        .find(host.as_ref().map(|h| h.host.as_str()), normal.key())
+        .ok_or((None, Refusal::NoRoute))?;
+    let refuse = |why| (Some(route), why);
     let rc = &route.config;
-    let client_addr = client_ip(
-        peer,
-        &parts.headers,
-        &table.trusted_proxies,
-        ProxyHeader::XForwardedFor,
-    );
-    let from_proxy = Forwarded::from_trusted(&parts.headers, peer, &table.trusted_proxies);
-    // The host the request was routed by, as the gateway parsed it: the
-    // upstream sees this, never the client's spelling.
-    let forwarded_host = host.and_then(|h| HeaderValue::from_str(&h.to_string()).ok());
-    let headers = &mut parts.headers;
+    let client_addr = client_ip(peer, headers, &table.trusted_proxies, ProxyHeader::XForwardedFor);
+    let from_proxy = Forwarded::from_trusted(headers, peer, &table.trusted_proxies);
     strip_hop_by_hop(headers);
     headers.remove(header::EXPECT); // answered by our server already
     strip_reserved(headers, &table.identity.all());
-
+    let limiter = w.limiter();
     // Limits by address come first: a flood of forged tokens costs no signature check.
     let limit = rc.rate_limit.as_ref().zip(route.limit_metrics.as_ref());
     if let Some((rl, m)) = limit.filter(|(rl, _)| rl.key == LimitKey::Ip) {
-        if let Err(l) = limiter
-            .check_policy(
-                route.policy_name,
-                rl.policy,
-                m,
-                limiter.ip_key(client_addr).as_str(),
-            )
+        let key = limiter.ip_key(client_addr);
+        limiter
+            .check_policy(route.policy_name, rl.policy, m, key.as_str())
             .await
-        {
-            route.metrics.rate_limited.increment(1);
-            return Outcome::refused(Some(route), rate_limited(&l));
-        }
+            .map_err(|l| refuse(Refusal::RateLimited(l)))?;
     }
     let verified = if rc.auth {
         if table.when_revocations_unknown == UnknownRevocations::Refuse && !st.revocations.is_current() {
-            metrics::counter!("latchkey_gateway_auth_failures_total", "route" => route.name, "reason" => "revocations_unknown")
-                .increment(1);
-            let r = error_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "UNAVAILABLE",
-                "sessions cannot be checked right now; retry shortly",
-            );
-            let mut r = r;
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            return Outcome::refused(Some(route), r);
+            return Err(refuse(Refusal::RevocationsUnknown));
         }
-        match authenticate(st, route, headers).await {
-            Ok(v) => Some(v),
-            Err(reason) => {
-                metrics::counter!("latchkey_gateway_auth_failures_total", "route" => route.name, "reason" => reason)
-                    .increment(1);
-                return Outcome::refused(Some(route), invalid_token());
-            }
-        }
+        let v = authenticate(st, route, headers)
+            .await
+            .map_err(|reason| refuse(Refusal::InvalidToken(reason)))?;
+        Some(v)
     } else {
         None
     };
@@ -218,14 +297,34 @@ async fn forward<'t>(
             LimitKey::Ip => None,
         };
         if let Some(key) = key {
-            if let Err(l) = limiter.check_policy(route.policy_name, rl.policy, m, key).await {
-                route.metrics.rate_limited.increment(1);
-                return Outcome::refused(Some(route), rate_limited(&l));
-            }
+            limiter
+                .check_policy(route.policy_name, rl.policy, m, key)
+                .await
+                .map_err(|l| refuse(Refusal::RateLimited(l)))?;
         }
     }
+    Ok(Admitted {
+        route,
+        from_proxy,
+        host: host.and_then(|h| HeaderValue::from_str(&h.to_string()).ok()),
+        normal,
+        client_addr,
+        verified,
+    })
+}
 
-    if let Some(v) = &verified {
+/// The request as the upstream sees it: the identity and forwarding
+/// headers set, the normal path on the upstream's origin.
+fn rewrite(
+    table: &RouteTable,
+    peer: IpAddr,
+    a: Admitted<'_, '_>,
+    parts: &mut axum::http::request::Parts,
+    id: &HeaderValue,
+) -> Result<(), Refusal> {
+    let rc = &a.route.config;
+    let headers = &mut parts.headers;
+    if let Some(v) = &a.verified {
         let c = &v.claims;
         let id_headers = &table.identity;
         for (name, value) in [
@@ -242,33 +341,26 @@ async fn forward<'t>(
     if !rc.forward_authorization {
         headers.remove(header::AUTHORIZATION);
     }
-    from_proxy.write(headers, &table.forward, peer, client_addr, forwarded_host.clone());
+    a.from_proxy
+        .write(headers, &table.forward, peer, a.client_addr, a.host.clone());
     headers.insert(X_REQUEST_ID, id.clone());
     headers.remove(header::HOST);
-    if let (Some(h), true) = (&forwarded_host, rc.preserve_host) {
+    if let (Some(h), true) = (&a.host, rc.preserve_host) {
         headers.insert(header::HOST, h.clone());
     }
-
-    let target = upstream_path_and_query(rc, &normal.path, parts.uri.query());
-    let uri = match Uri::try_from(format!("{}{target}", rc.upstream_origin)) {
-        Ok(u) => u,
-        Err(_) => {
-            return Outcome::refused(
-                Some(route),
-                error_response(
-                    StatusCode::BAD_REQUEST,
-                    "INVALID_REQUEST",
-                    "path: not a valid request target",
-                ),
-            )
-        }
-    };
-    parts.uri = uri;
+    let target = upstream_path_and_query(rc, &a.normal.path, parts.uri.query());
+    parts.uri = Uri::try_from(format!("{}{target}", rc.upstream_origin))
+        .map_err(|_| Refusal::BadRequest("path: not a valid request target"))?;
     parts.version = Version::HTTP_11;
-    let upstream_req = Request::from_parts(parts, body);
+    Ok(())
+}
 
+/// The upstream exchange over this thread's pool, within the route's
+/// timeout; the response's hop-by-hop headers removed.
+async fn send(w: &Worker, route: &Route, req: Request) -> (Result<Response, Refusal>, Duration) {
+    let rc = &route.config;
     let sent = Instant::now();
-    let result = tokio::time::timeout(rc.timeout, w.client.request(upstream_req)).await;
+    let result = tokio::time::timeout(rc.timeout, w.client.request(req)).await;
     let took = sent.elapsed();
     route.metrics.upstream.record(took.as_secs_f64());
     let response = match result {
@@ -277,37 +369,24 @@ async fn forward<'t>(
             // Our answer is ours: an HTTP/1.0 upstream does not make it 1.0.
             p.version = Version::HTTP_11;
             strip_hop_by_hop(&mut p.headers);
-            Response::from_parts(p, Body::new(body))
+            Ok(Response::from_parts(p, Body::new(body)))
         }
         Ok(Err(e)) => {
-            let kind = if e.is_connect() { "connect" } else { "io" };
-            metrics::counter!("latchkey_gateway_upstream_errors_total", "route" => route.name, "kind" => kind)
-                .increment(1);
             tracing::warn!(route = route.name, upstream = %rc.upstream_origin, error = %error_chain(&e),
                 "upstream request failed");
-            error_response(
-                StatusCode::BAD_GATEWAY,
-                "BAD_GATEWAY",
-                "the upstream service could not be reached or broke the connection",
-            )
+            Err(Refusal::UpstreamFailed(if e.is_connect() {
+                "connect"
+            } else {
+                "io"
+            }))
         }
         Err(_) => {
-            metrics::counter!("latchkey_gateway_upstream_errors_total", "route" => route.name, "kind" => "timeout")
-                .increment(1);
             tracing::warn!(route = route.name, upstream = %rc.upstream_origin, timeout_ms = rc.timeout.as_millis() as u64,
                 "upstream did not answer in time");
-            error_response(
-                StatusCode::GATEWAY_TIMEOUT,
-                "GATEWAY_TIMEOUT",
-                "the upstream service did not answer in time",
-            )
+            Err(Refusal::UpstreamTimeout)
         }
     };
-    Outcome {
-        response,
-        route: Some(route),
-        upstream: Some(took),
-    }
+    (response, took)
 }
 
 /// The verified token of an authenticated route, or why not (a metric label).
