@@ -77,7 +77,8 @@ def start_servers(procs, latchkey, redis_url, raw, tmp):
         ("local", {"LATCHKEY_RATE_LIMIT_VALIDATE": LIMIT}),
     ):
         port, admin = free_port(), free_port()
-        p = procs.start(name, [latchkey, "serve"], raw / f"server-{name}.log",
+        # "server-" keeps the names apart from the Redis server's ("redis").
+        p = procs.start(f"server-{name}", [latchkey, "serve"], raw / f"server-{name}.log",
                         env={**env, **extra, "LATCHKEY_LISTEN": f"127.0.0.1:{port}",
                              "LATCHKEY_ADMIN_LISTEN": f"127.0.0.1:{admin}"})
         base = f"http://127.0.0.1:{port}"
