@@ -1,11 +1,13 @@
-#!/usr/bin/env python3
-"""Draws latency.png for a result folder written by scripts/loadtest.
+"""Draws latency.png for a result folder written by scripts/loadtest (the
+report module runs it in a Python that has matplotlib, with the repository
+root on PYTHONPATH; it imports nothing else of the package).
 
-  plot.py --k6 DIR   from DIR/raw/timeseries.csv and DIR/raw/resources.csv:
-                     P50 / P95 / P99 per second, throughput and errors per
-                     second, server / k6 / machine CPU and server RSS
-  plot.py --wrk DIR  from DIR/summary.json: req/s and P50 / P99 by the number
-                     of connections, for /auth/validate and /health/live
+  python3 -m loadtest.plot --k6 DIR   from DIR/raw/timeseries.csv and
+        DIR/raw/resources.csv: P50 / P95 / P99 per second, throughput and
+        errors per second, server / k6 / machine CPU and server RSS
+  python3 -m loadtest.plot --wrk DIR  from DIR/summary.json: req/s and
+        P50 / P99 by the number of connections, for /auth/validate and
+        /health/live
 """
 
 import argparse

@@ -4,8 +4,9 @@
 //       -e RATE=5000 -e DURATION=30 rate.js
 // On 2 cores, k6 itself needs ~0.9 core at 5,000/s; with Go's default GC its
 // pauses alone put ~50 ms into the P99 of the upstream measured directly, so
-// run.py sets GOGC=off (about 1 GB per 15 s at this rate) and keeps only the
-// `status` tag, which brings the direct P99 to ~1.3 ms.
+// loadtest/gateway_bench.py sets GOGC=off (about 1 GB per 15 s at this rate)
+// and the script keeps only the `status` tag, which brings the direct P99 to
+// ~1.3 ms.
 import http from 'k6/http';
 
 const tokens = open(__ENV.TOKENS_FILE).split('\n').filter((l) => l.trim().length > 0);

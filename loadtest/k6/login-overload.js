@@ -1,6 +1,7 @@
-// login-overload (issue 5, run 3): wrong-password logins at RATE per second
-// (set it to about 3x the measured hashing capacity) for 60 s x DURATION_SCALE,
-// while a second scenario validates a token at VALIDATE_RATE per second.
+// login-overload (docs/performance.md, "Login under load", run 3):
+// wrong-password logins at RATE per second (set it to about 3x the measured
+// hashing capacity) for 60 s x DURATION_SCALE, while a second scenario
+// validates a token at VALIDATE_RATE per second.
 //
 // Pass: no response slower than 1 s, every answer to a login is either a fast
 // 503 OVERLOADED (shed) or a correct 401 INVALID_CREDENTIALS, and validation

