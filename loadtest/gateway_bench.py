@@ -466,7 +466,7 @@ def main(argv):
     find_wrk()
     for tool in ("haproxy", "redis-server"):
         require(tool)
-    for gen in args.generators.split(","):
+    for gen in ([] if args.no_k6 else args.generators.split(",")):
         if gen not in OPEN_MODEL:
             raise RunError(f"unknown generator {gen} (vegeta, k6)")
         if gen == "k6":
