@@ -15,7 +15,7 @@ use latchkey::crypto::Sealer;
 use latchkey::domain::hashing::Argon2Config;
 use latchkey::domain::hashing::Passwords;
 use latchkey::domain::tokens::SigningAlgorithm;
-use latchkey::domain::tokens::{TokenSettings, Tokens};
+use latchkey::domain::tokens::{Issuer, TokenSettings};
 use latchkey::limits::{Limiter, Policies, PolicyName};
 use latchkey::settings::{Secret, Sources};
 use latchkey::store::Store;
@@ -29,7 +29,7 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-async fn tokens(alg: SigningAlgorithm) -> Tokens {
+async fn tokens(alg: SigningAlgorithm) -> Issuer {
     let store = Store::connect(&DatabaseConfig {
         url: DatabaseUrl::Sqlite("sqlite::memory:".into()),
         own_dir: std::env::temp_dir(),
@@ -49,7 +49,7 @@ async fn tokens(alg: SigningAlgorithm) -> Tokens {
         cache_capacity: 100_000,
         key_refresh_interval: Duration::from_secs(10),
     };
-    Tokens::load(settings, store, Sealer::new(&[7; 32]), revocations)
+    Issuer::load(settings, store, Sealer::new(&[7; 32]), revocations)
         .await
         .unwrap()
 }
@@ -71,11 +71,11 @@ fn token_benches(c: &mut Criterion) {
             })
         });
         c.bench_function(&format!("verify uncached {name}"), |b| {
-            b.iter(|| t.verify(&token).unwrap())
+            b.iter(|| t.verifier().verify(&token).unwrap())
         });
-        rt.block_on(t.validate(&token)).unwrap();
+        rt.block_on(t.verifier().validate(&token)).unwrap();
         c.bench_function(&format!("validate cached {name}"), |b| {
-            b.iter(|| rt.block_on(t.validate(&token)).unwrap())
+            b.iter(|| rt.block_on(t.verifier().validate(&token)).unwrap())
         });
     }
 }

@@ -14,7 +14,7 @@ use crate::domain::accounts::Accounts;
 use crate::domain::credcache::CredentialCache;
 use crate::domain::hashing::HashPool;
 use crate::domain::ops::Operations;
-use crate::domain::tokens::{Tokens, LEEWAY_SECS};
+use crate::domain::tokens::{Issuer, Verifier, LEEWAY_SECS};
 use crate::http::{ApiState, AppState};
 use crate::limits::{BruteForce, Limiter, Softlocks};
 use crate::store::Store;
@@ -26,7 +26,9 @@ pub struct Services {
     pub config: Config,
     pub store: Store,
     pub redis: Option<RedisHandle>,
-    pub tokens: Arc<Tokens>,
+    /// Signs (and rotates keys); `verifier` validates.
+    pub tokens: Arc<Issuer>,
+    pub verifier: Arc<Verifier>,
     pub accounts: Arc<Accounts>,
     pub revocations: Arc<Revocations>,
     pub users: Arc<UserCache>,
@@ -76,7 +78,7 @@ impl Services {
             .await
             .context("loading revoked sessions")?;
         let tokens = Arc::new(
-            Tokens::load(
+            Issuer::load(
                 config.tokens.clone(),
                 store.clone(),
                 signing_keys,
@@ -85,6 +87,7 @@ impl Services {
             .await
             .context("loading signing keys")?,
         );
+        let verifier = tokens.verifier().clone();
         let limits = &config.limits;
         let limiter = Arc::new(Limiter::new(limits.enabled, redis.clone()).with_policies(&limits.policies));
         let hashing = Arc::new(HashPool::new(&config.hashing)?);
@@ -118,7 +121,7 @@ impl Services {
             store: store.clone(),
             redis: redis.clone(),
             accounts: accounts.clone(),
-            tokens: tokens.clone(),
+            tokens: verifier.clone(),
             revocations: revocations.clone(),
             users: users.clone(),
             metrics: metrics.clone(),
@@ -129,6 +132,7 @@ impl Services {
             store,
             redis,
             tokens,
+            verifier,
             accounts,
             revocations,
             users,
@@ -143,7 +147,7 @@ impl Services {
     pub fn api_state(&self) -> AppState {
         ApiState::new(
             self.accounts.clone(),
-            self.tokens.clone(),
+            self.verifier.clone(),
             self.limiter.clone(),
             self.ops.clone(),
             self.config.http.clone(),

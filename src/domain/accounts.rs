@@ -15,7 +15,7 @@ use super::credcache::{CredentialCache, CredentialCacheSettings};
 use super::hashing::HashPool;
 use super::input::{Code, Email, Password};
 use super::refresh::{self, RefreshDecision, RefreshState};
-use super::tokens::{Tokens, Verified};
+use super::tokens::{Issuer, Verified};
 use super::AuthError;
 use crate::cache::{Revocations, UserCache};
 use crate::clock::now_ms;
@@ -94,7 +94,7 @@ pub struct Accounts {
     pub hashing: Arc<HashPool>,
     pub credentials: Option<CredentialCache>,
     pub users: Arc<UserCache>,
-    pub tokens: Arc<Tokens>,
+    pub tokens: Arc<Issuer>,
     pub revocations: Arc<Revocations>,
     pub limiter: Arc<Limiter>,
     pub brute_force: BruteForce,

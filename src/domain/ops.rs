@@ -9,7 +9,7 @@ use std::time::Duration;
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use super::accounts::Accounts;
-use super::tokens::Tokens;
+use super::tokens::Verifier;
 use super::AuthError;
 use crate::cache::{RedisHandle, Revocations, UserCache};
 use crate::lifecycle::{answers, Readiness};
@@ -19,7 +19,7 @@ pub struct Operations {
     pub(crate) store: Store,
     pub(crate) redis: Option<RedisHandle>,
     pub(crate) accounts: Arc<Accounts>,
-    pub(crate) tokens: Arc<Tokens>,
+    pub(crate) tokens: Arc<Verifier>,
     pub(crate) revocations: Arc<Revocations>,
     pub(crate) users: Arc<UserCache>,
     pub(crate) metrics: PrometheusHandle,

@@ -79,9 +79,8 @@ impl Gateway {
         };
         let retention = config.access_token_ttl + Duration::from_secs(LEEWAY_SECS as u64);
         let revocations = Arc::new(Revocations::new(redis.clone(), retention));
-        let mut tokens = state::fetch_keys(&config, &revocations).await?;
+        let tokens = state::fetch_keys(&config, &revocations).await?;
         let accepted_audiences = config.all_audiences();
-        tokens.accept_audiences(accepted_audiences.clone());
         let limiter_redis = match config.limiter {
             LimiterStore::Redis => redis.clone(),
             LimiterStore::Local => None,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::config::GatewayConfig;
 use super::routes::RouteTable;
 use crate::cache::{RedisHandle, Revocations};
-use crate::domain::tokens::{SigningAlgorithm, TokenSettings, Tokens};
+use crate::domain::tokens::{Verifier, VerifierSettings};
 use crate::limits::Limiter;
 use crate::settings::ConfigError;
 
@@ -19,7 +19,7 @@ pub struct GatewayState {
     pub(super) table: RwLock<Arc<RouteTable>>,
     pub(super) config: RwLock<GatewayConfig>,
     pub(super) accepted_audiences: Vec<String>,
-    pub tokens: Arc<Tokens>,
+    pub tokens: Arc<Verifier>,
     pub limiter: Arc<Limiter>,
     pub revocations: Arc<Revocations>,
     pub redis: Option<RedisHandle>,
@@ -101,18 +101,16 @@ fn restart_only_changes(old: &GatewayConfig, new: &GatewayConfig) -> Vec<&'stati
 pub(super) async fn fetch_keys(
     config: &GatewayConfig,
     revocations: &Arc<Revocations>,
-) -> anyhow::Result<Tokens> {
+) -> anyhow::Result<Verifier> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let settings = TokenSettings {
+        let settings = VerifierSettings {
             issuer: config.issuer.clone(),
-            audience: config.audiences[0].clone(),
-            algorithm: SigningAlgorithm::EdDsa, // unused: the gateway never signs
+            audiences: config.all_audiences(),
             access_ttl: config.access_token_ttl,
             cache_capacity: config.token_cache_capacity,
-            key_refresh_interval: config.jwks_refresh,
         };
-        match Tokens::from_jwks(settings, config.jwks_url.clone(), revocations.clone()).await {
+        match Verifier::from_jwks(settings, config.jwks_url.clone(), revocations.clone()).await {
             Ok(t) => {
                 if t.key_count() == 0 {
                     tracing::warn!(jwks_url = %config.jwks_url, "the JWKS holds no usable key yet");

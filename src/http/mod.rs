@@ -22,7 +22,7 @@ use utoipa::{Modify, OpenApi};
 
 use crate::domain::accounts::Accounts;
 use crate::domain::ops::Operations;
-use crate::domain::tokens::Tokens;
+use crate::domain::tokens::Verifier;
 use crate::limits::Limiter;
 use error::ApiError;
 
@@ -30,7 +30,7 @@ use error::ApiError;
 /// nothing below them (no store, no Redis). Built by the application.
 pub struct ApiState {
     accounts: Arc<Accounts>,
-    tokens: Arc<Tokens>,
+    tokens: Arc<Verifier>,
     limiter: Arc<Limiter>,
     ops: Arc<Operations>,
     settings: HttpSettings,
@@ -39,7 +39,7 @@ pub struct ApiState {
 impl ApiState {
     pub fn new(
         accounts: Arc<Accounts>,
-        tokens: Arc<Tokens>,
+        tokens: Arc<Verifier>,
         limiter: Arc<Limiter>,
         ops: Arc<Operations>,
         settings: HttpSettings,

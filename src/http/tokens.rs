@@ -81,8 +81,8 @@ pub async fn discovery(State(st): State<AppState>) -> Response {
         "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
         "introspection_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
         "revocation_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
-        "id_token_signing_alg_values_supported": st.tokens.signing_algorithms(),
-        "access_token_signing_alg_values_supported": st.tokens.signing_algorithms(),
+        "id_token_signing_alg_values_supported": crate::domain::tokens::signing_algorithms(),
+        "access_token_signing_alg_values_supported": crate::domain::tokens::signing_algorithms(),
     });
     (
         [(

@@ -1,0 +1,145 @@
+//! Issuing: the service's signing key (the newest active key whose
+//! private half this master secret unseals), rotation, and the clean-up of
+//! retired keys. The issuer keeps its verifier's keys in step.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use jsonwebtoken::Header;
+
+use super::keys::{generate_key, open_key, Key};
+use super::verifier::Verifier;
+use super::{AccessClaims, TokenSettings};
+use crate::cache::Revocations;
+use crate::clock::now_ms;
+use crate::crypto::Sealer;
+use crate::store::Store;
+
+pub struct Issuer {
+    settings: TokenSettings,
+    store: Store,
+    // Boxed: a `Sealer` is large.
+    sealer: Box<Sealer>,
+    signer: RwLock<Option<Arc<Key>>>,
+    verifier: Arc<Verifier>,
+}
+
+impl Issuer {
+    /// Loads the keys, creating the first one if there is none; the
+    /// verifier of this service's tokens comes with it.
+    pub async fn load(
+        settings: TokenSettings,
+        store: Store,
+        sealer: Sealer,
+        revocations: Arc<Revocations>,
+    ) -> anyhow::Result<Issuer> {
+        let verifier = Arc::new(Verifier::from_store(
+            settings.verifier_settings(),
+            store.clone(),
+            revocations,
+        ));
+        let issuer = Issuer {
+            settings,
+            store,
+            sealer: Box::new(sealer),
+            signer: RwLock::new(None),
+            verifier,
+        };
+        issuer.reload().await?;
+        if issuer.signer().is_none() {
+            issuer.rotate().await?;
+        }
+        Ok(issuer)
+    }
+
+    /// The verifier of the tokens this issuer signs.
+    pub fn verifier(&self) -> &Arc<Verifier> {
+        &self.verifier
+    }
+
+    pub fn access_ttl(&self) -> Duration {
+        self.settings.access_ttl
+    }
+
+    fn signer(&self) -> Option<Arc<Key>> {
+        self.signer.read().expect("signer lock").clone()
+    }
+
+    /// Makes a new key the signer (`latchkey keys rotate`); others retire.
+    pub async fn rotate(&self) -> anyhow::Result<String> {
+        let rec = generate_key(self.settings.algorithm, &self.sealer)?;
+        self.store.add_signing_key(&rec).await?;
+        self.reload().await?;
+        Ok(rec.kid)
+    }
+
+    /// Reloads the signer and the verifier's keys from the database (every
+    /// instance does this periodically, so a rotation reaches all of them).
+    pub async fn reload(&self) -> anyhow::Result<()> {
+        let now = now_ms();
+        let mut signer: Option<Arc<Key>> = None;
+        for rec in self.store.signing_keys().await? {
+            if rec.retired_at.is_some()
+                || signer
+                    .as_ref()
+                    .is_some_and(|s| rec.activated_at <= s.activated_at)
+            {
+                continue;
+            }
+            match open_key(&rec, &self.sealer) {
+                Ok(key) => signer = Some(Arc::new(key)),
+                // Its public half still verifies the tokens it signed.
+                Err(e) => tracing::warn!(kid = %rec.kid, error = %e,
+                    "signing key cannot sign here (another LATCHKEY_SECRET_KEY?); verifying with its public key"),
+            }
+        }
+        if let Some(s) = &signer {
+            metrics::gauge!("latchkey_signing_key_age_seconds").set(((now - s.activated_at) / 1000) as f64);
+        }
+        *self.signer.write().expect("signer lock") = signer;
+        self.verifier.reload().await
+    }
+
+    /// Deletes keys whose tokens have all expired.
+    pub async fn purge_retired(&self) -> anyhow::Result<u64> {
+        Ok(self
+            .store
+            .purge_signing_keys(now_ms() - self.verifier.retention_ms())
+            .await?)
+    }
+
+    /// Signs an access token for a session.
+    pub fn issue(
+        &self,
+        user_id: &str,
+        email: &str,
+        session_id: &str,
+        client_id: &str,
+    ) -> anyhow::Result<String> {
+        let signer = self.signer();
+        let key = signer.as_ref().ok_or_else(|| anyhow::anyhow!("no signing key"))?;
+        let now = now_ms() / 1000;
+        let claims = AccessClaims {
+            iss: self.settings.issuer.clone(),
+            sub: user_id.to_string(),
+            aud: self.settings.audience.clone(),
+            exp: now + self.settings.access_ttl.as_secs() as i64,
+            iat: now,
+            nbf: None,
+            jti: uuid::Uuid::new_v4().to_string(),
+            sid: session_id.to_string(),
+            email: email.to_string(),
+            client_id: client_id.to_string(),
+        };
+        let mut header = Header::new(key.alg);
+        header.typ = Some("at+jwt".into());
+        header.kid = Some(key.kid.clone());
+        let encoding = key
+            .encoding
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("this key cannot sign"))?;
+        let token = jsonwebtoken::encode(&header, &claims, encoding)?;
+        metrics::counter!("latchkey_tokens_issued_total").increment(1);
+        Ok(token)
+    }
+}

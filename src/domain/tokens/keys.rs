@@ -1,0 +1,156 @@
+//! Keys: generated with ring, stored with the private half sealed, read
+//! back as JWKs. A [`Key`] verifies; one that came with its private half
+//! also signs. A [`KeyRing`] is the set a verifier uses, with its JWKS.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey};
+use ring::rand::SystemRandom;
+use ring::signature::{EcdsaKeyPair, Ed25519KeyPair, KeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
+
+use super::SigningAlgorithm;
+use crate::clock::now_ms;
+use crate::crypto::{b64url, sha256, Sealer};
+use crate::store::KeyRecord;
+
+pub(super) struct Key {
+    pub kid: String,
+    pub alg: Algorithm,
+    /// Only for a key whose private half we hold (the issuer's signer).
+    pub encoding: Option<EncodingKey>,
+    pub decoding: DecodingKey,
+    pub jwk: serde_json::Value,
+    /// 0 for keys known only from a JWKS.
+    pub activated_at: i64,
+}
+
+impl Key {
+    /// The public half of a JWK (`kid` from the JWK unless given).
+    pub fn public(kid: &str, jwk: serde_json::Value, activated_at: i64) -> anyhow::Result<Key> {
+        let (alg, decoding) = decoding_key(&jwk)?;
+        Ok(Key {
+            kid: kid.to_string(),
+            alg,
+            encoding: None,
+            decoding,
+            jwk,
+            activated_at,
+        })
+    }
+}
+
+/// The keys a verifier accepts, by `kid`, and the JWKS that publishes them.
+pub(super) struct KeyRing {
+    pub by_kid: HashMap<String, Arc<Key>>,
+    pub jwks: Bytes,
+}
+
+impl KeyRing {
+    pub fn empty() -> KeyRing {
+        KeyRing {
+            by_kid: HashMap::new(),
+            jwks: Bytes::from_static(b"{\"keys\":[]}"),
+        }
+    }
+
+    /// The ring of `keys`; the JWKS lists the newest first.
+    pub fn new(by_kid: HashMap<String, Arc<Key>>) -> anyhow::Result<KeyRing> {
+        let mut keys: Vec<&Arc<Key>> = by_kid.values().collect();
+        keys.sort_by(|a, b| b.activated_at.cmp(&a.activated_at).then(a.kid.cmp(&b.kid)));
+        let jwks = serde_json::json!({ "keys": keys.iter().map(|k| k.jwk.clone()).collect::<Vec<_>>() });
+        Ok(KeyRing {
+            jwks: Bytes::from(serde_json::to_vec(&jwks)?),
+            by_kid,
+        })
+    }
+}
+
+/// Generates a key pair; the private half is sealed for storage.
+pub(super) fn generate_key(alg: SigningAlgorithm, sealer: &Sealer) -> anyhow::Result<KeyRecord> {
+    let rng = SystemRandom::new();
+    let (pkcs8, jwk) = match alg {
+        SigningAlgorithm::EdDsa => {
+            let doc =
+                Ed25519KeyPair::generate_pkcs8(&rng).map_err(|_| anyhow::anyhow!("key generation failed"))?;
+            let pair = Ed25519KeyPair::from_pkcs8(doc.as_ref()).map_err(|_| anyhow::anyhow!("bad key"))?;
+            let x = b64url(pair.public_key().as_ref());
+            (
+                doc.as_ref().to_vec(),
+                serde_json::json!({"crv": "Ed25519", "kty": "OKP", "x": x}),
+            )
+        }
+        SigningAlgorithm::Es256 => {
+            let doc = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng)
+                .map_err(|_| anyhow::anyhow!("key generation failed"))?;
+            let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, doc.as_ref(), &rng)
+                .map_err(|_| anyhow::anyhow!("bad key"))?;
+            let point = pair.public_key().as_ref(); // 0x04 || X || Y
+            let (x, y) = (b64url(&point[1..33]), b64url(&point[33..65]));
+            (
+                doc.as_ref().to_vec(),
+                serde_json::json!({"crv": "P-256", "kty": "EC", "x": x, "y": y}),
+            )
+        }
+    };
+    // RFC 7638 thumbprint: the required members in lexicographic order, no spaces.
+    let kid = b64url(&sha256(serde_json::to_string(&jwk)?.as_bytes()));
+    let mut jwk = jwk;
+    jwk["kid"] = kid.clone().into();
+    jwk["alg"] = alg.as_str().into();
+    jwk["use"] = "sig".into();
+    let now = now_ms();
+    Ok(KeyRecord {
+        private_key: sealer.seal(&pkcs8, kid.as_bytes()),
+        kid,
+        alg: alg.as_str().to_string(),
+        public_jwk: serde_json::to_string(&jwk)?,
+        created_at: now,
+        activated_at: now,
+        retired_at: None,
+    })
+}
+
+/// Whether `sealer` (a master secret's) opens the private half of `rec`.
+pub fn can_unseal(rec: &KeyRecord, sealer: &Sealer) -> bool {
+    sealer.open(&rec.private_key, rec.kid.as_bytes()).is_some()
+}
+
+pub(super) fn open_key(rec: &KeyRecord, sealer: &Sealer) -> anyhow::Result<Key> {
+    let pkcs8 = sealer
+        .open(&rec.private_key, rec.kid.as_bytes())
+        .ok_or_else(|| anyhow::anyhow!("cannot unseal private key"))?;
+    let jwk: serde_json::Value = serde_json::from_str(&rec.public_jwk)?;
+    let (alg, decoding) = decoding_key(&jwk)?;
+    let encoding = match alg {
+        Algorithm::EdDSA => EncodingKey::from_ed_der(&pkcs8),
+        _ => EncodingKey::from_ec_der(&pkcs8),
+    };
+    Ok(Key {
+        kid: rec.kid.clone(),
+        alg,
+        encoding: Some(encoding),
+        decoding,
+        jwk,
+        activated_at: rec.activated_at,
+    })
+}
+
+/// The verification key of a public JWK, pinned to the algorithm its type allows:
+/// OKP/Ed25519 is EdDSA, EC/P-256 is ES256; anything else is refused.
+pub(super) fn decoding_key(jwk: &serde_json::Value) -> anyhow::Result<(Algorithm, DecodingKey)> {
+    let field = |name: &str| -> anyhow::Result<&str> {
+        jwk[name]
+            .as_str()
+            .ok_or_else(|| anyhow::anyhow!("JWK lacks {name}"))
+    };
+    match (field("kty")?, field("crv")?) {
+        ("OKP", "Ed25519") => Ok((Algorithm::EdDSA, DecodingKey::from_ed_components(field("x")?)?)),
+        ("EC", "P-256") => Ok((
+            Algorithm::ES256,
+            DecodingKey::from_ec_components(field("x")?, field("y")?)?,
+        )),
+        (kty, crv) => anyhow::bail!("unsupported key type {kty}/{crv}"),
+    }
+}

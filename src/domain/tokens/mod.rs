@@ -1,0 +1,200 @@
+//! Access tokens: RFC 9068 JWTs signed with EdDSA (default) or ES256,
+//! signing keys stored in the database (private half sealed), and validation
+//! with a cache of verified tokens.
+//!
+//! - [`Verifier`] (`verifier.rs`): validates; the service and the gateway
+//!   both use it, with keys from the database or from a JWKS.
+//! - [`Issuer`] (`issuer.rs`): signs, rotates and retires keys; the service
+//!   only. It keeps its verifier's keys in step.
+//! - `keys.rs`: generating, sealing, opening and publishing keys.
+//!
+//! Validation of a token seen before costs a SHA-256 of the token, a cache
+//! lookup, an expiry comparison and a look into the revocation set. A token
+//! not seen before is verified in full: `typ` must be `at+jwt`, the `kid` must
+//! be one of ours and the header's `alg` must be that key's algorithm (so
+//! `none` and HMAC-with-the-public-key cannot even reach a verifier), then
+//! signature, `iss`, `aud`, `exp` and `nbf` with 60 s leeway.
+
+mod issuer;
+mod keys;
+mod verifier;
+
+pub use issuer::Issuer;
+pub use keys::can_unseal;
+pub use verifier::{Verifier, VerifierSettings};
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::settings::{non_empty, secs, url_text, ConfigError, Source};
+
+/// Leeway for `exp`, `nbf` and `iat`, in seconds.
+pub const LEEWAY_SECS: i64 = 60;
+
+/// The claims of an access token (RFC 9068 §2.2).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct AccessClaims {
+    pub iss: String,
+    pub sub: String,
+    pub aud: String,
+    pub exp: i64,
+    pub iat: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbf: Option<i64>,
+    pub jti: String,
+    pub sid: String,
+    pub email: String,
+    pub client_id: String,
+}
+
+/// A token that passed verification, with its claims already serialised for
+/// the `/auth/validate` answer.
+#[derive(Debug)]
+pub struct Verified {
+    pub claims: AccessClaims,
+    pub json: Bytes,
+}
+
+/// Why a token was refused (a metric label; the client only sees INVALID_TOKEN).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rejection {
+    Malformed,
+    Type,
+    UnknownKey,
+    Algorithm,
+    Signature,
+    Expired,
+    NotYetValid,
+    Issuer,
+    Audience,
+    Revoked,
+}
+
+impl Rejection {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rejection::Malformed => "malformed",
+            Rejection::Type => "type",
+            Rejection::UnknownKey => "unknown_kid",
+            Rejection::Algorithm => "algorithm",
+            Rejection::Signature => "signature",
+            Rejection::Expired => "expired",
+            Rejection::NotYetValid => "not_yet_valid",
+            Rejection::Issuer => "issuer",
+            Rejection::Audience => "audience",
+            Rejection::Revoked => "revoked",
+        }
+    }
+}
+#[derive(Clone, Debug)]
+pub struct TokenSettings {
+    pub issuer: String,
+    pub audience: String,
+    pub algorithm: SigningAlgorithm,
+    pub access_ttl: Duration,
+    pub cache_capacity: usize,
+    /// How often keys are reloaded from the database (rotation reaches
+    /// every instance within this time).
+    pub key_refresh_interval: Duration,
+}
+
+impl TokenSettings {
+    /// What this service's verifier checks: its own issuer and audience.
+    pub fn verifier_settings(&self) -> VerifierSettings {
+        VerifierSettings {
+            issuer: self.issuer.clone(),
+            audiences: vec![self.audience.clone()],
+            access_ttl: self.access_ttl,
+            cache_capacity: self.cache_capacity,
+        }
+    }
+
+    /// The service's token settings; the issuer defaults to `default_issuer`
+    /// (the listen address as a URL).
+    pub fn read(src: &impl Source, default_issuer: String) -> Result<TokenSettings, ConfigError> {
+        Ok(TokenSettings {
+            issuer: src.get("issuer", default_issuer, url_text)?,
+            audience: src.get("audience", "latchkey".to_string(), non_empty)?,
+            algorithm: src.get("signing_algorithm", SigningAlgorithm::EdDsa, |s| s.parse())?,
+            access_ttl: src.get(
+                "access_token_ttl_secs",
+                Duration::from_secs(900),
+                secs(30, 86_400),
+            )?,
+            cache_capacity: src.get(
+                "token_cache_capacity",
+                100_000,
+                crate::settings::number(1, 10_000_000),
+            )?,
+            key_refresh_interval: src.get("key_refresh_secs", Duration::from_secs(10), secs(1, 3600))?,
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SigningAlgorithm {
+    EdDsa,
+    Es256,
+}
+
+impl SigningAlgorithm {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SigningAlgorithm::EdDsa => "EdDSA",
+            SigningAlgorithm::Es256 => "ES256",
+        }
+    }
+}
+
+impl FromStr for SigningAlgorithm {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "EdDSA" | "eddsa" | "ed25519" => Ok(SigningAlgorithm::EdDsa),
+            "ES256" | "es256" => Ok(SigningAlgorithm::Es256),
+            _ => Err("expected EdDSA or ES256".into()),
+        }
+    }
+}
+
+/// The algorithms a token may be signed with (discovery).
+pub fn signing_algorithms() -> Vec<&'static str> {
+    vec!["EdDSA", "ES256"]
+}
+
+/// Extracts the token from an `Authorization` header value: `Bearer <t>`
+/// (scheme case-insensitive) or the non-standard `Bearer: <t>`.
+pub fn bearer_token(header: &str) -> Option<&str> {
+    let header = header.trim();
+    let (scheme, rest) = header.split_once([' ', ':'])?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    let token = rest.trim_start_matches(':').trim();
+    if token.is_empty() || token.contains(' ') {
+        None
+    } else {
+        Some(token)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer_token;
+
+    #[test]
+    fn bearer_forms() {
+        assert_eq!(bearer_token("Bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("BEARER   abc "), Some("abc"));
+        assert_eq!(bearer_token("Bearer: abc"), Some("abc"));
+        assert_eq!(bearer_token("Bearer:abc"), Some("abc"));
+        assert_eq!(bearer_token("Basic abc"), None);
+        assert_eq!(bearer_token("Bearer"), None);
+        assert_eq!(bearer_token("Bearer "), None);
+        assert_eq!(bearer_token("Bearer a b"), None);
+    }
+}
