@@ -78,6 +78,23 @@ const CONSUME_CODE: &str = "UPDATE codes SET consumed_at = $4 \
      WHERE email = $1 AND purpose = $2 AND created_at = $3 AND consumed_at IS NULL \
      AND failed_attempts < $5 AND expires_at > $4";
 
+/// Runs [`CONSUME_CODE`] in the transaction `$tx` (a macro, so that one text
+/// serves both backends inside `db_op!`); `true` when the code was consumed.
+macro_rules! consume_code {
+    ($tx:expr, $email:expr, $purpose:expr, $created_at:expr, $now:expr, $max_failures:expr) => {
+        sqlx::query(CONSUME_CODE)
+            .bind($email)
+            .bind($purpose.as_str())
+            .bind($created_at)
+            .bind($now)
+            .bind($max_failures)
+            .execute(&mut *$tx)
+            .await?
+            .rows_affected()
+            == 1
+    };
+}
+
 impl Store {
     pub async fn code_for(&self, email: &str, purpose: Purpose) -> StoreResult<Option<CodeRecord>> {
         type Row = (Vec<u8>, i64, i64, i32, Option<i64>);
@@ -201,16 +218,7 @@ impl Store {
             if n != 1 {
                 return Ok(false); // verified meanwhile (a reset), or the code changed
             }
-            let n = sqlx::query(CONSUME_CODE)
-                .bind(email)
-                .bind(Purpose::VerifyEmail.as_str())
-                .bind(code_created_at)
-                .bind(session.now)
-                .bind(max_failures)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            if n != 1 {
+            if !consume_code!(tx, email, Purpose::VerifyEmail, code_created_at, session.now, max_failures) {
                 return Ok(false);
             }
             sqlx::query(INSERT_SESSION)
@@ -266,16 +274,7 @@ impl Store {
             if n != 1 {
                 return Ok(None);
             }
-            let n = sqlx::query(CONSUME_CODE)
-                .bind(email)
-                .bind(Purpose::ResetPassword.as_str())
-                .bind(code_created_at)
-                .bind(now)
-                .bind(max_failures)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            if n != 1 {
+            if !consume_code!(tx, email, Purpose::ResetPassword, code_created_at, now, max_failures) {
                 return Ok(None);
             }
             sqlx::query(
