@@ -26,7 +26,9 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider, SpanData, SpanExporter};
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider, SpanData, SpanExporter,
+};
 use tracing::{Level, Metadata};
 use tracing_subscriber::filter::{EnvFilter, FilterFn};
 use tracing_subscriber::layer::SubscriberExt;
@@ -41,7 +43,8 @@ fn request(i: u64) {
         route = tracing::field::Empty, status = tracing::field::Empty);
     let _enter = span.enter();
     for op in ["user_by_email", "insert_session", "touch_user"] {
-        let db = tracing::debug_span!(target: "latchkey::store", "db", op, acquire_us = tracing::field::Empty);
+        let db =
+            tracing::debug_span!(target: "latchkey::store", "db", op, acquire_us = tracing::field::Empty);
         db.in_scope(|| db.record("acquire_us", 3));
         db.in_scope(|| std::hint::black_box(op.len()));
     }
@@ -115,7 +118,9 @@ fn trace_export(c: &mut Criterion) {
             .with(latchkey::telemetry::otlp::layer(&closed_port_url()).unwrap()),
     );
     let drain_ours = || latchkey::telemetry::otlp::flush(Duration::from_secs(5));
-    g.bench_function("latchkey exporter", |b| b.iter_custom(|n| timed(&ours, &drain_ours, n)));
+    g.bench_function("latchkey exporter", |b| {
+        b.iter_custom(|n| timed(&ours, &drain_ours, n))
+    });
 
     let batch = BatchSpanProcessor::builder(Discard)
         .with_batch_config(
@@ -144,7 +149,9 @@ fn trace_export(c: &mut Criterion) {
     let drain_crates = || {
         let _ = provider.force_flush();
     };
-    g.bench_function("opentelemetry crates", |b| b.iter_custom(|n| timed(&crates, &drain_crates, n)));
+    g.bench_function("opentelemetry crates", |b| {
+        b.iter_custom(|n| timed(&crates, &drain_crates, n))
+    });
     g.finish();
     let _ = provider.shutdown();
 }
