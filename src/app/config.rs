@@ -17,7 +17,7 @@ use crate::domain::tokens::TokenSettings;
 use crate::http::HttpSettings;
 use crate::limits::LimitSettings;
 use crate::mail::MailSettings;
-use crate::settings::{optional, secs};
+use crate::settings::secs;
 pub use crate::settings::{ConfigError, Secret, Source, Sources};
 use crate::store::DatabaseConfig;
 use crate::telemetry::TelemetrySettings;
@@ -63,7 +63,9 @@ impl Config {
         let default_issuer = format!("http://{}", http.listen);
         Ok(Config {
             database: DatabaseConfig::read(src, &data_dir)?,
-            secret_key: src.get("secret_key", None, optional(parse_secret_key))?,
+            // Not `optional`: an empty value (a secret that rendered empty) is
+            // an error, never a silent fallback to `<data_dir>/secret.key`.
+            secret_key: src.get("secret_key", None, |s| parse_secret_key(s).map(Some))?,
             shutdown_timeout: src.get("shutdown_timeout_secs", Duration::from_secs(10), secs(0, 600))?,
             redis: RedisConfig::read(src)?,
             mail: MailSettings::read(src)?,
@@ -96,6 +98,12 @@ mod tests {
         assert_eq!(c.mail.transport, MailConfig::Log);
         assert!(c.limits.enabled);
         assert_eq!(c.hashing.argon2.memory_kib, 19_456);
+    }
+
+    #[test]
+    fn an_empty_secret_key_is_refused_not_taken_for_unset() {
+        let err = Config::from_sources(&Sources::from_pairs([("secret_key", "")])).unwrap_err();
+        assert!(err.to_string().contains("LATCHKEY_SECRET_KEY"), "{err}");
     }
 
     #[test]

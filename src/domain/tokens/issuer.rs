@@ -13,15 +13,56 @@ use super::{AccessClaims, TokenSettings};
 use crate::cache::Revocations;
 use crate::clock::now_ms;
 use crate::crypto::Sealer;
-use crate::store::Store;
+use crate::store::{KeyRecord, Store};
 
 pub struct Issuer {
     settings: TokenSettings,
     store: Store,
+    signer: Arc<Signer>,
+    verifier: Arc<Verifier>,
+}
+
+/// The key the issuer signs with, renewed by the verifier's reload from the
+/// same read of the database as its ring.
+pub(super) struct Signer {
     // Boxed: a `Sealer` is large.
     sealer: Box<Sealer>,
-    signer: RwLock<Option<Arc<Key>>>,
-    verifier: Arc<Verifier>,
+    current: RwLock<Option<Arc<Key>>>,
+}
+
+impl Signer {
+    /// The newest active key whose private half this master secret unseals.
+    pub(super) fn pick(&self, records: &[KeyRecord]) -> Option<Arc<Key>> {
+        let mut signer: Option<Arc<Key>> = None;
+        for rec in records {
+            if rec.retired_at.is_some()
+                || signer
+                    .as_ref()
+                    .is_some_and(|s| rec.activated_at <= s.activated_at)
+            {
+                continue;
+            }
+            match open_key(rec, &self.sealer) {
+                Ok(key) => signer = Some(Arc::new(key)),
+                // Its public half still verifies the tokens it signed.
+                Err(e) => tracing::warn!(kid = %rec.kid, error = %e,
+                    "signing key cannot sign here (another LATCHKEY_SECRET_KEY?); verifying with its public key"),
+            }
+        }
+        signer
+    }
+
+    pub(super) fn install(&self, signer: Option<Arc<Key>>) {
+        if let Some(s) = &signer {
+            metrics::gauge!("latchkey_signing_key_age_seconds")
+                .set(((now_ms() - s.activated_at) / 1000) as f64);
+        }
+        *self.current.write().expect("signer lock") = signer;
+    }
+
+    fn current(&self) -> Option<Arc<Key>> {
+        self.current.read().expect("signer lock").clone()
+    }
 }
 
 impl Issuer {
@@ -33,20 +74,24 @@ impl Issuer {
         sealer: Sealer,
         revocations: Arc<Revocations>,
     ) -> anyhow::Result<Issuer> {
+        let signer = Arc::new(Signer {
+            sealer: Box::new(sealer),
+            current: RwLock::new(None),
+        });
         let verifier = Arc::new(Verifier::from_store(
             settings.verifier_settings(),
             store.clone(),
+            signer.clone(),
             revocations,
         ));
         let issuer = Issuer {
             settings,
             store,
-            sealer: Box::new(sealer),
-            signer: RwLock::new(None),
+            signer,
             verifier,
         };
         issuer.reload().await?;
-        if issuer.signer().is_none() {
+        if issuer.signer.current().is_none() {
             issuer.rotate().await?;
         }
         Ok(issuer)
@@ -61,42 +106,18 @@ impl Issuer {
         self.settings.access_ttl
     }
 
-    fn signer(&self) -> Option<Arc<Key>> {
-        self.signer.read().expect("signer lock").clone()
-    }
-
     /// Makes a new key the signer (`latchkey keys rotate`); others retire.
     pub async fn rotate(&self) -> anyhow::Result<String> {
-        let rec = generate_key(self.settings.algorithm, &self.sealer)?;
+        let rec = generate_key(self.settings.algorithm, &self.signer.sealer)?;
         self.store.add_signing_key(&rec).await?;
         self.reload().await?;
         Ok(rec.kid)
     }
 
-    /// Reloads the signer and the verifier's keys from the database (every
-    /// instance does this periodically, so a rotation reaches all of them).
+    /// Reloads the keys from the database (every instance does this
+    /// periodically, so a rotation reaches all of them): the verifier's
+    /// ring, then the signer, from one read.
     pub async fn reload(&self) -> anyhow::Result<()> {
-        let now = now_ms();
-        let mut signer: Option<Arc<Key>> = None;
-        for rec in self.store.signing_keys().await? {
-            if rec.retired_at.is_some()
-                || signer
-                    .as_ref()
-                    .is_some_and(|s| rec.activated_at <= s.activated_at)
-            {
-                continue;
-            }
-            match open_key(&rec, &self.sealer) {
-                Ok(key) => signer = Some(Arc::new(key)),
-                // Its public half still verifies the tokens it signed.
-                Err(e) => tracing::warn!(kid = %rec.kid, error = %e,
-                    "signing key cannot sign here (another LATCHKEY_SECRET_KEY?); verifying with its public key"),
-            }
-        }
-        if let Some(s) = &signer {
-            metrics::gauge!("latchkey_signing_key_age_seconds").set(((now - s.activated_at) / 1000) as f64);
-        }
-        *self.signer.write().expect("signer lock") = signer;
         self.verifier.reload().await
     }
 
@@ -116,7 +137,7 @@ impl Issuer {
         session_id: &str,
         client_id: &str,
     ) -> anyhow::Result<String> {
-        let signer = self.signer();
+        let signer = self.signer.current();
         let key = signer.as_ref().ok_or_else(|| anyhow::anyhow!("no signing key"))?;
         let now = now_ms() / 1000;
         let claims = AccessClaims {

@@ -9,12 +9,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use jsonwebtoken::Validation;
 
+use super::issuer::Signer;
 use super::keys::{Key, KeyRing};
 use super::{AccessClaims, Rejection, Verified, LEEWAY_SECS};
 use crate::cache::{bounded_cache, BoundedCache, Revocations};
 use crate::clock::now_ms;
 use crate::crypto::sha256;
-use crate::store::Store;
+use crate::store::{KeyRecord, Store};
 
 /// What a verifier checks besides the signature.
 #[derive(Clone, Debug)]
@@ -32,8 +33,10 @@ pub struct VerifierSettings {
 
 /// Where the verification keys come from.
 enum KeySource {
-    /// The public halves stored in the service's database.
-    Store(Store),
+    /// The public halves stored in the service's database; the issuer's
+    /// signer is renewed from the same read, after the ring, so that no
+    /// token is ever signed with a key this verifier does not know yet.
+    Store { store: Store, signer: Arc<Signer> },
     /// A JWKS served over `http://` (the gateway: the service's).
     Jwks(String),
 }
@@ -48,10 +51,15 @@ pub struct Verifier {
 }
 
 impl Verifier {
-    /// A verifier of the tokens this service's keys signed (loaded by the
-    /// first [`Verifier::reload`]).
-    pub fn from_store(settings: VerifierSettings, store: Store, revocations: Arc<Revocations>) -> Verifier {
-        Verifier::new(settings, KeySource::Store(store), revocations)
+    /// A verifier of the tokens this service's keys signed, keeping the
+    /// issuer's `signer` in step (loaded by the first [`Verifier::reload`]).
+    pub(super) fn from_store(
+        settings: VerifierSettings,
+        store: Store,
+        signer: Arc<Signer>,
+        revocations: Arc<Revocations>,
+    ) -> Verifier {
+        Verifier::new(settings, KeySource::Store { store, signer }, revocations)
     }
 
     /// A verifier whose keys come from the JWKS at `url` (fetched now, then
@@ -102,12 +110,22 @@ impl Verifier {
         self.settings.access_ttl.as_millis() as i64 + LEEWAY_SECS * 1000
     }
 
-    /// Rebuilds the key ring from its source.
+    /// Rebuilds the key ring from its source (and, from the database, the
+    /// issuer's signer from the same read). On any error nothing changes.
     pub async fn reload(&self) -> anyhow::Result<()> {
-        let by_kid = match &self.source {
-            KeySource::Store(store) => self.keys_from_store(store).await?,
-            KeySource::Jwks(url) => keys_from_jwks(url).await?,
-        };
+        match &self.source {
+            KeySource::Store { store, signer } => {
+                let records = store.signing_keys().await?;
+                let next = signer.pick(&records);
+                self.install(self.public_keys(&records))?;
+                signer.install(next);
+            }
+            KeySource::Jwks(url) => self.install(keys_from_jwks(url).await?)?,
+        }
+        Ok(())
+    }
+
+    fn install(&self, by_kid: HashMap<String, Arc<Key>>) -> anyhow::Result<()> {
         *self.ring.write().expect("key ring lock") = Arc::new(KeyRing::new(by_kid)?);
         *self.last_reload.lock().expect("reload lock") = Instant::now();
         Ok(())
@@ -115,11 +133,11 @@ impl Verifier {
 
     /// Every stored key not retired longer than the retention, by its public
     /// half (whatever the master secret: tokens verify with public keys).
-    async fn keys_from_store(&self, store: &Store) -> anyhow::Result<HashMap<String, Arc<Key>>> {
+    fn public_keys(&self, records: &[KeyRecord]) -> HashMap<String, Arc<Key>> {
         let now = now_ms();
         let retention = self.retention_ms();
         let mut by_kid = HashMap::new();
-        for rec in store.signing_keys().await? {
+        for rec in records {
             if matches!(rec.retired_at, Some(r) if r + retention < now) {
                 continue;
             }
@@ -133,7 +151,7 @@ impl Verifier {
                 Err(e) => tracing::warn!(kid = %rec.kid, error = %e, "ignoring a stored key we cannot use"),
             }
         }
-        Ok(by_kid)
+        by_kid
     }
 
     /// Validates a bearer token (cache first, then full verification).
