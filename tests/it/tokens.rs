@@ -16,6 +16,7 @@ crate::on_every_backend!(
     forged_and_expired_tokens_are_refused,
     jwks_and_discovery_describe_the_keys,
     rotation_keeps_old_tokens_valid_and_reaches_other_instances,
+    a_token_of_an_unknown_key_switches_the_signer_with_the_keys,
     a_third_party_library_verifies_tokens_from_the_jwks,
     revocation_reaches_every_instance_within_a_second,
 );
@@ -282,6 +283,31 @@ async fn rotation_keeps_old_tokens_valid_and_reaches_other_instances(app: &TestA
         assert!(Instant::now() < deadline, "the twin did not switch keys");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    twin.stop().await;
+}
+
+/// A rotation on one instance reaches another the moment a token of the new
+/// key arrives there: its verifier reloads the keys, and its signer comes
+/// from the same read (without waiting for the periodic reload, here an hour
+/// away), so that it does not go on signing with the retired key.
+async fn a_token_of_an_unknown_key_switches_the_signer_with_the_keys(app: &TestApp) {
+    let twin = app.twin_with(&[("key_refresh_secs", "3600")]).await;
+    let new_kid = app.services.tokens.rotate().await.unwrap();
+    // Reloads on an unknown key are at most every 2 s (from the twin's start).
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let fresh = session(app, "rot-unknown").await;
+    let at = fresh["access_token"].as_str().unwrap();
+    assert_eq!(parts(at).0["kid"], new_kid.as_str());
+    assert_eq!(twin.validate(at).await, 200, "the twin learns the new key");
+    let email = unique_email("rot-signer");
+    app.register_verified(&email, PASSWORD).await;
+    let pair: Value = twin.login(&email, PASSWORD).await.json().await.unwrap();
+    let signed = pair["access_token"].as_str().unwrap();
+    assert_eq!(
+        parts(signed).0["kid"],
+        new_kid.as_str(),
+        "the twin signs with the new key at once"
+    );
     twin.stop().await;
 }
 
