@@ -14,7 +14,7 @@ use crate::domain::accounts::Accounts;
 use crate::domain::credcache::CredentialCache;
 use crate::domain::hashing::HashPool;
 use crate::domain::ops::Operations;
-use crate::domain::tokens::{Issuer, Verifier, LEEWAY_SECS};
+use crate::domain::tokens::{Issuer, LEEWAY_SECS};
 use crate::http::{ApiState, AppState};
 use crate::limits::{BruteForce, Limiter, Softlocks};
 use crate::store::Store;
@@ -26,9 +26,8 @@ pub struct Services {
     pub config: Config,
     pub store: Store,
     pub redis: Option<RedisHandle>,
-    /// Signs (and rotates keys); `verifier` validates.
+    /// Signs and rotates keys; its `verifier()` validates.
     pub tokens: Arc<Issuer>,
-    pub verifier: Arc<Verifier>,
     pub accounts: Arc<Accounts>,
     pub revocations: Arc<Revocations>,
     pub users: Arc<UserCache>,
@@ -87,7 +86,6 @@ impl Services {
             .await
             .context("loading signing keys")?,
         );
-        let verifier = tokens.verifier().clone();
         let limits = &config.limits;
         let limiter = Arc::new(Limiter::new(limits.enabled, redis.clone()).with_policies(&limits.policies));
         let hashing = Arc::new(HashPool::new(&config.hashing)?);
@@ -121,7 +119,7 @@ impl Services {
             store: store.clone(),
             redis: redis.clone(),
             accounts: accounts.clone(),
-            tokens: verifier.clone(),
+            tokens: tokens.verifier().clone(),
             revocations: revocations.clone(),
             users: users.clone(),
             metrics: metrics.clone(),
@@ -132,7 +130,6 @@ impl Services {
             store,
             redis,
             tokens,
-            verifier,
             accounts,
             revocations,
             users,
@@ -147,7 +144,7 @@ impl Services {
     pub fn api_state(&self) -> AppState {
         ApiState::new(
             self.accounts.clone(),
-            self.verifier.clone(),
+            self.tokens.verifier().clone(),
             self.limiter.clone(),
             self.ops.clone(),
             self.config.http.clone(),

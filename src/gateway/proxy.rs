@@ -217,14 +217,15 @@ async fn forward<'t>(
     id: &HeaderValue,
 ) -> Outcome<'t> {
     let (mut parts, body) = req.into_parts();
-    // The client's target, kept while `parts` becomes the upstream's request.
-    let uri = parts.uri.clone();
+    // The client's target, taken out while `parts` becomes the upstream's
+    // request (`rewrite` sets the upstream's).
+    let uri = std::mem::take(&mut parts.uri);
     let admitted = match admit(st, w, table, peer, &mut parts.headers, &uri, parts.version).await {
         Ok(a) => a,
         Err((route, why)) => return Outcome::refused(route, why.into_response(route)),
     };
     let route = admitted.route;
-    if let Err(why) = rewrite(table, peer, admitted, &mut parts, id) {
+    if let Err(why) = rewrite(table, peer, admitted, uri.query(), &mut parts, id) {
         return Outcome::refused(Some(route), why.into_response(Some(route)));
     }
     let (response, took) = send(w, route, Request::from_parts(parts, body)).await;
@@ -319,6 +320,7 @@ fn rewrite(
     table: &RouteTable,
     peer: IpAddr,
     a: Admitted<'_, '_>,
+    query: Option<&str>,
     parts: &mut axum::http::request::Parts,
     id: &HeaderValue,
 ) -> Result<(), Refusal> {
@@ -348,7 +350,7 @@ fn rewrite(
     if let (Some(h), true) = (&a.host, rc.preserve_host) {
         headers.insert(header::HOST, h.clone());
     }
-    let target = upstream_path_and_query(rc, &a.normal.path, parts.uri.query());
+    let target = upstream_path_and_query(rc, &a.normal.path, query);
     parts.uri = Uri::try_from(format!("{}{target}", rc.upstream_origin))
         .map_err(|_| Refusal::BadRequest("path: not a valid request target"))?;
     parts.version = Version::HTTP_11;
