@@ -5,9 +5,11 @@
 //! - `logs only`: the log-line layer alone, filtered at `info` (the
 //!   service without `LATCHKEY_OTLP_ENDPOINT`);
 //! - `latchkey exporter`: the same plus `telemetry::otlp::layer`, the
-//!   service's exporter (to a closed local port: exports fail fast, off the
-//!   request path);
-//! - `opentelemetry crates`: the same plus `tracing-opentelemetry` over the
+//!   service's export (the OpenTelemetry crates below, with the service's
+//!   span shaping and drop counting around them and the real OTLP/HTTP
+//!   exporter, to a closed local port: exports fail fast, off the request
+//!   path);
+//! - `opentelemetry crates`: the logs plus `tracing-opentelemetry` over the
 //!   OpenTelemetry SDK's batch span processor (queue 4,096, batches of 512,
 //!   1 s), with the same filter as ours, its optional work off (location,
 //!   thread and target attributes, busy/idle times, context activation on
@@ -117,7 +119,7 @@ fn trace_export(c: &mut Criterion) {
             .with(log_lines())
             .with(latchkey::telemetry::otlp::layer(&closed_port_url()).unwrap()),
     );
-    let drain_ours = || latchkey::telemetry::otlp::flush(Duration::from_secs(5));
+    let drain_ours = latchkey::telemetry::otlp::flush;
     g.bench_function("latchkey exporter", |b| {
         b.iter_custom(|n| timed(&ours, &drain_ours, n))
     });

@@ -106,7 +106,7 @@ pub fn main() -> ExitCode {
     };
     let result = rt.block_on(run(cli.command, config, started));
     // The spans of the last requests, if traces are exported.
-    crate::telemetry::otlp::flush(std::time::Duration::from_secs(2));
+    crate::telemetry::otlp::shutdown(std::time::Duration::from_secs(2));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

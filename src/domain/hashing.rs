@@ -153,7 +153,7 @@ impl HashPool {
         // The span (with the request's above it) goes with the job to the
         // hashing thread, so that the hash is timed and logged in it.
         let span = Span::current();
-        span.record("wait_us", waited.as_micros() as u64);
+        span.record("wait_us", waited.as_micros() as i64);
         let (tx, rx) = oneshot::channel();
         let passwords = self.argon2.clone();
         let job: Job = Box::new(move || {
@@ -161,7 +161,7 @@ impl HashPool {
             let out = span.in_scope(|| f(&passwords));
             let took = start.elapsed();
             metrics::histogram!("latchkey_hash_seconds").record(took.as_secs_f64());
-            span.record("hash_us", took.as_micros() as u64);
+            span.record("hash_us", took.as_micros() as i64);
             drop(span);
             drop(permit);
             let _ = tx.send(out);

@@ -140,21 +140,18 @@ pub async fn request_context(State(st): State<AppState>, req: Request, next: Nex
         _ => new_request_id(),
     };
     let method = method_label(req.method());
-    // A caller's trace context, if valid: the exported spans join its trace.
-    let traceparent = req
-        .headers()
-        .get("traceparent")
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| crate::telemetry::otlp::parse_traceparent(v).is_some());
     let span = tracing::info_span!(
         "request",
         request_id = id.to_str().unwrap_or(""),
         method,
         path = req.uri().path(),
-        traceparent,
         route = tracing::field::Empty,
         status = tracing::field::Empty,
     );
+    // A caller's trace context, if valid: the exported spans join its trace.
+    if let Some(tp) = req.headers().get("traceparent").and_then(|v| v.to_str().ok()) {
+        crate::telemetry::otlp::continue_trace(&span, tp);
+    }
     let in_flight = &http_metrics().in_flight;
     in_flight.increment(1.0);
     let deadline: Duration = st.settings.request_timeout;
@@ -184,6 +181,7 @@ pub async fn request_context(State(st): State<AppState>, req: Request, next: Nex
     });
     // For exported traces (after the access line, which carries the status).
     span.record("route", route);
-    span.record("status", status);
+    // Integers as i64: OpenTelemetry attributes are signed (a u64 would go as text).
+    span.record("status", i64::from(status));
     resp
 }

@@ -263,7 +263,7 @@ pub(crate) async fn acquire<DB: sqlx::Database>(pool: &sqlx::Pool<DB>) -> StoreR
     let waited = start.elapsed();
     metrics::histogram!("latchkey_db_acquire_seconds").record(waited.as_secs_f64());
     // The `db` span of the operation, when spans are on.
-    tracing::Span::current().record("acquire_us", waited.as_micros() as u64);
+    tracing::Span::current().record("acquire_us", waited.as_micros() as i64);
     conn.map_err(|e| {
         if matches!(e, sqlx::Error::PoolTimedOut) {
             metrics::counter!("latchkey_db_acquire_timeouts_total").increment(1);

@@ -1,41 +1,52 @@
-//! Trace export over OTLP/HTTP with the JSON encoding, without the
-//! opentelemetry crates: a `tracing_subscriber` layer and one export thread.
+//! Trace export over OTLP/HTTP with the JSON encoding, through the
+//! OpenTelemetry crates: `tracing-opentelemetry` turns this crate's spans
+//! into OpenTelemetry spans, the SDK's batch processor queues and batches
+//! them on its own thread, and `opentelemetry-otlp` sends them.
 //!
 //! ```text
-//!  request threads                          export thread ("latchkey-otlp")
-//!  span opens:  ids, start, fields
-//!  span closes: FinishedSpan --try_send--> bounded channel --> batch (512 or 1 s)
-//!               (full: dropped, counted)                  --> POST {endpoint}/v1/traces
+//!  request threads                         SDK batch thread
+//!  span closes: SpanData --Shape--> queue --> batch (512 or 1 s) --Counted-->
+//!               kind, status   (full: dropped, counted)   POST {endpoint}/v1/traces
+//!                                                          over Hyper (own runtime)
 //! ```
 //!
-//! The layer gives each span a span id and the trace id of its parent; a
-//! root span gets a new trace id, or the one of a valid W3C `traceparent`
-//! recorded as its `traceparent` field (the request span does that), which
-//! then also names its parent. A request never waits for the exporter: a
-//! full channel drops the span (`latchkey_otlp_dropped_spans_total{reason=
-//! "queue_full"}`), a failed export drops its batch (`reason="export_failed"`)
-//! and is logged at most once a minute. Only this crate's spans at `debug`
-//! and above are exported, never events, so the spans' fields are all it
-//! sends: operation names, ids and timings, never a secret.
+//! Around the crates, this module keeps what the service promised before
+//! them: a span's kind follows its name (`request` is a server span, `db`
+//! and `redis` client spans) and a request answered 5xx is an error
+//! ([`Shape`]); a request never waits for the exporter: a full queue drops
+//! the span (`latchkey_otlp_dropped_spans_total{reason="queue_full"}`), a
+//! failed export drops its batch (`reason="export_failed"`) and is logged
+//! at most once a minute ([`Counted`]). A caller's W3C `traceparent` makes
+//! the request span a child of the caller's span ([`continue_trace`]).
+//! Only this crate's spans at `debug` and above are exported, never events,
+//! so the spans' fields are all it sends: operation names, ids and timings,
+//! never a secret. docs/observability.md has what this costs a request,
+//! measured against the exporter it replaced.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::Uri;
+use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use serde::ser::{SerializeMap, SerializeStruct};
-use serde::{Serialize, Serializer};
-use tokio::sync::mpsc;
-use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id, Record};
+use opentelemetry::trace::{SpanKind, Status, TraceContextExt, TracerProvider as _};
+use opentelemetry::{Context, Value};
+use opentelemetry_http::{HttpClient, HttpError, Request, Response};
+use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider, Span, SpanData, SpanExporter, SpanProcessor,
+};
+use opentelemetry_sdk::Resource;
 use tracing::{Level, Metadata, Subscriber};
 use tracing_subscriber::filter::{FilterFn, Filtered};
-use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::Layer;
 
 /// Spans waiting for the export thread; more are dropped.
 const QUEUE: usize = 4096;
@@ -77,33 +88,74 @@ pub fn traces_url(endpoint: &str) -> Result<String, String> {
     Ok(full)
 }
 
-/// The layer that exports spans to `traces_url` (see [`traces_url`]), with
-/// its filter, and the export thread it feeds.
-pub fn layer<S>(traces_url: &str) -> std::io::Result<Filtered<OtlpLayer, FilterFn, S>>
+/// The provider, once export runs: flushed and shut down at exit.
+static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
+/// Whether a request's `traceparent` is worth reading.
+static EXPORTING: AtomicBool = AtomicBool::new(false);
+
+/// The layer that exports this crate's spans to `traces_url` (see
+/// [`traces_url`]), with its filter; it starts the SDK's export thread.
+pub fn layer<S>(
+    traces_url: &str,
+) -> std::io::Result<Filtered<tracing_opentelemetry::OpenTelemetryLayer<S, opentelemetry_sdk::trace::Tracer>, FilterFn, S>>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
-    let uri: Uri = traces_url
-        .parse()
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{e}")))?;
-    let (tx, rx) = mpsc::channel(QUEUE);
-    std::thread::Builder::new()
-        .name("latchkey-otlp".into())
-        .spawn(
-            move || match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(rt) => rt.block_on(export_loop(rx, uri)),
-                Err(e) => {
-                    tracing::error!(error = %e, "OTLP export thread cannot start; traces are not exported")
-                }
-            },
-        )?;
-    let _ = EXPORTER.set(tx.clone());
-    let filter = FilterFn::new(exported as fn(&Metadata<'_>) -> bool).with_max_level_hint(Level::DEBUG);
-    Ok(OtlpLayer {
-        tx,
-        ids: IdSource::new(),
+    let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
+    let queued = Arc::new(AtomicUsize::new(0));
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_http_client(Hyper::new()?)
+        .with_protocol(Protocol::HttpJson)
+        .with_endpoint(traces_url)
+        .with_timeout(EXPORT_TIMEOUT)
+        .build()
+        .map_err(|e| invalid(e.to_string()))?;
+    let exporter = Counted {
+        inner: exporter,
+        queued: queued.clone(),
+        url: traces_url.to_string(),
+        warnings: Mutex::new(Warnings::default()),
+    };
+    let batch = BatchSpanProcessor::builder(exporter)
+        .with_batch_config(
+            BatchConfigBuilder::default()
+                // Room for every span `Shape` lets in: the SDK never drops.
+                .with_max_queue_size(QUEUE + MAX_BATCH)
+                .with_max_export_batch_size(MAX_BATCH)
+                .with_scheduled_delay(FLUSH_INTERVAL)
+                .build(),
+        )
+        .build();
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(Shape { inner: batch, queued })
+        .with_resource(
+            Resource::builder_empty()
+                .with_service_name("latchkey")
+                .with_attribute(opentelemetry::KeyValue::new(
+                    "service.version",
+                    env!("CARGO_PKG_VERSION"),
+                ))
+                .build(),
+        )
+        .build();
+    let tracer = provider.tracer("latchkey");
+    if PROVIDER.set(provider).is_ok() {
+        EXPORTING.store(true, Ordering::Relaxed);
     }
-    .with_filter(filter))
+    tracing::info!(url = %traces_url, "exporting traces over OTLP/HTTP");
+    let filter = FilterFn::new(exported as fn(&Metadata<'_>) -> bool).with_max_level_hint(Level::DEBUG);
+    Ok(tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        // Only the spans' own fields: no source locations, threads,
+        // targets or busy/idle times, and no OpenTelemetry context switched
+        // on every enter (nothing in the service reads it).
+        .with_location(false)
+        .with_threads(false)
+        .with_target(false)
+        .with_tracked_inactivity(false)
+        .with_context_activation(false)
+        .with_filter(filter))
 }
 
 /// This crate's spans at `debug` and above; no events.
@@ -111,463 +163,216 @@ fn exported(meta: &Metadata<'_>) -> bool {
     meta.is_span() && meta.target().starts_with("latchkey") && *meta.level() <= Level::DEBUG
 }
 
-static EXPORTER: std::sync::OnceLock<mpsc::Sender<Message>> = std::sync::OnceLock::new();
+/// Sends what is queued now and waits for it to be sent.
+pub fn flush() {
+    if let Some(p) = PROVIDER.get() {
+        let _ = p.force_flush();
+    }
+}
 
-/// Sends what is queued now and waits (at most `within`) for it to be sent:
-/// at shutdown, so that the last requests' spans are not lost.
-pub fn flush(within: Duration) {
-    let Some(tx) = EXPORTER.get() else {
+/// At exit: sends what is queued (waiting at most `within`) and stops the
+/// export thread, so that the last requests' spans are not lost.
+pub fn shutdown(within: Duration) {
+    if let Some(p) = PROVIDER.get() {
+        let _ = p.shutdown_with_timeout(within);
+    }
+}
+
+/// Makes `span` (not entered yet) a child of the caller's span named by a
+/// W3C `traceparent` header, when that is a valid one and spans are
+/// exported; otherwise nothing happens.
+pub fn continue_trace(span: &tracing::Span, traceparent: &str) {
+    use opentelemetry::propagation::{Extractor, TextMapPropagator};
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+    struct Header<'a>(&'a str);
+    impl Extractor for Header<'_> {
+        fn get(&self, key: &str) -> Option<&str> {
+            (key == "traceparent").then_some(self.0)
+        }
+        fn keys(&self) -> Vec<&str> {
+            vec!["traceparent"]
+        }
+    }
+
+    if !EXPORTING.load(Ordering::Relaxed) {
         return;
-    };
-    let (ack_tx, ack_rx) = std::sync::mpsc::sync_channel(1);
-    if tx.try_send(Message::Flush(ack_tx)).is_ok() {
-        let _ = ack_rx.recv_timeout(within);
     }
-}
-
-/// A W3C `traceparent` (`00-<trace id>-<parent id>-<flags>`): the trace id
-/// and the caller's span id, or `None` if it is not a valid one.
-pub fn parse_traceparent(s: &str) -> Option<(u128, u64)> {
-    let b = s.as_bytes();
-    if !s.is_ascii() || b.len() < 55 || b[2] != b'-' || b[35] != b'-' || b[52] != b'-' {
-        return None;
+    let cx: Context = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&Header(traceparent));
+    if cx.span().span_context().is_valid() {
+        let _ = span.set_parent(cx);
     }
-    let version = hex_value(&s[0..2])?;
-    // Version 00 is exactly 55 characters; later ones may append fields.
-    if version == 0xff || (version == 0 && b.len() != 55) || (b.len() > 55 && b[55] != b'-') {
-        return None;
-    }
-    let trace_id = hex_value(&s[3..35])?;
-    let parent_id = u64::try_from(hex_value(&s[36..52])?).ok()?;
-    hex_value(&s[53..55])?;
-    (trace_id != 0 && parent_id != 0).then_some((trace_id, parent_id))
-}
-
-/// Lowercase hex (as W3C Trace Context requires), up to 32 digits.
-fn hex_value(s: &str) -> Option<u128> {
-    if s.is_empty()
-        || s.len() > 32
-        || !s
-            .bytes()
-            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
-    {
-        return None;
-    }
-    u128::from_str_radix(s, 16).ok()
-}
-
-/// Span and trace ids: unique and unpredictable enough for tracing (not
-/// for security), without a system call per span: SplitMix64 over a random
-/// per-process seed and a counter.
-struct IdSource {
-    seed: u64,
-    counter: AtomicU64,
-}
-
-impl IdSource {
-    fn new() -> Self {
-        IdSource {
-            seed: u64::from_le_bytes(crate::crypto::random_bytes::<8>()),
-            counter: AtomicU64::new(1),
-        }
-    }
-
-    fn next(&self) -> u64 {
-        let n = self.counter.fetch_add(1, Ordering::Relaxed);
-        let mut z = self.seed.wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        (z ^ (z >> 31)).max(1) // 0 means "none" in OTLP
-    }
-
-    fn trace_id(&self) -> u128 {
-        (u128::from(self.next()) << 64) | u128::from(self.next())
-    }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-enum Value {
-    Str(String),
-    Int(i64),
-    Bool(bool),
-    Double(f64),
-}
-
-/// What the layer keeps in a live span's extensions.
-struct SpanData {
-    trace_id: u128,
-    span_id: u64,
-    parent_id: u64,
-    start: SystemTime,
-    attributes: Vec<(&'static str, Value)>,
-}
-
-/// A closed span, on its way to the collector.
-#[derive(Debug)]
-struct FinishedSpan {
-    name: &'static str,
-    trace_id: u128,
-    span_id: u64,
-    parent_id: u64,
-    start_ns: u64,
-    end_ns: u64,
-    attributes: Vec<(&'static str, Value)>,
-}
-
-enum Message {
-    Span(FinishedSpan),
-    Flush(std::sync::mpsc::SyncSender<()>),
-}
-
-pub struct OtlpLayer {
-    tx: mpsc::Sender<Message>,
-    ids: IdSource,
-}
-
-/// Collects a span's fields; `traceparent` is kept apart.
-struct Fields<'a> {
-    attributes: &'a mut Vec<(&'static str, Value)>,
-    traceparent: Option<(u128, u64)>,
-}
-
-impl Fields<'_> {
-    fn set(&mut self, field: &Field, value: Value) {
-        let key = field.name();
-        match self.attributes.iter_mut().find(|(k, _)| *k == key) {
-            Some(slot) => slot.1 = value,
-            None => self.attributes.push((key, value)),
-        }
-    }
-}
-
-impl Visit for Fields<'_> {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == "traceparent" {
-            self.traceparent = parse_traceparent(value);
-        } else {
-            self.set(field, Value::Str(value.to_string()));
-        }
-    }
-    fn record_i64(&mut self, field: &Field, value: i64) {
-        self.set(field, Value::Int(value));
-    }
-    fn record_u64(&mut self, field: &Field, value: u64) {
-        match i64::try_from(value) {
-            Ok(v) => self.set(field, Value::Int(v)),
-            Err(_) => self.set(field, Value::Str(value.to_string())),
-        }
-    }
-    fn record_bool(&mut self, field: &Field, value: bool) {
-        self.set(field, Value::Bool(value));
-    }
-    fn record_f64(&mut self, field: &Field, value: f64) {
-        self.set(field, Value::Double(value));
-    }
-    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        // `Display` values (`%x`) arrive here too; secrets are newtypes
-        // whose `Debug` prints `***`.
-        self.set(field, Value::Str(format!("{value:?}")));
-    }
-}
-
-fn unix_nanos(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
-
-impl<S> Layer<S> for OtlpLayer
-where
-    S: Subscriber + for<'a> LookupSpan<'a>,
-{
-    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
-        let Some(span) = ctx.span(id) else {
-            return;
-        };
-        let mut attributes = Vec::with_capacity(attrs.fields().len());
-        let mut fields = Fields {
-            attributes: &mut attributes,
-            traceparent: None,
-        };
-        attrs.record(&mut fields);
-        let parent = span
-            .parent()
-            .and_then(|p| p.extensions().get::<SpanData>().map(|d| (d.trace_id, d.span_id)));
-        let (trace_id, parent_id) = match (parent, fields.traceparent) {
-            (Some(local), _) => local,
-            (None, Some(remote)) => remote,
-            (None, None) => (self.ids.trace_id(), 0),
-        };
-        span.extensions_mut().replace(SpanData {
-            trace_id,
-            span_id: self.ids.next(),
-            parent_id,
-            start: SystemTime::now(),
-            attributes,
-        });
-    }
-
-    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
-        let Some(span) = ctx.span(id) else {
-            return;
-        };
-        let mut ext = span.extensions_mut();
-        if let Some(data) = ext.get_mut::<SpanData>() {
-            values.record(&mut Fields {
-                attributes: &mut data.attributes,
-                traceparent: None,
-            });
-        }
-    }
-
-    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
-        let Some(span) = ctx.span(&id) else {
-            return;
-        };
-        let Some(data) = span.extensions_mut().remove::<SpanData>() else {
-            return;
-        };
-        let finished = FinishedSpan {
-            name: span.metadata().name(),
-            trace_id: data.trace_id,
-            span_id: data.span_id,
-            parent_id: data.parent_id,
-            start_ns: unix_nanos(data.start),
-            end_ns: unix_nanos(SystemTime::now()),
-            attributes: data.attributes,
-        };
-        if self.tx.try_send(Message::Span(finished)).is_err() {
-            metrics::counter!("latchkey_otlp_dropped_spans_total", "reason" => "queue_full").increment(1);
-        }
-    }
-}
-
-/// Batches finished spans and sends them; ends when every sender is gone.
-async fn export_loop(mut rx: mpsc::Receiver<Message>, uri: Uri) {
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let mut exporter = Exporter {
-        client,
-        uri,
-        last_warning: None,
-        failures: 0,
-    };
-    tracing::info!(url = %exporter.uri, "exporting traces over OTLP/HTTP");
-    let mut batch: Vec<FinishedSpan> = Vec::with_capacity(MAX_BATCH);
-    let mut deadline = tokio::time::Instant::now();
-    loop {
-        let message = if batch.is_empty() {
-            rx.recv().await
-        } else {
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(m) => m,
-                Err(_) => {
-                    exporter.send(&mut batch).await;
-                    continue;
-                }
-            }
-        };
-        match message {
-            Some(Message::Span(s)) => {
-                if batch.is_empty() {
-                    deadline = tokio::time::Instant::now() + FLUSH_INTERVAL;
-                }
-                batch.push(s);
-                if batch.len() >= MAX_BATCH {
-                    exporter.send(&mut batch).await;
-                }
-            }
-            Some(Message::Flush(ack)) => {
-                exporter.send(&mut batch).await;
-                let _ = ack.send(());
-            }
-            None => {
-                exporter.send(&mut batch).await;
-                return;
-            }
-        }
-    }
-}
-
-struct Exporter {
-    client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
-    uri: Uri,
-    last_warning: Option<Instant>,
-    failures: u64,
-}
-
-impl Exporter {
-    /// Sends `batch` (and empties it). A failure drops the batch: spans are
-    /// diagnostics, not worth memory or retries while a collector is down.
-    async fn send(&mut self, batch: &mut Vec<FinishedSpan>) {
-        if batch.is_empty() {
-            return;
-        }
-        let result = match serde_json::to_vec(&ExportRequest(batch)) {
-            Ok(body) => self.post(body).await,
-            Err(e) => Err(format!("encoding: {e}")),
-        };
-        if let Err(why) = result {
-            metrics::counter!("latchkey_otlp_dropped_spans_total", "reason" => "export_failed")
-                .increment(batch.len() as u64);
-            self.failures += 1;
-            if self.last_warning.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
-                tracing::warn!(
-                    url = %self.uri,
-                    error = %why,
-                    failed_exports = self.failures,
-                    "OTLP trace export failed; spans dropped (logged at most once a minute)"
-                );
-                self.last_warning = Some(Instant::now());
-                self.failures = 0;
-            }
-        }
-        batch.clear();
-    }
-
-    async fn post(&self, body: Vec<u8>) -> Result<(), String> {
-        let req = hyper::Request::post(self.uri.clone())
-            .header(hyper::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| e.to_string())?;
-        let exchange = async {
-            let resp = self.client.request(req).await.map_err(|e| e.to_string())?;
-            let status = resp.status();
-            // Read the answer to the end, so that the connection is reused.
-            let _ = resp.into_body().collect().await;
-            if status.is_success() {
-                Ok(())
-            } else {
-                Err(format!("the collector answered {status}"))
-            }
-        };
-        tokio::time::timeout(EXPORT_TIMEOUT, exchange)
-            .await
-            .unwrap_or_else(|_| Err("timed out".into()))
-    }
-}
-
-// ---- The OTLP JSON encoding of ExportTraceServiceRequest
-// (opentelemetry-proto, collector/trace/v1): lowerCamelCase field names,
-// trace and span ids as hex, 64-bit integers as decimal strings, enums as
-// numbers.
-
-struct ExportRequest<'a>(&'a [FinishedSpan]);
-
-impl Serialize for ExportRequest<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(1))?;
-        m.serialize_entry("resourceSpans", &[ResourceSpans(self.0)])?;
-        m.end()
-    }
-}
-
-struct ResourceSpans<'a>(&'a [FinishedSpan]);
-
-impl Serialize for ResourceSpans<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let service = Value::Str("latchkey".into());
-        let resource = Resource {
-            attributes: [Attribute("service.name", &service)],
-        };
-        let scope_spans = [ScopeSpans {
-            scope: Scope {
-                name: "latchkey",
-                version: env!("CARGO_PKG_VERSION"),
-            },
-            spans: self.0,
-        }];
-        let mut st = s.serialize_struct("ResourceSpans", 2)?;
-        st.serialize_field("resource", &resource)?;
-        st.serialize_field("scopeSpans", &scope_spans)?;
-        st.end()
-    }
-}
-
-#[derive(Serialize)]
-struct Resource<'a> {
-    attributes: [Attribute<'a>; 1],
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ScopeSpans<'a> {
-    scope: Scope,
-    spans: &'a [FinishedSpan],
-}
-
-#[derive(Serialize)]
-struct Scope {
-    name: &'static str,
-    version: &'static str,
 }
 
 /// `SpanKind`: what the span's name says it is.
-fn kind(name: &str) -> u8 {
+fn kind(name: &str) -> SpanKind {
     match name {
-        "request" => 2,      // SPAN_KIND_SERVER
-        "db" | "redis" => 3, // SPAN_KIND_CLIENT
-        _ => 1,              // SPAN_KIND_INTERNAL
+        "request" => SpanKind::Server,
+        "db" | "redis" => SpanKind::Client,
+        _ => SpanKind::Internal,
     }
 }
 
-impl Serialize for FinishedSpan {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let attributes: Vec<Attribute<'_>> = self.attributes.iter().map(|(k, v)| Attribute(k, v)).collect();
-        // A request answered 5xx is an error (STATUS_CODE_ERROR).
-        let failed = self.name == "request"
-            && self
+/// Gives each finished span its end time, its kind and, for a request
+/// answered 5xx, the error status; admits it to the batch processor only while fewer than
+/// [`QUEUE`] spans wait, counting the rest as dropped.
+#[derive(Debug)]
+struct Shape {
+    inner: BatchSpanProcessor,
+    /// Spans handed to `inner` and not yet through an export.
+    queued: Arc<AtomicUsize>,
+}
+
+impl SpanProcessor for Shape {
+    fn on_start(&self, _span: &mut Span, _cx: &Context) {}
+
+    fn on_end(&self, mut span: SpanData) {
+        if self.queued.fetch_add(1, Ordering::Relaxed) >= QUEUE {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            metrics::counter!("latchkey_otlp_dropped_spans_total", "reason" => "queue_full").increment(1);
+            return;
+        }
+        // A span ends when it closes (tracing-opentelemetry takes its last
+        // exit): a span entered by another thread after its task moved on
+        // (SQLite's worker thread enters the `db` span for its commands)
+        // still ends inside its parent, which closes only after its children.
+        span.end_time = std::time::SystemTime::now();
+        span.span_kind = kind(&span.name);
+        if span.name == "request" {
+            let failed = span
                 .attributes
                 .iter()
-                .any(|(k, v)| *k == "status" && matches!(v, Value::Int(code) if *code >= 500));
-        let mut st = s.serialize_struct("Span", 10)?;
-        st.serialize_field("traceId", &format!("{:032x}", self.trace_id))?;
-        st.serialize_field("spanId", &format!("{:016x}", self.span_id))?;
-        if self.parent_id != 0 {
-            st.serialize_field("parentSpanId", &format!("{:016x}", self.parent_id))?;
+                .any(|kv| kv.key.as_str() == "status" && matches!(kv.value, Value::I64(code) if code >= 500));
+            if failed {
+                span.status = Status::error("");
+            }
         }
-        st.serialize_field("name", self.name)?;
-        st.serialize_field("kind", &kind(self.name))?;
-        st.serialize_field("startTimeUnixNano", &self.start_ns.to_string())?;
-        st.serialize_field("endTimeUnixNano", &self.end_ns.max(self.start_ns).to_string())?;
-        st.serialize_field("attributes", &attributes)?;
-        if failed {
-            st.serialize_field("status", &Status { code: 2 })?;
-        }
-        st.end()
+        self.inner.on_end(span);
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
     }
 }
 
-#[derive(Serialize)]
-struct Status {
-    code: u8,
+#[derive(Default)]
+struct Warnings {
+    last: Option<Instant>,
+    failures: u64,
 }
 
-/// `KeyValue` with an `AnyValue`.
-struct Attribute<'a>(&'a str, &'a Value);
+/// The OTLP exporter, counting what it drops and saying so at most once a
+/// minute. A failed batch is not retried: spans are diagnostics, not worth
+/// memory or retries while a collector is down.
+struct Counted {
+    inner: opentelemetry_otlp::SpanExporter,
+    queued: Arc<AtomicUsize>,
+    url: String,
+    warnings: Mutex<Warnings>,
+}
 
-impl Serialize for Attribute<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut st = s.serialize_struct("KeyValue", 2)?;
-        st.serialize_field("key", self.0)?;
-        st.serialize_field("value", &AnyValue(self.1))?;
-        st.end()
+impl fmt::Debug for Counted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Counted").field("url", &self.url).finish()
     }
 }
 
-struct AnyValue<'a>(&'a Value);
-
-impl Serialize for AnyValue<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(1))?;
-        match self.0 {
-            Value::Str(v) => m.serialize_entry("stringValue", v)?,
-            Value::Int(v) => m.serialize_entry("intValue", &v.to_string())?,
-            Value::Bool(v) => m.serialize_entry("boolValue", v)?,
-            // JSON has no NaN or infinity: those go as text.
-            Value::Double(v) if v.is_finite() => m.serialize_entry("doubleValue", v)?,
-            Value::Double(v) => m.serialize_entry("stringValue", &v.to_string())?,
+impl SpanExporter for Counted {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let n = batch.len();
+        let result = self.inner.export(batch).await;
+        self.queued.fetch_sub(n, Ordering::Relaxed);
+        if let Err(e) = &result {
+            metrics::counter!("latchkey_otlp_dropped_spans_total", "reason" => "export_failed")
+                .increment(n as u64);
+            let mut w = self.warnings.lock().unwrap_or_else(|p| p.into_inner());
+            w.failures += 1;
+            if w.last.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
+                tracing::warn!(
+                    url = %self.url,
+                    error = %e,
+                    failed_exports = w.failures,
+                    "OTLP trace export failed; spans dropped (logged at most once a minute)"
+                );
+                w.last = Some(Instant::now());
+                w.failures = 0;
+            }
         }
-        m.end()
+        result
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// The exporter's HTTP client: Hyper on a one-thread runtime of its own,
+/// because the SDK's batch thread runs futures without Tokio.
+struct Hyper {
+    client: Client<HttpConnector, Full<Bytes>>,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl fmt::Debug for Hyper {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Hyper")
+    }
+}
+
+impl Hyper {
+    fn new() -> std::io::Result<Hyper> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("latchkey-otlp")
+            .enable_all()
+            .build()?;
+        let client = {
+            let _in_runtime = runtime.enter();
+            Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>()
+        };
+        Ok(Hyper { client, runtime })
+    }
+}
+
+#[async_trait::async_trait]
+impl HttpClient for Hyper {
+    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+        let (parts, body) = request.into_parts();
+        let request = hyper::Request::from_parts(parts, Full::new(body));
+        let client = self.client.clone();
+        let exchange = async move {
+            let response = client.request(request).await?;
+            let status = response.status();
+            // Read the answer to the end, so that the connection is reused.
+            let (parts, body) = response.into_parts();
+            let body = body.collect().await?.to_bytes();
+            if !status.is_success() {
+                return Err(format!("the collector answered {status}").into());
+            }
+            Ok::<_, HttpError>(Response::from_parts(parts, body))
+        };
+        let timed = async move {
+            tokio::time::timeout(EXPORT_TIMEOUT, exchange)
+                .await
+                .unwrap_or_else(|_| Err("timed out".into()))
+        };
+        self.runtime.spawn(timed).await?
     }
 }
 
@@ -602,75 +407,10 @@ mod tests {
     }
 
     #[test]
-    fn traceparent_parsing() {
-        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-        assert_eq!(
-            parse_traceparent(tp),
-            Some((0x4bf92f3577b34da6a3ce929d0e0e4736, 0x00f067aa0ba902b7))
-        );
-        for bad in [
-            "",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-",
-            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
-            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
-            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-            "00-4bf92f3577b34da6a3ce929d0e0e473-x00f067aa0ba902b7-01",
-            "00+4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0é",
-        ] {
-            assert_eq!(parse_traceparent(bad), None, "{bad}");
-        }
-        // A later version may append fields.
-        assert!(parse_traceparent("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-xyz").is_some());
-    }
-
-    #[test]
-    fn ids_are_distinct_and_never_zero() {
-        let ids = IdSource::new();
-        let mut seen = std::collections::HashSet::new();
-        for _ in 0..10_000 {
-            let id = ids.next();
-            assert_ne!(id, 0);
-            assert!(seen.insert(id));
-        }
-        assert_ne!(ids.trace_id(), ids.trace_id());
-    }
-
-    #[test]
-    fn encodes_the_otlp_json_shape() {
-        let spans = [FinishedSpan {
-            name: "request",
-            trace_id: 0xab,
-            span_id: 0xcd,
-            parent_id: 0,
-            start_ns: 1_700_000_000_000_000_000,
-            end_ns: 1_700_000_000_000_000_500,
-            attributes: vec![
-                ("path", Value::Str("/auth/login".into())),
-                ("status", Value::Int(503)),
-                ("ok", Value::Bool(false)),
-                ("ratio", Value::Double(f64::NAN)),
-            ],
-        }];
-        let v: serde_json::Value = serde_json::to_value(ExportRequest(&spans)).unwrap();
-        let rs = &v["resourceSpans"][0];
-        assert_eq!(rs["resource"]["attributes"][0]["key"], "service.name");
-        assert_eq!(
-            rs["resource"]["attributes"][0]["value"]["stringValue"],
-            "latchkey"
-        );
-        let span = &rs["scopeSpans"][0]["spans"][0];
-        assert_eq!(span["traceId"], "000000000000000000000000000000ab");
-        assert_eq!(span["spanId"], "00000000000000cd");
-        assert!(span.get("parentSpanId").is_none());
-        assert_eq!(span["kind"], 2);
-        assert_eq!(span["startTimeUnixNano"], "1700000000000000000");
-        assert_eq!(span["endTimeUnixNano"], "1700000000000000500");
-        assert_eq!(span["attributes"][1]["value"]["intValue"], "503");
-        assert_eq!(span["attributes"][2]["value"]["boolValue"], false);
-        assert_eq!(span["attributes"][3]["value"]["stringValue"], "NaN");
-        assert_eq!(span["status"]["code"], 2);
+    fn span_kinds_follow_span_names() {
+        assert_eq!(kind("request"), SpanKind::Server);
+        assert_eq!(kind("db"), SpanKind::Client);
+        assert_eq!(kind("redis"), SpanKind::Client);
+        assert_eq!(kind("hash"), SpanKind::Internal);
     }
 }

@@ -440,7 +440,8 @@ async fn one_trace_per_request(mut env: Vec<(&str, String)>) {
         assert_eq!(s["kind"], 3, "SPAN_KIND_CLIENT: {s}");
         assert!(attr(s, "acquire_us").is_i64(), "the pool wait is recorded: {s}");
         assert!(
-            s["start"].as_u64() >= request["start"].as_u64() && s["end"].as_u64() <= request["end"].as_u64()
+            s["start"].as_u64() >= request["start"].as_u64() && s["end"].as_u64() <= request["end"].as_u64(),
+            "a child outside its request's time: {s} in {request}"
         );
     }
     let hash: Vec<&Value> = kids.iter().filter(|s| s["name"] == "hash").collect();
