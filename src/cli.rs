@@ -51,6 +51,10 @@ pub enum ClientsCommand {
         id: String,
         #[arg(long)]
         name: Option<String>,
+        /// A scope the client may ask for with the client_credentials grant
+        /// (`latchkey:admin`: the admin API); repeat for several.
+        #[arg(long = "scope")]
+        scopes: Vec<String>,
     },
     /// List clients.
     List,
@@ -130,8 +134,8 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
         Command::Clients { command } => {
             let st = Services::build(config).await?;
             match command {
-                ClientsCommand::Add { id, name } => {
-                    match crate::domain::clients::add(&st.store, &id, name.as_deref()).await? {
+                ClientsCommand::Add { id, name, scopes } => {
+                    match crate::domain::clients::add(&st.store, &id, name.as_deref(), &scopes).await? {
                         Some(secret) => {
                             println!("client_id:     {id}\nclient_secret: {secret}\n(the secret is shown only now)");
                             Ok(())

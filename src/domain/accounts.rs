@@ -24,7 +24,8 @@ use crate::limits::{BruteForce, BruteForceRules, Limiter, PolicyName, Softlocks}
 use crate::mail::Message;
 use crate::settings::{secs, ConfigError, Source};
 use crate::store::{
-    ClientRecord, NewCode, NewSession, Purpose, RegisterOutcome, Store, UserRecord, UNUSABLE_PASSWORD,
+    ClientRecord, KeepSessions, NewCode, NewSession, Purpose, RegisterOutcome, SessionRecord, Store,
+    UserRecord, UNUSABLE_PASSWORD,
 };
 
 /// The `client_id` claim of tokens issued through the first-party endpoints.
@@ -39,6 +40,15 @@ pub struct TokenPair {
     pub refresh_expires_in: u64,
 }
 
+/// The answer to the client_credentials grant: no refresh token (RFC 6749 §4.4.3).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ClientToken {
+    pub access_token: String,
+    pub token_type: &'static str,
+    pub expires_in: u64,
+    pub scope: String,
+}
+
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Profile {
     pub id: String,
@@ -47,6 +57,46 @@ pub struct Profile {
     pub email_verified: bool,
     /// RFC 3339 time, UTC.
     pub created_at: String,
+}
+
+/// Where a request comes from: the client address (after the trusted
+/// proxies) and its `User-Agent`, recorded on the sessions it starts.
+#[derive(Clone, Debug)]
+pub struct Origin {
+    pub ip: IpAddr,
+    pub user_agent: Option<String>,
+}
+
+/// A live session, as its user sees it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct SessionInfo {
+    pub id: String,
+    /// The OAuth client it belongs to (`latchkey` for the first-party endpoints).
+    pub client_id: String,
+    /// RFC 3339 times, UTC.
+    pub created_at: String,
+    pub last_used_at: String,
+    pub expires_at: String,
+    /// The `User-Agent` and client address of the request that started it.
+    pub user_agent: Option<String>,
+    pub ip: Option<String>,
+    /// Whether the access token of this request belongs to it.
+    pub current: bool,
+}
+
+impl SessionInfo {
+    fn of(s: SessionRecord, current_sid: &str) -> SessionInfo {
+        SessionInfo {
+            current: s.id == current_sid,
+            id: s.id,
+            client_id: s.client_id.unwrap_or_else(|| FIRST_PARTY_CLIENT.into()),
+            created_at: rfc3339(s.created_at),
+            last_used_at: rfc3339(s.last_used_at),
+            expires_at: rfc3339(s.expires_at),
+            user_agent: s.user_agent,
+            ip: s.ip,
+        }
+    }
 }
 
 /// A live refresh token, as introspection shows it.
@@ -197,7 +247,12 @@ impl Accounts {
     /// with its email, or (`real` false: no account to send it for) a shadow
     /// that nothing matches. Both do the same work, so neither the answer
     /// nor its timing tells them apart.
-    async fn issue_code(&self, email: &Email, purpose: Purpose, real: bool) -> Result<(), AuthError> {
+    pub(super) async fn issue_code(
+        &self,
+        email: &Email,
+        purpose: Purpose,
+        real: bool,
+    ) -> Result<(), AuthError> {
         let code = random_code();
         let mac = self.code_hash(purpose, email, &code);
         let hash = if real { mac } else { random_bytes::<32>() };
@@ -286,7 +341,13 @@ impl Accounts {
         self.code_guesses.abandon(&self.guess_key(ip), &rules).await;
     }
 
-    pub async fn verify_email(&self, ip: IpAddr, email: Email, code: Code) -> Result<TokenPair, AuthError> {
+    pub async fn verify_email(
+        &self,
+        origin: &Origin,
+        email: Email,
+        code: Code,
+    ) -> Result<TokenPair, AuthError> {
+        let ip = origin.ip;
         let user = self.store.user_by_email(email.as_str()).await?;
         let code_id = self
             .check_code(ip, &email, Purpose::VerifyEmail, &code, email.as_str())
@@ -296,7 +357,10 @@ impl Accounts {
         let Some(user) = user else {
             return Err(AuthError::InvalidOtp);
         };
-        let (session, refresh) = self.new_session(None);
+        if user.disabled_at.is_some() {
+            return Err(AuthError::AccountDisabled);
+        }
+        let (session, refresh) = self.new_session(None, origin);
         let stored = self
             .store
             .verify_email(email.as_str(), code_id, MAX_FAILURES, &session.as_new(&user.id))
@@ -429,11 +493,12 @@ impl Accounts {
 
     pub async fn login(
         &self,
-        ip: IpAddr,
+        origin: &Origin,
         email: Email,
         password: Password,
         client_id: Option<&str>,
     ) -> Result<TokenPair, AuthError> {
+        let ip = origin.ip;
         self.limiter
             .check(PolicyName::LoginIp, self.limiter.ip_key(ip).as_str())
             .await?;
@@ -441,8 +506,11 @@ impl Accounts {
         if user.email_verified_at.is_none() {
             return Err(AuthError::VerificationPending);
         }
+        if user.disabled_at.is_some() {
+            return Err(AuthError::AccountDisabled);
+        }
         self.upgrade_hash_later(&user, password);
-        let (session, refresh) = self.new_session(client_id);
+        let (session, refresh) = self.new_session(client_id, origin);
         self.store.create_session(&session.as_new(&user.id)).await?;
         self.pair(
             &user.id,
@@ -614,6 +682,74 @@ impl Accounts {
         Ok(())
     }
 
+    /// The caller's live sessions, newest first, the caller's own marked.
+    pub async fn sessions(&self, token: &Verified) -> Result<Vec<SessionInfo>, AuthError> {
+        let list = self.store.live_sessions(&token.claims.sub, now_ms()).await?;
+        Ok(list
+            .into_iter()
+            .map(|s| SessionInfo::of(s, &token.claims.sid))
+            .collect())
+    }
+
+    /// Ends one of the caller's live sessions (the caller's own included):
+    /// its refresh token stops working and its access tokens are refused
+    /// everywhere, as after a logout. Another user's session, or one that
+    /// is not live, is [`AuthError::NotFound`] alike.
+    pub async fn end_session(&self, token: &Verified, session_id: &str) -> Result<(), AuthError> {
+        // Session ids are UUIDs: anything else names no session.
+        if uuid::Uuid::try_parse(session_id).is_err() {
+            return Err(AuthError::NotFound("session"));
+        }
+        let ended = self
+            .store
+            .revoke_user_session(&token.claims.sub, session_id, "ended_by_user", now_ms())
+            .await?;
+        if !ended {
+            return Err(AuthError::NotFound("session"));
+        }
+        self.revocations.revoke(&[session_id.to_string()]).await;
+        Ok(())
+    }
+
+    /// Ends every live session of the caller, or (`others`) every one but
+    /// the caller's.
+    pub async fn end_sessions(&self, token: &Verified, others: bool) -> Result<(), AuthError> {
+        let keep = others.then_some(token.claims.sid.as_str());
+        let ended = self
+            .store
+            .revoke_user_sessions(&token.claims.sub, keep, "ended_by_user", now_ms())
+            .await?;
+        self.revocations.revoke(&ended).await;
+        Ok(())
+    }
+
+    /// Whether client `id` still exists (`None`: removed) and may still have
+    /// `scope`: checked on every admin call, so that removing a client or
+    /// its scope takes effect at once, not when its tokens expire.
+    pub async fn client_may(&self, id: &str, scope: &str) -> Result<Option<bool>, AuthError> {
+        Ok(self
+            .store
+            .client(id)
+            .await?
+            .map(|c| c.scopes.split(' ').any(|s| s == scope)))
+    }
+
+    /// A client's own access token (the client_credentials grant).
+    pub fn client_token(
+        &self,
+        client: &ClientRecord,
+        requested: Option<&str>,
+    ) -> Result<ClientToken, AuthError> {
+        let scope = super::clients::granted_scope(client, requested).ok_or(AuthError::InvalidScope)?;
+        let access_token = self.tokens.issue_for_client(&client.id, &scope)?;
+        Ok(ClientToken {
+            access_token,
+            token_type: "Bearer",
+            expires_in: self.tokens.access_ttl().as_secs(),
+            scope,
+        })
+    }
+
     pub async fn profile(&self, token: &Verified) -> Result<Profile, AuthError> {
         let Some(u) = self.store.user_by_id(&token.claims.sub).await? else {
             return Err(AuthError::InvalidToken);
@@ -627,11 +763,14 @@ impl Accounts {
         })
     }
 
+    /// Changes the password; `end_other_sessions` ends every session but the
+    /// caller's (the current one always stays).
     pub async fn change_password(
         &self,
         token: &Verified,
         current: Password,
         new: Password,
+        end_other_sessions: bool,
     ) -> Result<(), AuthError> {
         self.limiter
             .check(PolicyName::PasswordAccount, &token.claims.sub)
@@ -654,7 +793,11 @@ impl Accounts {
                 &user.id,
                 &user.password_hash,
                 &new_hash,
-                Some(&token.claims.sid),
+                if end_other_sessions {
+                    KeepSessions::Only(&token.claims.sid)
+                } else {
+                    KeepSessions::All
+                },
                 now_ms(),
             )
             .await?
@@ -714,7 +857,7 @@ impl Accounts {
         .await;
     }
 
-    fn new_session(&self, client_id: Option<&str>) -> (SessionDraft, String) {
+    fn new_session(&self, client_id: Option<&str>, origin: &Origin) -> (SessionDraft, String) {
         let token = random_token();
         let now = now_ms();
         let draft = SessionDraft {
@@ -723,6 +866,8 @@ impl Accounts {
             now,
             expires_at: now + self.refresh_ttl.as_millis() as i64,
             token_hash: sha256(token.as_bytes()),
+            user_agent: origin.user_agent.clone(),
+            ip: origin.ip.to_string(),
         };
         (draft, token)
     }
@@ -754,6 +899,8 @@ struct SessionDraft {
     now: i64,
     expires_at: i64,
     token_hash: [u8; 32],
+    user_agent: Option<String>,
+    ip: String,
 }
 
 impl SessionDraft {
@@ -765,6 +912,8 @@ impl SessionDraft {
             now: self.now,
             expires_at: self.expires_at,
             token_hash: &self.token_hash,
+            user_agent: self.user_agent.as_deref(),
+            ip: Some(&self.ip),
         }
     }
 }
@@ -792,9 +941,63 @@ pub fn rfc3339(ms: i64) -> String {
     )
 }
 
+/// The inverse of [`rfc3339`]: `YYYY-MM-DDTHH:MM:SSZ` (UTC, whole seconds)
+/// to Unix milliseconds; `None` for anything else.
+pub fn parse_rfc3339(s: &str) -> Option<i64> {
+    let b = s.as_bytes();
+    if b.len() != 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || b[10] != b'T'
+        || b[13] != b':'
+        || b[16] != b':'
+        || b[19] != b'Z'
+    {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let t = &s[r];
+        t.bytes().all(|c| c.is_ascii_digit()).then(|| t.parse().ok())?
+    };
+    let (y, m, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hh, mm, ss) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || hh > 23 || mm > 59 || ss > 59 {
+        return None;
+    }
+    // Days from civil (Howard Hinnant's algorithm).
+    let y2 = if m <= 2 { y - 1 } else { y };
+    let era = y2.div_euclid(400);
+    let yoe = y2 - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let ms = ((days * 86_400) + hh * 3600 + mm * 60 + ss) * 1000;
+    // A day past the month's end (2026-02-30) does not come back the same.
+    (rfc3339(ms) == s).then_some(ms)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::rfc3339;
+    use super::{parse_rfc3339, rfc3339};
+
+    #[test]
+    fn rfc3339_parses_what_it_prints_and_nothing_else() {
+        for ms in [0, 951_782_400_000, 1_795_305_600_000, 1_795_305_659_000] {
+            assert_eq!(parse_rfc3339(&rfc3339(ms)), Some(ms));
+        }
+        for bad in [
+            "",
+            "2026-02-30T00:00:00Z",
+            "2026-11-22 00:00:00Z",
+            "2026-11-22T24:00:00Z",
+            "2026-11-22T00:00:00+01:00",
+            "2026-1-22T00:00:00Z",
+            "+026-11-22T00:00:00Z",
+        ] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn rfc3339_dates() {

@@ -8,8 +8,28 @@ use crate::store::Store;
 
 use super::AuthError;
 
-/// Creates a client; returns its secret, shown once.
-pub async fn add(store: &Store, id: &str, name: Option<&str>) -> anyhow::Result<Option<String>> {
+/// The scope of the admin API (`/admin/*`).
+pub const ADMIN_SCOPE: &str = "latchkey:admin";
+
+/// Whether `s` is a scope token (RFC 6749 §3.3, narrowed to
+/// `A-Z a-z 0-9 : . _ -`, at most 64 characters).
+fn valid_scope(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b":._-".contains(&b))
+}
+
+/// Creates a client that may ask for `scopes`; returns its secret, shown once.
+pub async fn add(
+    store: &Store,
+    id: &str,
+    name: Option<&str>,
+    scopes: &[String],
+) -> anyhow::Result<Option<String>> {
+    if let Some(bad) = scopes.iter().find(|s| !valid_scope(s)) {
+        anyhow::bail!("scope {bad:?} must be 1..=64 characters of A-Z a-z 0-9 : . _ -");
+    }
     if id.is_empty()
         || id.len() > 128
         || !id
@@ -27,8 +47,31 @@ pub async fn add(store: &Store, id: &str, name: Option<&str>) -> anyhow::Result<
         secret_hash: sha256(secret.as_bytes()).to_vec(),
         name: name.map(str::to_string),
         created_at: now_ms(),
+        scopes: scopes.join(" "),
     };
     Ok(store.add_client(&rec).await?.then_some(secret))
+}
+
+/// The scope a client gets in the client_credentials grant: what it asked
+/// for (`requested`, space-separated) if the client may have all of it, or
+/// everything it may have when it asked for nothing. `None`: it asked for a
+/// scope it may not have (`invalid_scope`), or it may have none.
+pub fn granted_scope(client: &ClientRecord, requested: Option<&str>) -> Option<String> {
+    let allowed: Vec<&str> = client.scopes.split(' ').filter(|s| !s.is_empty()).collect();
+    let wanted: Vec<&str> = match requested {
+        Some(r) => r.split(' ').filter(|s| !s.is_empty()).collect(),
+        None => allowed.clone(),
+    };
+    if wanted.is_empty() || !wanted.iter().all(|w| allowed.contains(w)) {
+        return None;
+    }
+    let mut granted: Vec<&str> = Vec::new();
+    for w in wanted {
+        if !granted.contains(&w) {
+            granted.push(w);
+        }
+    }
+    Some(granted.join(" "))
 }
 
 /// Checks a client's credentials. Unknown ids cost the same comparison.

@@ -28,6 +28,19 @@ pub enum AuthError {
     Overloaded { retry_after: u64 },
     #[error("OAuth client authentication failed")]
     InvalidClient,
+    /// What the request names does not exist for the caller (the same
+    /// answer whether it exists for someone else or not at all).
+    #[error("no such {0}")]
+    NotFound(&'static str),
+    /// A valid token without the scope the call needs.
+    #[error("insufficient scope: {0} needed")]
+    InsufficientScope(&'static str),
+    /// The right password of an account an administrator has disabled.
+    #[error("account disabled")]
+    AccountDisabled,
+    /// A client asked for a scope it may not have.
+    #[error("invalid scope")]
+    InvalidScope,
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
 }

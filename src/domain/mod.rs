@@ -2,6 +2,7 @@
 //! Nothing here knows about HTTP.
 
 pub mod accounts;
+pub mod admin;
 pub mod clients;
 pub mod codes;
 pub mod credcache;

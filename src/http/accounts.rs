@@ -1,6 +1,6 @@
 //! Handlers of the Accounts section of docs/api.md: parse, call the domain, answer.
 
-use axum::extract::State;
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -8,10 +8,10 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
-use super::extract::{Bearer, ClientIp, JsonBody};
+use super::extract::{Bearer, ClientIp, ClientOrigin, JsonBody};
 use super::schema;
 use super::AppState;
-use crate::domain::accounts::{Profile, TokenPair};
+use crate::domain::accounts::{Profile, SessionInfo, TokenPair};
 use crate::domain::input::{parse_name, parse_opaque, Code, Email, FieldError, Password};
 
 #[derive(Deserialize, ToSchema)]
@@ -65,6 +65,14 @@ pub struct PasswordChangeRequest {
     current_password: String,
     #[schema(schema_with = schema::password)]
     new_password: String,
+    /// End every other session of the account (the caller's stays). Default true.
+    #[serde(default = "yes")]
+    #[schema(default = true)]
+    end_other_sessions: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -123,12 +131,14 @@ pub async fn register(
               (status = 401, body = ErrorBody, description = "INVALID_OTP"), (status = 429, body = ErrorBody, description = "TOO_MANY_ATTEMPTS or RATE_LIMITED")))]
 pub async fn verify_otp(
     State(st): State<AppState>,
-    ClientIp(ip): ClientIp,
+    ClientOrigin(origin): ClientOrigin,
     JsonBody(req): JsonBody<VerifyRequest>,
 ) -> Result<Response, ApiError> {
     let email = Email::parse("email", &req.email)?;
     let code = Code::parse("code", &req.code)?;
-    Ok(token_response(st.accounts.verify_email(ip, email, code).await?))
+    Ok(token_response(
+        st.accounts.verify_email(&origin, email, code).await?,
+    ))
 }
 
 #[utoipa::path(post, path = "/auth/resend-otp", tag = "accounts", request_body = EmailRequest,
@@ -161,13 +171,13 @@ fn sent() -> Response {
               (status = 503, body = ErrorBody, description = "OVERLOADED, with Retry-After")))]
 pub async fn login(
     State(st): State<AppState>,
-    ClientIp(ip): ClientIp,
+    ClientOrigin(origin): ClientOrigin,
     JsonBody(req): JsonBody<LoginRequest>,
 ) -> Result<Response, ApiError> {
     let email = Email::parse("email", &req.email)?;
     let password = Password::parse("password", &req.password)?;
     Ok(token_response(
-        st.accounts.login(ip, email, password, None).await?,
+        st.accounts.login(&origin, email, password, None).await?,
     ))
 }
 
@@ -204,7 +214,7 @@ pub async fn me(State(st): State<AppState>, Bearer(token): Bearer) -> Result<Jso
 }
 
 #[utoipa::path(post, path = "/auth/password", tag = "accounts", security(("bearer" = [])), request_body = PasswordChangeRequest,
-    responses((status = 204, description = "Changed; every other session revoked"), (status = 400, body = ErrorBody),
+    responses((status = 204, description = "Changed; every other session revoked unless end_other_sessions is false"), (status = 400, body = ErrorBody),
               (status = 401, body = ErrorBody, description = "INVALID_TOKEN or INVALID_CREDENTIALS"),
               (status = 429, body = ErrorBody, description = "RATE_LIMITED (policy password_account)"),
               (status = 503, body = ErrorBody, description = "OVERLOADED")))]
@@ -220,7 +230,70 @@ pub async fn change_password(
     // Any current password outside the rules cannot be right.
     let current = Password::parse("current_password", &req.current_password)
         .map_err(|_| ApiError::Auth(crate::domain::AuthError::InvalidCredentials))?;
-    st.accounts.change_password(&token, current, new).await?;
+    st.accounts
+        .change_password(&token, current, new, req.end_other_sessions)
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct SessionList {
+    /// Live sessions, newest first (at most 500).
+    sessions: Vec<SessionInfo>,
+}
+
+#[utoipa::path(get, path = "/auth/sessions", tag = "sessions", security(("bearer" = [])),
+    responses((status = 200, body = SessionList, description = "The caller's live sessions, newest first"),
+              (status = 401, body = ErrorBody, description = "INVALID_TOKEN")))]
+pub async fn sessions(State(st): State<AppState>, Bearer(token): Bearer) -> Result<Response, ApiError> {
+    let sessions = st.accounts.sessions(&token).await?;
+    let mut r = Json(SessionList { sessions }).into_response();
+    r.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
+    Ok(r)
+}
+
+#[utoipa::path(delete, path = "/auth/sessions/{id}", tag = "sessions", security(("bearer" = [])),
+    params(("id" = String, Path, description = "A session id, as listed by GET /auth/sessions")),
+    responses((status = 204, description = "Ended: its refresh token and access tokens are refused from now on"),
+              (status = 401, body = ErrorBody, description = "INVALID_TOKEN"),
+              (status = 404, body = ErrorBody, description = "NOT_FOUND: not a live session of the caller")))]
+pub async fn end_session(
+    State(st): State<AppState>,
+    Bearer(token): Bearer,
+    id: Result<Path<String>, axum::extract::rejection::PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    // A path segment that does not decode names no session either.
+    let Ok(Path(id)) = id else {
+        return Err(crate::domain::AuthError::NotFound("session").into());
+    };
+    st.accounts.end_session(&token, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(delete, path = "/auth/sessions", tag = "sessions", security(("bearer" = [])),
+    params(("others" = Option<bool>, Query, description = "true: end every session but the caller's; false or absent: every session, the caller's too")),
+    responses((status = 204, description = "Ended"),
+              (status = 400, body = ErrorBody, description = "INVALID_REQUEST: others is not true or false"),
+              (status = 401, body = ErrorBody, description = "INVALID_TOKEN")))]
+pub async fn end_sessions(
+    State(st): State<AppState>,
+    Bearer(token): Bearer,
+    RawQuery(query): RawQuery,
+) -> Result<StatusCode, ApiError> {
+    let mut others = false;
+    for (k, v) in url::form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        if k == "others" {
+            others = match v.as_ref() {
+                "true" => true,
+                "false" => false,
+                _ => return Err(FieldError::new("others", "must be true or false").into()),
+            };
+        }
+    }
+    st.accounts.end_sessions(&token, others).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

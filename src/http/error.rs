@@ -156,6 +156,31 @@ impl IntoResponse for ApiError {
                 AuthError::InvalidToken => invalid_token(),
                 AuthError::RateLimited(l) => rate_limited(&l),
                 AuthError::Overloaded { retry_after } => overloaded(retry_after),
+                AuthError::InsufficientScope(scope) => {
+                    let r = error_response(
+                        StatusCode::FORBIDDEN,
+                        "INSUFFICIENT_SCOPE",
+                        format!("this call needs a client token with the scope {scope}"),
+                    );
+                    with_header(
+                        r,
+                        header::WWW_AUTHENTICATE,
+                        format!("Bearer error=\"insufficient_scope\", scope=\"{scope}\""),
+                    )
+                }
+                AuthError::AccountDisabled => error_response(
+                    StatusCode::FORBIDDEN,
+                    "ACCOUNT_DISABLED",
+                    "the account is disabled",
+                ),
+                AuthError::InvalidScope => error_response(
+                    StatusCode::BAD_REQUEST,
+                    "INVALID_SCOPE",
+                    "the client may not have the scope asked for",
+                ),
+                AuthError::NotFound(what) => {
+                    error_response(StatusCode::NOT_FOUND, "NOT_FOUND", format!("no such {what}"))
+                }
                 AuthError::InvalidClient => error_response(
                     StatusCode::UNAUTHORIZED,
                     "INVALID_CLIENT",

@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 use super::AppState;
+use crate::domain::accounts::Origin;
 use crate::domain::input::FieldError;
 use crate::domain::tokens::{bearer_token, Verified};
 use crate::domain::AuthError;
@@ -124,6 +125,34 @@ impl FromRequestParts<AppState> for ClientIp {
     }
 }
 
+/// The client's address (as [`ClientIp`]) and its `User-Agent`: where a
+/// request that starts a session comes from.
+pub struct ClientOrigin(pub Origin);
+
+impl FromRequestParts<AppState> for ClientOrigin {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let Ok(ClientIp(ip)) = ClientIp::from_request_parts(parts, state).await;
+        Ok(ClientOrigin(origin(ip, &parts.headers)))
+    }
+}
+
+/// The longest `User-Agent` kept with a session.
+const MAX_USER_AGENT: usize = 256;
+
+/// `ip` and the request's `User-Agent`: printable ASCII only, trimmed, at
+/// most [`MAX_USER_AGENT`] characters; anything else is left out.
+pub fn origin(ip: IpAddr, headers: &axum::http::HeaderMap) -> Origin {
+    let user_agent = headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|s| !s.is_empty() && s.bytes().all(|b| (0x20..0x7f).contains(&b)))
+        .map(|s| s.chars().take(MAX_USER_AGENT).collect());
+    Origin { ip, user_agent }
+}
+
 pub fn client_ip(
     peer: IpAddr,
     headers: &axum::http::HeaderMap,
@@ -193,8 +222,48 @@ impl FromRequestParts<AppState> for Bearer {
             .tokens
             .validate(token)
             .await
+            .ok()
+            // A client's own token is no user's: user endpoints refuse it.
+            .filter(|v| !v.claims.is_client())
             .map(Bearer)
-            .map_err(|_| ApiError::Auth(AuthError::InvalidToken))
+            .ok_or(ApiError::Auth(AuthError::InvalidToken))
+    }
+}
+
+/// A client token with the admin scope: the authentication of `/admin/*`.
+/// No token or an invalid one is `401 INVALID_TOKEN`; a valid token without
+/// the scope (any user's, or a client's without it) is `403
+/// INSUFFICIENT_SCOPE`.
+pub struct AdminToken(pub Arc<Verified>);
+
+impl FromRequestParts<AppState> for AdminToken {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        use crate::domain::clients::ADMIN_SCOPE;
+        let token = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(bearer_token)
+            .ok_or(ApiError::Auth(AuthError::InvalidToken))?;
+        let v = state
+            .tokens
+            .validate(token)
+            .await
+            .map_err(|_| ApiError::Auth(AuthError::InvalidToken))?;
+        if !v.claims.has_scope(ADMIN_SCOPE) {
+            return Err(ApiError::Auth(AuthError::InsufficientScope(ADMIN_SCOPE)));
+        }
+        match state
+            .accounts
+            .client_may(&v.claims.client_id, ADMIN_SCOPE)
+            .await?
+        {
+            Some(true) => Ok(AdminToken(v)),
+            Some(false) => Err(ApiError::Auth(AuthError::InsufficientScope(ADMIN_SCOPE))),
+            None => Err(ApiError::Auth(AuthError::InvalidToken)),
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! The HTTP edge: routes, extractors, and the mapping of errors to answers.
 
 pub mod accounts;
+pub mod admin;
 pub mod error;
 pub mod extract;
 pub mod middleware;
@@ -15,7 +16,7 @@ pub use settings::{ClientAddress, HttpSettings};
 use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::Router;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -62,7 +63,9 @@ pub type AppState = Arc<ApiState>;
     paths(
         accounts::register, accounts::verify_otp, accounts::resend_otp, accounts::login, accounts::refresh,
         accounts::logout, accounts::me, accounts::change_password, accounts::password_reset,
-        accounts::password_reset_confirm, tokens::validate, tokens::jwks, tokens::discovery,
+        accounts::password_reset_confirm, accounts::sessions, accounts::end_session, accounts::end_sessions,
+        admin::users, admin::user, admin::update_user, admin::delete_user, admin::end_sessions,
+        admin::password_reset, tokens::validate, tokens::jwks, tokens::discovery,
         oauth::token, oauth::introspect, oauth::revoke, ops::live, ops::ready, ops::openapi,
     ),
     modifiers(&BearerAuth, &CommonResponses)
@@ -80,7 +83,10 @@ impl Modify for CommonResponses {
     fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
         use utoipa::openapi::response::Response;
         for (path, item) in doc.paths.paths.iter_mut() {
-            for op in [&mut item.get, &mut item.post].into_iter().flatten() {
+            for op in [&mut item.get, &mut item.post, &mut item.delete, &mut item.patch]
+                .into_iter()
+                .flatten()
+            {
                 let body = op
                     .request_body
                     .as_ref()
@@ -137,13 +143,17 @@ impl Modify for BearerAuth {
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Basic).build()),
         );
         // Where OAuth clients get tokens (password grant).
-        use utoipa::openapi::security::{Flow, OAuth2, Password, Scopes};
+        // and where a client gets its own token for the admin API.
+        use utoipa::openapi::security::{ClientCredentials, Flow, OAuth2, Password, Scopes};
         components.add_security_scheme(
             "oauth2",
-            SecurityScheme::OAuth2(OAuth2::new([Flow::Password(Password::new(
-                "/oauth/token",
-                Scopes::new(),
-            ))])),
+            SecurityScheme::OAuth2(OAuth2::new([
+                Flow::Password(Password::new("/oauth/token", Scopes::new())),
+                Flow::ClientCredentials(ClientCredentials::new(
+                    "/oauth/token",
+                    Scopes::from_iter([(crate::domain::clients::ADMIN_SCOPE, "the admin API (/admin/*)")]),
+                )),
+            ])),
         );
     }
 }
@@ -159,6 +169,20 @@ pub fn router(state: AppState) -> Router {
         .route("/auth/logout", post(accounts::logout))
         .route("/auth/me", get(accounts::me))
         .route("/auth/password", post(accounts::change_password))
+        .route(
+            "/auth/sessions",
+            get(accounts::sessions).delete(accounts::end_sessions),
+        )
+        .route("/auth/sessions/{id}", delete(accounts::end_session))
+        .route("/admin/users", get(admin::users))
+        .route(
+            "/admin/users/{id}",
+            get(admin::user)
+                .patch(admin::update_user)
+                .delete(admin::delete_user),
+        )
+        .route("/admin/users/{id}/sessions", delete(admin::end_sessions))
+        .route("/admin/users/{id}/password-reset", post(admin::password_reset))
         .route("/auth/password-reset", post(accounts::password_reset))
         .route(
             "/auth/password-reset/confirm",

@@ -59,7 +59,20 @@ impl From<AuthError> for OAuthError {
                 "invalid_grant",
                 "the email address is not verified",
             ),
-            AuthError::InvalidOtp | AuthError::InvalidToken => OAuthError::new(
+            AuthError::InvalidScope => OAuthError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_scope",
+                "the client may not have the scope asked for, or has none",
+            ),
+            AuthError::AccountDisabled => OAuthError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_grant",
+                "the account is disabled",
+            ),
+            AuthError::InvalidOtp
+            | AuthError::InvalidToken
+            | AuthError::NotFound(_)
+            | AuthError::InsufficientScope(_) => OAuthError::new(
                 StatusCode::BAD_REQUEST,
                 "invalid_grant",
                 "the grant is invalid, expired or revoked",
@@ -119,8 +132,9 @@ impl IntoResponse for OAuthError {
 type Form = HashMap<String, String>;
 
 /// The parameters these endpoints read.
-const KNOWN_PARAMETERS: [&str; 8] = [
+const KNOWN_PARAMETERS: [&str; 9] = [
     "grant_type",
+    "scope",
     "username",
     "password",
     "refresh_token",
@@ -256,6 +270,19 @@ pub struct RefreshGrant {
 pub enum TokenRequest {
     Password(PasswordGrant),
     Refresh(RefreshGrant),
+    ClientCredentials(ClientCredentialsGrant),
+}
+
+/// `grant_type=client_credentials` (RFC 6749 §4.4): the client's own token.
+#[derive(serde::Deserialize, ToSchema)]
+#[allow(dead_code)]
+pub struct ClientCredentialsGrant {
+    #[schema(schema_with = grant_client_credentials)]
+    grant_type: String,
+    /// Space-separated; left out: every scope the client may have.
+    scope: Option<String>,
+    client_id: Option<String>,
+    client_secret: Option<String>,
 }
 
 /// An introspection or revocation request (RFC 7662 §2.1, RFC 7009 §2.1).
@@ -285,9 +312,23 @@ fn grant_refresh() -> utoipa::openapi::schema::Object {
     one_value("refresh_token")
 }
 
+fn grant_client_credentials() -> utoipa::openapi::schema::Object {
+    one_value("client_credentials")
+}
+
+/// A client's token is a credential too: never cached.
+fn client_token_response(token: crate::domain::accounts::ClientToken) -> Response {
+    let mut r = Json(token).into_response();
+    let h = r.headers_mut();
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(header::PRAGMA, HeaderValue::from_static("no-cache"));
+    r
+}
+
 #[utoipa::path(post, path = "/oauth/token", tag = "oauth", security(("client_basic" = [])),
     request_body(content = TokenRequest, content_type = "application/x-www-form-urlencoded", description = "With client_id/client_secret or HTTP Basic"),
-    responses((status = 200, body = crate::domain::accounts::TokenPair), (status = 400, description = "RFC 6749 error: invalid_request, invalid_grant, unsupported_grant_type"),
+    responses((status = 200, body = crate::domain::accounts::TokenPair, description = "A token pair; for client_credentials a ClientToken (no refresh token)"),
+              (status = 400, description = "RFC 6749 error: invalid_request, invalid_grant, invalid_scope, unsupported_grant_type"),
               (status = 401, description = "invalid_client"), (status = 429, description = "slow_down"), (status = 503, description = "temporarily_unavailable")))]
 pub async fn token(
     State(st): State<AppState>,
@@ -315,12 +356,20 @@ async fn token_inner(
             let email = Email::parse("username", required(&form, "username")?).map_err(AuthError::from)?;
             let password =
                 Password::parse("password", required(&form, "password")?).map_err(AuthError::from)?;
-            st.accounts.login(ip, email, password, Some(&client.id)).await?
+            let origin = super::extract::origin(ip, headers);
+            st.accounts
+                .login(&origin, email, password, Some(&client.id))
+                .await?
         }
         "refresh_token" => {
             let token =
                 parse_opaque("refresh_token", required(&form, "refresh_token")?).map_err(AuthError::from)?;
             st.accounts.refresh(&token, Some(&client.id)).await?
+        }
+        "client_credentials" => {
+            let scope = form.get("scope").map(String::as_str);
+            let token = st.accounts.client_token(&client, scope)?;
+            return Ok(client_token_response(token));
         }
         other => {
             return Err(OAuthError::new(

@@ -8,9 +8,12 @@ pub struct ClientRecord {
     pub secret_hash: Vec<u8>,
     pub name: Option<String>,
     pub created_at: i64,
+    /// What the client may ask for in the client_credentials grant,
+    /// space-separated (`latchkey:admin`); empty: nothing.
+    pub scopes: String,
 }
 
-type Row = (String, Vec<u8>, Option<String>, i64);
+type Row = (String, Vec<u8>, Option<String>, i64, String);
 
 fn client(r: Row) -> ClientRecord {
     ClientRecord {
@@ -18,18 +21,21 @@ fn client(r: Row) -> ClientRecord {
         secret_hash: r.1,
         name: r.2,
         created_at: r.3,
+        scopes: r.4,
     }
 }
 
 impl Store {
     pub async fn add_client(&self, c: &ClientRecord) -> StoreResult<bool> {
         let n = db_op!(self, "add_client", conn => Ok(sqlx::query(
-            "INSERT INTO clients (id, secret_hash, name, created_at) VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING",
+            "INSERT INTO clients (id, secret_hash, name, created_at, scopes) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (id) DO NOTHING",
         )
         .bind(&c.id)
         .bind(&c.secret_hash)
         .bind(&c.name)
         .bind(c.created_at)
+        .bind(&c.scopes)
         .execute(&mut *conn)
         .await?
         .rows_affected()))?;
@@ -38,7 +44,7 @@ impl Store {
 
     pub async fn client(&self, id: &str) -> StoreResult<Option<ClientRecord>> {
         let row: Option<Row> = db_op!(self, "client", conn => Ok(sqlx::query_as(
-            "SELECT id, secret_hash, name, created_at FROM clients WHERE id = $1",
+            "SELECT id, secret_hash, name, created_at, scopes FROM clients WHERE id = $1",
         )
         .bind(id)
         .fetch_optional(&mut *conn)
@@ -48,7 +54,7 @@ impl Store {
 
     pub async fn clients(&self) -> StoreResult<Vec<ClientRecord>> {
         let rows: Vec<Row> = db_op!(self, "clients", conn => Ok(sqlx::query_as(
-            "SELECT id, secret_hash, name, created_at FROM clients ORDER BY id",
+            "SELECT id, secret_hash, name, created_at, scopes FROM clients ORDER BY id",
         )
         .fetch_all(&mut *conn)
         .await?))?;

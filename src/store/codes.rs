@@ -9,7 +9,7 @@
 use sqlx::Connection;
 
 use super::outbox::INSERT_OUTBOX;
-use super::sessions::{NewSession, INSERT_REFRESH, INSERT_SESSION, REVOKE_USER_SESSIONS};
+use super::sessions::{insert_session, NewSession, REVOKE_USER_SESSIONS};
 use super::{db_op, Store, StoreResult};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -221,20 +221,7 @@ impl Store {
             if !consume_code!(tx, email, Purpose::VerifyEmail, code_created_at, session.now, max_failures) {
                 return Ok(false);
             }
-            sqlx::query(INSERT_SESSION)
-                .bind(session.id)
-                .bind(session.user_id)
-                .bind(session.client_id)
-                .bind(session.now)
-                .bind(session.expires_at)
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query(INSERT_REFRESH)
-                .bind(session.token_hash)
-                .bind(session.id)
-                .bind(session.now)
-                .execute(&mut *tx)
-                .await?;
+            insert_session!(tx, session);
             tx.commit().await?;
             Ok(true)
         })

@@ -20,9 +20,9 @@ pub use clients::ClientRecord;
 pub use codes::{CodeRecord, NewCode, Purpose, UNUSABLE_PASSWORD};
 pub use keys::KeyRecord;
 pub use outbox::OutboxRow;
-pub use sessions::{NewSession, RefreshRecord};
+pub use sessions::{KeepSessions, NewSession, RefreshRecord, SessionRecord, MAX_LISTED_SESSIONS};
 pub use settings::{DatabaseConfig, DatabaseUrl};
-pub use users::{CodeMail, NewUser, RegisterOutcome, UserRecord};
+pub use users::{CodeMail, NewUser, RegisterOutcome, UserFilter, UserRecord};
 
 use std::future::Future;
 use std::str::FromStr;

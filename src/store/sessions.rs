@@ -12,7 +12,37 @@ pub struct NewSession<'a> {
     pub now: i64,
     pub expires_at: i64,
     pub token_hash: &'a [u8],
+    /// Where it started: the client's `User-Agent` and address.
+    pub user_agent: Option<&'a str>,
+    pub ip: Option<&'a str>,
 }
+
+/// A live session as its user sees it (no token, no hash).
+#[derive(Clone, Debug)]
+pub struct SessionRecord {
+    pub id: String,
+    pub client_id: Option<String>,
+    pub created_at: i64,
+    pub expires_at: i64,
+    /// Its newest refresh token's creation: the last refresh, or the start.
+    pub last_used_at: i64,
+    pub user_agent: Option<String>,
+    pub ip: Option<String>,
+}
+
+/// Which of a user's sessions a password change leaves live.
+#[derive(Clone, Copy, Debug)]
+pub enum KeepSessions<'a> {
+    /// None: every session ends.
+    None,
+    /// Only this one (the session that changed the password).
+    Only(&'a str),
+    /// All of them.
+    All,
+}
+
+/// A user never sees more sessions than this at once (newest first).
+pub const MAX_LISTED_SESSIONS: i64 = 500;
 
 /// A refresh token and the session it belongs to.
 #[derive(Clone, Debug)]
@@ -27,10 +57,36 @@ pub struct RefreshRecord {
     pub successor: Option<Vec<u8>>,
 }
 
-pub(super) const INSERT_SESSION: &str =
-    "INSERT INTO sessions (id, user_id, client_id, created_at, expires_at) VALUES ($1, $2, $3, $4, $5)";
 pub(super) const INSERT_REFRESH: &str =
     "INSERT INTO refresh_tokens (token_hash, session_id, created_at) VALUES ($1, $2, $3)";
+
+/// Inserts a session and its first refresh token in the open transaction
+/// `$tx` (either backend: the statements are the same).
+macro_rules! insert_session {
+    ($tx:expr, $s:expr) => {{
+        let s: &$crate::store::NewSession<'_> = $s;
+        sqlx::query(
+            "INSERT INTO sessions (id, user_id, client_id, created_at, expires_at, user_agent, ip) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(s.id)
+        .bind(s.user_id)
+        .bind(s.client_id)
+        .bind(s.now)
+        .bind(s.expires_at)
+        .bind(s.user_agent)
+        .bind(s.ip)
+        .execute(&mut *$tx)
+        .await?;
+        sqlx::query($crate::store::sessions::INSERT_REFRESH)
+            .bind(s.token_hash)
+            .bind(s.id)
+            .bind(s.now)
+            .execute(&mut *$tx)
+            .await?;
+    }};
+}
+pub(super) use insert_session;
 /// `$1 user_id, $2 now, $3 reason, $4 session id to keep ('' for none)`.
 pub(super) const REVOKE_USER_SESSIONS: &str = "UPDATE sessions SET revoked_at = $2, revoked_reason = $3 \
      WHERE user_id = $1 AND revoked_at IS NULL AND id <> $4 RETURNING id";
@@ -42,27 +98,14 @@ impl Store {
         db_op!(self, "create_session",
             sqlite conn => {
                 let mut tx = conn.begin().await?;
-                sqlx::query(INSERT_SESSION)
-                    .bind(s.id)
-                    .bind(s.user_id)
-                    .bind(s.client_id)
-                    .bind(s.now)
-                    .bind(s.expires_at)
-                    .execute(&mut *tx)
-                    .await?;
-                sqlx::query(INSERT_REFRESH)
-                    .bind(s.token_hash)
-                    .bind(s.id)
-                    .bind(s.now)
-                    .execute(&mut *tx)
-                    .await?;
+                insert_session!(tx, s);
                 tx.commit().await?;
                 Ok(())
             },
             postgres conn => {
                 sqlx::query(
-                    "WITH s AS (INSERT INTO sessions (id, user_id, client_id, created_at, expires_at) \
-                     VALUES ($1, $2, $3, $4, $5) RETURNING id) \
+                    "WITH s AS (INSERT INTO sessions (id, user_id, client_id, created_at, expires_at, user_agent, ip) \
+                     VALUES ($1, $2, $3, $4, $5, $7, $8) RETURNING id) \
                      INSERT INTO refresh_tokens (token_hash, session_id, created_at) SELECT $6, id, $4 FROM s",
                 )
                 .bind(s.id)
@@ -71,6 +114,8 @@ impl Store {
                 .bind(s.now)
                 .bind(s.expires_at)
                 .bind(s.token_hash)
+                .bind(s.user_agent)
+                .bind(s.ip)
                 .execute(&mut *conn)
                 .await?;
                 Ok(())
@@ -175,6 +220,85 @@ impl Store {
         .await?
         .rows_affected()))?;
         Ok(n == 1)
+    }
+
+    /// The user's live sessions (neither revoked nor expired), newest first,
+    /// at most [`MAX_LISTED_SESSIONS`].
+    pub async fn live_sessions(&self, user_id: &str, now: i64) -> StoreResult<Vec<SessionRecord>> {
+        type Row = (
+            String,
+            Option<String>,
+            i64,
+            i64,
+            Option<i64>,
+            Option<String>,
+            Option<String>,
+        );
+        let rows: Vec<Row> = db_op!(self, "live_sessions", conn => Ok(sqlx::query_as(
+            "SELECT s.id, s.client_id, s.created_at, s.expires_at, \
+             (SELECT MAX(r.created_at) FROM refresh_tokens r WHERE r.session_id = s.id), s.user_agent, s.ip \
+             FROM sessions s WHERE s.user_id = $1 AND s.revoked_at IS NULL AND s.expires_at > $2 \
+             ORDER BY s.created_at DESC, s.id LIMIT $3",
+        )
+        .bind(user_id)
+        .bind(now)
+        .bind(MAX_LISTED_SESSIONS)
+        .fetch_all(&mut *conn)
+        .await?))?;
+        Ok(rows
+            .into_iter()
+            .map(|r| SessionRecord {
+                id: r.0,
+                client_id: r.1,
+                created_at: r.2,
+                expires_at: r.3,
+                last_used_at: r.4.unwrap_or(r.2),
+                user_agent: r.5,
+                ip: r.6,
+            })
+            .collect())
+    }
+
+    /// Revokes one of the user's live sessions; `false` if it is not one
+    /// (another user's, unknown, already ended or expired).
+    pub async fn revoke_user_session(
+        &self,
+        user_id: &str,
+        session_id: &str,
+        reason: &str,
+        now: i64,
+    ) -> StoreResult<bool> {
+        let n = db_op!(self, "revoke_user_session", conn => Ok(sqlx::query(
+            "UPDATE sessions SET revoked_at = $3, revoked_reason = $4 \
+             WHERE id = $1 AND user_id = $2 AND revoked_at IS NULL AND expires_at > $3",
+        )
+        .bind(session_id)
+        .bind(user_id)
+        .bind(now)
+        .bind(reason)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected()))?;
+        Ok(n == 1)
+    }
+
+    /// Revokes every live session of the user but `keep` (if any); returns
+    /// the revoked ids.
+    pub async fn revoke_user_sessions(
+        &self,
+        user_id: &str,
+        keep: Option<&str>,
+        reason: &str,
+        now: i64,
+    ) -> StoreResult<Vec<String>> {
+        let ids: Vec<(String,)> = db_op!(self, "revoke_user_sessions", conn => Ok(sqlx::query_as(REVOKE_USER_SESSIONS)
+            .bind(user_id)
+            .bind(now)
+            .bind(reason)
+            .bind(keep.unwrap_or(""))
+            .fetch_all(&mut *conn)
+            .await?))?;
+        Ok(ids.into_iter().map(|r| r.0).collect())
     }
 
     /// Sessions revoked after `since`, to rebuild the revocation set at start.

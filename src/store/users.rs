@@ -13,9 +13,19 @@ pub struct UserRecord {
     pub password_hash: String,
     pub email_verified_at: Option<i64>,
     pub created_at: i64,
+    /// Set while an administrator has disabled the account.
+    pub disabled_at: Option<i64>,
 }
 
-type UserRow = (String, String, Option<String>, String, Option<i64>, i64);
+type UserRow = (
+    String,
+    String,
+    Option<String>,
+    String,
+    Option<i64>,
+    i64,
+    Option<i64>,
+);
 
 fn user(r: UserRow) -> UserRecord {
     UserRecord {
@@ -25,16 +35,31 @@ fn user(r: UserRow) -> UserRecord {
         password_hash: r.3,
         email_verified_at: r.4,
         created_at: r.5,
+        disabled_at: r.6,
     }
 }
 
 macro_rules! select_user {
     ($where:literal) => {
         concat!(
-            "SELECT id, email, name, password_hash, email_verified_at, created_at FROM users ",
+            "SELECT id, email, name, password_hash, email_verified_at, created_at, disabled_at FROM users ",
             $where
         )
     };
+}
+
+/// Which accounts an administrator lists (every field narrows the list).
+#[derive(Clone, Debug, Default)]
+pub struct UserFilter {
+    /// Emails that start with this (normalised, as stored).
+    pub email_prefix: Option<String>,
+    pub verified: Option<bool>,
+    pub disabled: Option<bool>,
+    /// Created at or after / before (Unix milliseconds).
+    pub created_from: Option<i64>,
+    pub created_before: Option<i64>,
+    /// Ids after this one (the previous page's last).
+    pub after: Option<String>,
 }
 
 /// What registering did; the HTTP answer is the same in every case.
@@ -78,6 +103,120 @@ impl Store {
             Ok(sqlx::query_as::<_, UserRow>(sql).bind(id).fetch_optional(&mut *conn).await?)
         })?;
         Ok(row.map(user))
+    }
+
+    /// A page of accounts in id order (creation order: ids are UUIDv7).
+    pub async fn users_page(&self, f: &UserFilter, limit: i64) -> StoreResult<Vec<UserRecord>> {
+        let sql = select_user!(
+            "WHERE ($1 IS NULL OR substr(email, 1, CAST($2 AS INTEGER)) = $1) \
+             AND ($3 IS NULL OR (email_verified_at IS NOT NULL) = $3) \
+             AND ($4 IS NULL OR (disabled_at IS NOT NULL) = $4) \
+             AND ($5 IS NULL OR created_at >= $5) AND ($6 IS NULL OR created_at < $6) \
+             AND ($7 IS NULL OR id > $7) ORDER BY id LIMIT $8"
+        );
+        let prefix_len = f.email_prefix.as_ref().map_or(0, |p| p.chars().count() as i64);
+        let rows = db_op!(self, "users_page", conn => {
+            Ok(sqlx::query_as::<_, UserRow>(sql)
+                .bind(f.email_prefix.as_deref())
+                .bind(prefix_len)
+                .bind(f.verified)
+                .bind(f.disabled)
+                .bind(f.created_from)
+                .bind(f.created_before)
+                .bind(f.after.as_deref())
+                .bind(limit)
+                .fetch_all(&mut *conn)
+                .await?)
+        })?;
+        Ok(rows.into_iter().map(user).collect())
+    }
+
+    /// Sets the name of an account; `false` if there is none.
+    pub async fn set_user_name(&self, id: &str, name: Option<&str>, now: i64) -> StoreResult<bool> {
+        let n = db_op!(self, "set_user_name", conn => Ok(sqlx::query(
+            "UPDATE users SET name = $2, updated_at = $3 WHERE id = $1",
+        )
+        .bind(id)
+        .bind(name)
+        .bind(now)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected()))?;
+        Ok(n == 1)
+    }
+
+    /// Disables (ending every session, in the same transaction) or enables
+    /// an account. Returns the sessions it ended, or `None` if there is no
+    /// such account.
+    pub async fn set_user_disabled(
+        &self,
+        id: &str,
+        disabled: bool,
+        now: i64,
+    ) -> StoreResult<Option<Vec<String>>> {
+        db_op!(self, "set_user_disabled", conn => {
+            let mut tx = conn.begin().await?;
+            let n = sqlx::query(
+                "UPDATE users SET disabled_at = CASE WHEN $2 THEN COALESCE(disabled_at, $3) ELSE NULL END, \
+                 updated_at = $3 WHERE id = $1",
+            )
+            .bind(id)
+            .bind(disabled)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if n != 1 {
+                return Ok(None);
+            }
+            let ended: Vec<(String,)> = if disabled {
+                sqlx::query_as(super::sessions::REVOKE_USER_SESSIONS)
+                    .bind(id)
+                    .bind(now)
+                    .bind("user_disabled")
+                    .bind("")
+                    .fetch_all(&mut *tx)
+                    .await?
+            } else {
+                Vec::new()
+            };
+            tx.commit().await?;
+            Ok(Some(ended.into_iter().map(|r| r.0).collect()))
+        })
+    }
+
+    /// Erases an account: the user, its sessions and refresh tokens (by
+    /// cascade) and its codes, in one transaction. Returns the sessions that
+    /// were live (to revoke their access tokens), or `None` if there is no
+    /// such account.
+    pub async fn delete_user(&self, id: &str, now: i64) -> StoreResult<Option<Vec<String>>> {
+        db_op!(self, "delete_user", conn => {
+            let mut tx = conn.begin().await?;
+            let email: Option<(String,)> = sqlx::query_as("SELECT email FROM users WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let Some((email,)) = email else {
+                return Ok(None);
+            };
+            let live: Vec<(String,)> = sqlx::query_as(
+                "SELECT id FROM sessions WHERE user_id = $1 AND revoked_at IS NULL AND expires_at > $2",
+            )
+            .bind(id)
+            .bind(now)
+            .fetch_all(&mut *tx)
+            .await?;
+            sqlx::query("DELETE FROM codes WHERE email = $1")
+                .bind(&email)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query("DELETE FROM users WHERE id = $1")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(Some(live.into_iter().map(|r| r.0).collect()))
+        })
     }
 
     /// Creates the account with its verification code and email, or, when the
@@ -191,17 +330,18 @@ impl Store {
         Ok(n == 1)
     }
 
-    /// Sets a new password and revokes the user's sessions except `keep`, in one
-    /// transaction, only if the hash is still `old`. Returns the revoked
-    /// session ids, or `None` when the password changed concurrently.
+    /// Sets a new password and revokes the user's sessions but those it
+    /// keeps, in one transaction, only if the hash is still `old`. Returns the
+    /// revoked session ids, or `None` when the password changed concurrently.
     pub async fn change_password(
         &self,
         user_id: &str,
         old: &str,
         new: &str,
-        keep: Option<&str>,
+        keep: super::KeepSessions<'_>,
         now: i64,
     ) -> StoreResult<Option<Vec<String>>> {
+        use super::KeepSessions;
         db_op!(self, "change_password", conn => {
             let mut tx = conn.begin().await?;
             let n = sqlx::query(
@@ -217,13 +357,21 @@ impl Store {
             if n != 1 {
                 return Ok(None);
             }
-            let ids: Vec<(String,)> = sqlx::query_as(super::sessions::REVOKE_USER_SESSIONS)
-                .bind(user_id)
-                .bind(now)
-                .bind("password_change")
-                .bind(keep.unwrap_or(""))
-                .fetch_all(&mut *tx)
-                .await?;
+            let spared = match keep {
+                KeepSessions::None => Some(""),
+                KeepSessions::Only(id) => Some(id),
+                KeepSessions::All => None,
+            };
+            let ids: Vec<(String,)> = match spared {
+                Some(keep) => sqlx::query_as(super::sessions::REVOKE_USER_SESSIONS)
+                    .bind(user_id)
+                    .bind(now)
+                    .bind("password_change")
+                    .bind(keep)
+                    .fetch_all(&mut *tx)
+                    .await?,
+                None => Vec::new(),
+            };
             tx.commit().await?;
             Ok(Some(ids.into_iter().map(|r| r.0).collect()))
         })

@@ -97,7 +97,9 @@ static EXPORTING: AtomicBool = AtomicBool::new(false);
 /// [`traces_url`]), with its filter; it starts the SDK's export thread.
 pub fn layer<S>(
     traces_url: &str,
-) -> std::io::Result<Filtered<tracing_opentelemetry::OpenTelemetryLayer<S, opentelemetry_sdk::trace::Tracer>, FilterFn, S>>
+) -> std::io::Result<
+    Filtered<tracing_opentelemetry::OpenTelemetryLayer<S, opentelemetry_sdk::trace::Tracer>, FilterFn, S>,
+>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
@@ -198,7 +200,8 @@ pub fn continue_trace(span: &tracing::Span, traceparent: &str) {
     if !EXPORTING.load(Ordering::Relaxed) {
         return;
     }
-    let cx: Context = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&Header(traceparent));
+    let cx: Context =
+        opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&Header(traceparent));
     if cx.span().span_context().is_valid() {
         let _ = span.set_parent(cx);
     }

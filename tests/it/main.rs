@@ -2,6 +2,7 @@
 //! PostgreSQL + Redis. Run with `./scripts/test`, which provides the servers.
 
 mod accounts;
+mod admin;
 mod attacks;
 mod cli;
 mod common;
@@ -14,4 +15,5 @@ mod mail;
 mod oauth;
 mod observability;
 mod ops;
+mod sessions;
 mod tokens;

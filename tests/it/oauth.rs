@@ -15,7 +15,7 @@ crate::on_every_backend!(
 );
 
 pub(crate) async fn client(app: &TestApp, id: &str) -> String {
-    latchkey::domain::clients::add(&app.services.store, id, Some("test client"))
+    latchkey::domain::clients::add(&app.services.store, id, Some("test client"), &[])
         .await
         .unwrap()
         .unwrap()
@@ -149,10 +149,19 @@ async fn client_authentication_and_errors(app: &TestApp) {
         app,
         "/oauth/token",
         Some(("cli", &secret)),
-        &[("grant_type", "client_credentials")],
+        &[("grant_type", "authorization_code")],
     )
     .await;
     assert_eq!(oauth_error(r).await, (400, "unsupported_grant_type".into()));
+    // A client without scopes gets no token of its own.
+    let r = form(
+        app,
+        "/oauth/token",
+        Some(("cli", &secret)),
+        &[("grant_type", "client_credentials")],
+    )
+    .await;
+    assert_eq!(oauth_error(r).await, (400, "invalid_scope".into()));
     let r = form(app, "/oauth/token", Some(("cli", &secret)), &[("username", "x")]).await;
     assert_eq!(oauth_error(r).await, (400, "invalid_request".into()));
     let r = form(

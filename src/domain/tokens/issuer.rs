@@ -137,20 +137,40 @@ impl Issuer {
         session_id: &str,
         client_id: &str,
     ) -> anyhow::Result<String> {
+        self.sign(user_id, email, session_id, client_id, None)
+    }
+
+    /// A client's own access token (the client_credentials grant): the
+    /// client is its subject, its `sid` is [`CLIENT_SID_PREFIX`] and the
+    /// client id, and it carries the granted `scope`.
+    pub fn issue_for_client(&self, client_id: &str, scope: &str) -> anyhow::Result<String> {
+        let sid = format!("{}{client_id}", super::CLIENT_SID_PREFIX);
+        self.sign(client_id, "", &sid, client_id, Some(scope.to_string()))
+    }
+
+    fn sign(
+        &self,
+        sub: &str,
+        email: &str,
+        sid: &str,
+        client_id: &str,
+        scope: Option<String>,
+    ) -> anyhow::Result<String> {
         let signer = self.signer.current();
         let key = signer.as_ref().ok_or_else(|| anyhow::anyhow!("no signing key"))?;
         let now = now_ms() / 1000;
         let claims = AccessClaims {
             iss: self.settings.issuer.clone(),
-            sub: user_id.to_string(),
+            sub: sub.to_string(),
             aud: self.settings.audience.clone(),
             exp: now + self.settings.access_ttl.as_secs() as i64,
             iat: now,
             nbf: None,
             jti: uuid::Uuid::new_v4().to_string(),
-            sid: session_id.to_string(),
+            sid: sid.to_string(),
             email: email.to_string(),
             client_id: client_id.to_string(),
+            scope,
         };
         let mut header = Header::new(key.alg);
         header.typ = Some("at+jwt".into());

@@ -48,6 +48,31 @@ pub struct AccessClaims {
     pub sid: String,
     pub email: String,
     pub client_id: String,
+    /// Space-separated scopes: only on a client's own token (the
+    /// client_credentials grant), never on a user's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+}
+
+/// The `sid` of a client's own token: this prefix and the client id. User
+/// sessions are UUIDs, so the two never meet; revoking this `sid` refuses
+/// every token the client holds.
+pub const CLIENT_SID_PREFIX: &str = "client:";
+
+impl AccessClaims {
+    /// Whether the token is a client's own (client_credentials), not a user's.
+    pub fn is_client(&self) -> bool {
+        self.sid.starts_with(CLIENT_SID_PREFIX) && self.sub == self.client_id
+    }
+
+    /// Whether the token carries `scope` (a client's token only).
+    pub fn has_scope(&self, scope: &str) -> bool {
+        self.is_client()
+            && self
+                .scope
+                .as_deref()
+                .is_some_and(|s| s.split(' ').any(|x| x == scope))
+    }
 }
 
 /// A token that passed verification, with its claims already serialised for

@@ -1,0 +1,151 @@
+//! What an administrator (a client holding the `latchkey:admin` scope) may
+//! do to accounts: list and read them, rename, disable and enable, erase,
+//! end their sessions, and mail a password-reset code. The HTTP edge checks
+//! the scope (`http::extract::AdminToken`); these operations trust it.
+
+use serde::Serialize;
+
+use super::accounts::{rfc3339, Accounts};
+use super::input::Email;
+use super::AuthError;
+use crate::clock::now_ms;
+use crate::store::{Purpose, UserFilter, UserRecord};
+
+/// The most accounts one page holds.
+pub const MAX_PAGE: i64 = 200;
+
+/// An account as an administrator sees it (never its password hash).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct AdminUser {
+    pub id: String,
+    pub email: String,
+    pub name: Option<String>,
+    pub email_verified: bool,
+    pub disabled: bool,
+    /// RFC 3339 time, UTC.
+    pub created_at: String,
+}
+
+impl From<UserRecord> for AdminUser {
+    fn from(u: UserRecord) -> Self {
+        AdminUser {
+            id: u.id,
+            email: u.email,
+            name: u.name,
+            email_verified: u.email_verified_at.is_some(),
+            disabled: u.disabled_at.is_some(),
+            created_at: rfc3339(u.created_at),
+        }
+    }
+}
+
+/// A page of accounts and the cursor of the next one (`None`: the last).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct UserPage {
+    pub users: Vec<AdminUser>,
+    pub next_cursor: Option<String>,
+}
+
+/// The changes of `PATCH /admin/users/{id}`; a field left out stays.
+#[derive(Debug, Default)]
+pub struct UserChange {
+    /// `Some(None)` clears the name.
+    pub name: Option<Option<String>>,
+    pub disabled: Option<bool>,
+}
+
+const NO_USER: AuthError = AuthError::NotFound("user");
+
+impl Accounts {
+    /// A page of accounts in creation order, `limit` at most [`MAX_PAGE`].
+    pub async fn admin_users(&self, filter: &UserFilter, limit: i64) -> Result<UserPage, AuthError> {
+        let limit = limit.clamp(1, MAX_PAGE);
+        // One more than asked tells whether another page follows.
+        let mut users = self.store.users_page(filter, limit + 1).await?;
+        let next_cursor = if users.len() as i64 > limit {
+            users.truncate(limit as usize);
+            users.last().map(|u| u.id.clone())
+        } else {
+            None
+        };
+        Ok(UserPage {
+            users: users.into_iter().map(AdminUser::from).collect(),
+            next_cursor,
+        })
+    }
+
+    pub async fn admin_user(&self, id: &str) -> Result<AdminUser, AuthError> {
+        Ok(self.user(id).await?.into())
+    }
+
+    async fn user(&self, id: &str) -> Result<UserRecord, AuthError> {
+        // Account ids are UUIDs: anything else names no account.
+        if uuid::Uuid::try_parse(id).is_err() {
+            return Err(NO_USER);
+        }
+        self.store.user_by_id(id).await?.ok_or(NO_USER)
+    }
+
+    /// Renames, disables or enables an account. Disabling ends every session
+    /// at once (their access tokens are refused everywhere, as after a
+    /// logout); a disabled account cannot log in or verify until enabled.
+    pub async fn admin_update_user(&self, id: &str, change: UserChange) -> Result<AdminUser, AuthError> {
+        let user = self.user(id).await?;
+        let now = now_ms();
+        if let Some(name) = &change.name {
+            if !self.store.set_user_name(id, name.as_deref(), now).await? {
+                return Err(NO_USER);
+            }
+        }
+        if let Some(disabled) = change.disabled {
+            let ended = self
+                .store
+                .set_user_disabled(id, disabled, now)
+                .await?
+                .ok_or(NO_USER)?;
+            self.revocations.revoke(&ended).await;
+        }
+        self.user_changed(&user).await;
+        self.admin_user(id).await
+    }
+
+    /// Erases an account: the user, its sessions, refresh tokens and codes
+    /// are deleted, and the access tokens of its sessions are refused.
+    pub async fn admin_delete_user(&self, id: &str) -> Result<(), AuthError> {
+        let user = self.user(id).await?;
+        let ended = self.store.delete_user(id, now_ms()).await?.ok_or(NO_USER)?;
+        self.revocations.revoke(&ended).await;
+        self.user_changed(&user).await;
+        self.brute_force.forget_known(&user.email).await;
+        tracing::info!(user_id = %id, "account erased by an administrator");
+        Ok(())
+    }
+
+    /// Ends every session of an account.
+    pub async fn admin_end_sessions(&self, id: &str) -> Result<(), AuthError> {
+        let user = self.user(id).await?;
+        let ended = self
+            .store
+            .revoke_user_sessions(&user.id, None, "ended_by_admin", now_ms())
+            .await?;
+        self.revocations.revoke(&ended).await;
+        Ok(())
+    }
+
+    /// Mails the account a password-reset code (as `POST
+    /// /auth/password-reset` would, without its per-address limits).
+    pub async fn admin_password_reset(&self, id: &str) -> Result<(), AuthError> {
+        let user = self.user(id).await?;
+        let email = Email::parse("email", &user.email)?;
+        self.issue_code(&email, Purpose::ResetPassword, true).await
+    }
+
+    /// Caches of the account (here and, through Redis, on other instances)
+    /// forget it.
+    async fn user_changed(&self, user: &UserRecord) {
+        if let Some(c) = &self.credentials {
+            c.forget(&user.id);
+        }
+        self.revocations.user_changed(&user.email).await;
+    }
+}

@@ -1,0 +1,187 @@
+//! Handlers of the admin API (`/admin/*`, docs/api.md): a client token with
+//! the `latchkey:admin` scope ([`AdminToken`]) is the only way in.
+
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde::Deserialize;
+use utoipa::ToSchema;
+
+use super::error::{ApiError, ErrorBody};
+use super::extract::{AdminToken, JsonBody};
+use super::AppState;
+use crate::domain::admin::{AdminUser, UserChange, UserPage, MAX_PAGE};
+use crate::domain::input::{parse_name, FieldError};
+use crate::domain::AuthError;
+use crate::store::UserFilter;
+
+/// An id from the path; one that does not decode names no account.
+fn user_id(id: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    id.map(|Path(id)| id)
+        .map_err(|_| AuthError::NotFound("user").into())
+}
+
+fn boolean(name: &'static str, v: &str) -> Result<bool, FieldError> {
+    match v {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(FieldError::new(name, "must be true or false")),
+    }
+}
+
+/// Unix milliseconds from an RFC 3339 time (`2026-01-31T12:00:00Z`, UTC).
+fn time(name: &'static str, v: &str) -> Result<i64, FieldError> {
+    crate::domain::accounts::parse_rfc3339(v)
+        .ok_or_else(|| FieldError::new(name, "must be an RFC 3339 time in UTC, e.g. 2026-01-31T12:00:00Z"))
+}
+
+#[utoipa::path(get, path = "/admin/users", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
+    params(
+        ("email_prefix" = Option<String>, Query, description = "Emails starting with this (lower case)"),
+        ("verified" = Option<bool>, Query, description = "Only verified (true) or unverified (false) accounts"),
+        ("disabled" = Option<bool>, Query, description = "Only disabled (true) or enabled (false) accounts"),
+        ("created_from" = Option<String>, Query, description = "Created at or after this RFC 3339 time"),
+        ("created_before" = Option<String>, Query, description = "Created before this RFC 3339 time"),
+        ("cursor" = Option<String>, Query, description = "next_cursor of the previous page"),
+        ("limit" = Option<i64>, Query, description = "Accounts per page, 1 to 200 (default 50)"),
+    ),
+    responses((status = 200, body = UserPage, description = "Accounts in creation order"),
+              (status = 400, body = ErrorBody), (status = 401, body = ErrorBody, description = "INVALID_TOKEN"),
+              (status = 403, body = ErrorBody, description = "INSUFFICIENT_SCOPE")))]
+pub async fn users(
+    State(st): State<AppState>,
+    _: AdminToken,
+    RawQuery(query): RawQuery,
+) -> Result<Json<UserPage>, ApiError> {
+    let mut filter = UserFilter::default();
+    let mut limit = 50;
+    for (k, v) in url::form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        match k.as_ref() {
+            "email_prefix" => {
+                if v.chars().count() > 254 || v.chars().any(char::is_control) {
+                    return Err(FieldError::new(
+                        "email_prefix",
+                        "at most 254 characters, no control characters",
+                    )
+                    .into());
+                }
+                filter.email_prefix = Some(v.trim().to_lowercase());
+            }
+            "verified" => filter.verified = Some(boolean("verified", &v)?),
+            "disabled" => filter.disabled = Some(boolean("disabled", &v)?),
+            "created_from" => filter.created_from = Some(time("created_from", &v)?),
+            "created_before" => filter.created_before = Some(time("created_before", &v)?),
+            "cursor" => {
+                if uuid::Uuid::try_parse(&v).is_err() {
+                    return Err(FieldError::new("cursor", "must be a next_cursor of this endpoint").into());
+                }
+                filter.after = Some(v.into_owned());
+            }
+            "limit" => {
+                limit = v
+                    .parse::<i64>()
+                    .ok()
+                    .filter(|n| (1..=MAX_PAGE).contains(n))
+                    .ok_or_else(|| FieldError::new("limit", "must be a number from 1 to 200"))?;
+            }
+            _ => {}
+        }
+    }
+    Ok(Json(st.accounts.admin_users(&filter, limit).await?))
+}
+
+#[utoipa::path(get, path = "/admin/users/{id}", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
+    params(("id" = String, Path, description = "An account id")),
+    responses((status = 200, body = AdminUser), (status = 401, body = ErrorBody, description = "INVALID_TOKEN"),
+              (status = 403, body = ErrorBody, description = "INSUFFICIENT_SCOPE"), (status = 404, body = ErrorBody, description = "NOT_FOUND")))]
+pub async fn user(
+    State(st): State<AppState>,
+    _: AdminToken,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Json<AdminUser>, ApiError> {
+    Ok(Json(st.accounts.admin_user(&user_id(id)?).await?))
+}
+
+/// The fields an administrator may change; a field left out stays.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UserPatch {
+    /// A display name; `null` clears it.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<String>)]
+    name: Option<Option<String>>,
+    /// `true` disables the account and ends every session at once.
+    disabled: Option<bool>,
+}
+
+/// A field that is present (even as `null`) is `Some`.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
+    Option::<String>::deserialize(d).map(Some)
+}
+
+#[utoipa::path(patch, path = "/admin/users/{id}", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
+    params(("id" = String, Path, description = "An account id")), request_body = UserPatch,
+    responses((status = 200, body = AdminUser, description = "The account after the change"), (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody, description = "INVALID_TOKEN"), (status = 403, body = ErrorBody, description = "INSUFFICIENT_SCOPE"),
+              (status = 404, body = ErrorBody, description = "NOT_FOUND")))]
+pub async fn update_user(
+    State(st): State<AppState>,
+    _: AdminToken,
+    id: Result<Path<String>, PathRejection>,
+    JsonBody(patch): JsonBody<UserPatch>,
+) -> Result<Json<AdminUser>, ApiError> {
+    let id = user_id(id)?;
+    let name = match patch.name {
+        Some(Some(n)) => Some(parse_name("name", Some(&n))?),
+        Some(None) => Some(None),
+        None => None,
+    };
+    let change = UserChange {
+        name,
+        disabled: patch.disabled,
+    };
+    Ok(Json(st.accounts.admin_update_user(&id, change).await?))
+}
+
+#[utoipa::path(delete, path = "/admin/users/{id}", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
+    params(("id" = String, Path, description = "An account id")),
+    responses((status = 204, description = "Erased: the account, its sessions and codes are gone"),
+              (status = 401, body = ErrorBody, description = "INVALID_TOKEN"), (status = 403, body = ErrorBody, description = "INSUFFICIENT_SCOPE"),
+              (status = 404, body = ErrorBody, description = "NOT_FOUND")))]
+pub async fn delete_user(
+    State(st): State<AppState>,
+    _: AdminToken,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    st.accounts.admin_delete_user(&user_id(id)?).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(delete, path = "/admin/users/{id}/sessions", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
+    params(("id" = String, Path, description = "An account id")),
+    responses((status = 204, description = "Every session of the account ended"),
+              (status = 401, body = ErrorBody, description = "INVALID_TOKEN"), (status = 403, body = ErrorBody, description = "INSUFFICIENT_SCOPE"),
+              (status = 404, body = ErrorBody, description = "NOT_FOUND")))]
+pub async fn end_sessions(
+    State(st): State<AppState>,
+    _: AdminToken,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    st.accounts.admin_end_sessions(&user_id(id)?).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(post, path = "/admin/users/{id}/password-reset", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
+    params(("id" = String, Path, description = "An account id")),
+    responses((status = 202, description = "A reset code is mailed (at most one a minute per account)"),
+              (status = 401, body = ErrorBody, description = "INVALID_TOKEN"), (status = 403, body = ErrorBody, description = "INSUFFICIENT_SCOPE"),
+              (status = 404, body = ErrorBody, description = "NOT_FOUND")))]
+pub async fn password_reset(
+    State(st): State<AppState>,
+    _: AdminToken,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    st.accounts.admin_password_reset(&user_id(id)?).await?;
+    Ok(StatusCode::ACCEPTED)
+}

@@ -1,0 +1,489 @@
+//! The admin API and the client_credentials grant that opens it: only a
+//! client token with the `latchkey:admin` scope gets in; what an
+//! administrator does to an account is felt at once (sessions end, logins
+//! stop, erased data is gone).
+
+use serde_json::{json, Value};
+
+use crate::common::{unique_email, TestApp, PASSWORD};
+use crate::oauth::form;
+
+crate::on_every_backend!(
+    the_client_credentials_grant_gives_a_scoped_token_and_no_refresh_token,
+    every_admin_route_refuses_users_scopeless_clients_and_no_token,
+    admins_list_accounts_with_filters_and_a_cursor,
+    a_disabled_account_cannot_log_in_and_its_sessions_end_at_once,
+    erasing_an_account_leaves_nothing_of_it,
+    admins_end_sessions_and_mail_reset_codes,
+);
+
+/// A new client that may have `scopes`, and its id and secret.
+async fn new_client(app: &TestApp, scopes: &[&str]) -> (String, String) {
+    let id = format!("svc-{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
+    let scopes: Vec<String> = scopes.iter().map(|s| s.to_string()).collect();
+    let secret = latchkey::domain::clients::add(&app.services.store, &id, Some("service"), &scopes)
+        .await
+        .unwrap()
+        .unwrap();
+    (id, secret)
+}
+
+/// A token of a new client with the admin scope.
+async fn admin_token(app: &TestApp) -> String {
+    let (id, secret) = new_client(app, &["latchkey:admin"]).await;
+    let r = form(
+        app,
+        "/oauth/token",
+        Some((&id, &secret)),
+        &[("grant_type", "client_credentials")],
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await.unwrap();
+    body["access_token"].as_str().unwrap().to_string()
+}
+
+async fn call(
+    app: &TestApp,
+    method: reqwest::Method,
+    path: &str,
+    token: Option<&str>,
+    body: Option<Value>,
+) -> reqwest::Response {
+    let mut rb = app.http.request(method, app.url(path));
+    if let Some(t) = token {
+        rb = rb.bearer_auth(t);
+    }
+    if let Some(b) = body {
+        rb = rb.json(&b);
+    }
+    rb.send().await.unwrap()
+}
+
+async fn user_id(app: &TestApp, pair: &Value) -> String {
+    let me: Value = app
+        .get_bearer("/auth/me", pair["access_token"].as_str().unwrap())
+        .await
+        .json()
+        .await
+        .unwrap();
+    me["id"].as_str().unwrap().to_string()
+}
+
+async fn the_client_credentials_grant_gives_a_scoped_token_and_no_refresh_token(app: &TestApp) {
+    let (id, secret) = new_client(app, &["latchkey:admin", "reports:read"]).await;
+    let grant = |scope: Option<&'static str>| {
+        let (id, secret) = (id.clone(), secret.clone());
+        async move {
+            let mut fields = vec![("grant_type", "client_credentials")];
+            if let Some(s) = scope {
+                fields.push(("scope", s));
+            }
+            form(app, "/oauth/token", Some((&id, &secret)), &fields).await
+        }
+    };
+    // Nothing asked: everything the client may have.
+    let r = grant(None).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["cache-control"], "no-store");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["token_type"], "Bearer");
+    assert_eq!(body["scope"], "latchkey:admin reports:read");
+    assert!(body.get("refresh_token").is_none(), "{body}");
+    let token = body["access_token"].as_str().unwrap();
+    // Resource servers validate it like any token; its subject is the client.
+    let r = app.get_bearer("/auth/validate", token).await;
+    assert_eq!(r.status(), 200);
+    let claims: Value = r.json().await.unwrap();
+    assert_eq!(claims["sub"], id.as_str());
+    assert_eq!(claims["client_id"], id.as_str());
+    assert_eq!(claims["scope"], "latchkey:admin reports:read");
+    // It is no user's token: user endpoints refuse it.
+    for path in ["/auth/me", "/auth/sessions"] {
+        assert_eq!(app.get_bearer(path, token).await.status(), 401, "{path}");
+    }
+    // A narrower scope is granted as asked.
+    let r = grant(Some("reports:read")).await;
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["scope"], "reports:read");
+    // A scope the client may not have: invalid_scope, and no token.
+    let r = grant(Some("latchkey:admin other:thing")).await;
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"], "invalid_scope");
+    // A client with no scope at all gets nothing.
+    let (bare, bare_secret) = new_client(app, &[]).await;
+    let r = form(
+        app,
+        "/oauth/token",
+        Some((&bare, &bare_secret)),
+        &[("grant_type", "client_credentials")],
+    )
+    .await;
+    assert_eq!(r.status(), 400);
+    // Without the client's secret: invalid_client.
+    let r = form(
+        app,
+        "/oauth/token",
+        Some((&id, "wrong")),
+        &[("grant_type", "client_credentials")],
+    )
+    .await;
+    assert_eq!(r.status(), 401);
+}
+
+/// Every admin route, with a body where it takes one.
+fn admin_routes(id: &str) -> Vec<(reqwest::Method, String, Option<Value>)> {
+    use reqwest::Method;
+    vec![
+        (Method::GET, "/admin/users".into(), None),
+        (Method::GET, format!("/admin/users/{id}"), None),
+        (
+            Method::PATCH,
+            format!("/admin/users/{id}"),
+            Some(json!({"disabled": true})),
+        ),
+        (Method::DELETE, format!("/admin/users/{id}/sessions"), None),
+        (Method::POST, format!("/admin/users/{id}/password-reset"), None),
+        (Method::DELETE, format!("/admin/users/{id}"), None),
+    ]
+}
+
+async fn every_admin_route_refuses_users_scopeless_clients_and_no_token(app: &TestApp) {
+    let email = unique_email("admin-authz");
+    let pair = app.register_verified(&email, PASSWORD).await;
+    let id = user_id(app, &pair).await;
+    let user_token = pair["access_token"].as_str().unwrap().to_string();
+    let (other, other_secret) = new_client(app, &["reports:read"]).await;
+    let r = form(
+        app,
+        "/oauth/token",
+        Some((&other, &other_secret)),
+        &[("grant_type", "client_credentials")],
+    )
+    .await;
+    let scopeless: Value = r.json().await.unwrap();
+    let scopeless = scopeless["access_token"].as_str().unwrap().to_string();
+    for (method, path, body) in admin_routes(&id) {
+        let r = call(app, method.clone(), &path, None, body.clone()).await;
+        assert_eq!(r.status(), 401, "no token: {method} {path}");
+        let r = call(app, method.clone(), &path, Some("not.a.token"), body.clone()).await;
+        assert_eq!(r.status(), 401, "garbage: {method} {path}");
+        for (who, token) in [
+            ("a user", &user_token),
+            ("a client without the scope", &scopeless),
+        ] {
+            let r = call(app, method.clone(), &path, Some(token), body.clone()).await;
+            assert_eq!(r.status(), 403, "{who}: {method} {path}");
+            let www = r.headers()["www-authenticate"].to_str().unwrap().to_string();
+            assert!(www.contains("insufficient_scope"), "{www}");
+            let b: Value = r.json().await.unwrap();
+            assert_eq!(b["error"], "INSUFFICIENT_SCOPE");
+        }
+    }
+    // Nothing happened to the account: it logs in, its session lives, no mail.
+    assert_eq!(app.validate(&user_token).await, 200);
+    assert_eq!(app.login(&email, PASSWORD).await.status(), 200);
+    assert_eq!(app.mails_to(&email).len(), 1, "only the verification code");
+    // A removed client's token opens nothing, at once.
+    let (gone, gone_secret) = new_client(app, &["latchkey:admin"]).await;
+    let r = form(
+        app,
+        "/oauth/token",
+        Some((&gone, &gone_secret)),
+        &[("grant_type", "client_credentials")],
+    )
+    .await;
+    let gone_token: Value = r.json().await.unwrap();
+    let gone_token = gone_token["access_token"].as_str().unwrap().to_string();
+    assert!(app.services.store.remove_client(&gone).await.unwrap());
+    for (method, path, body) in admin_routes(&id) {
+        let r = call(app, method.clone(), &path, Some(&gone_token), body).await;
+        assert_eq!(r.status(), 401, "a removed client: {method} {path}");
+    }
+    // With the scope, every route answers.
+    let admin = admin_token(app).await;
+    for (method, path, body) in admin_routes(&id) {
+        let r = call(app, method.clone(), &path, Some(&admin), body).await;
+        assert!(r.status().is_success(), "{method} {path}: {}", r.status());
+    }
+}
+
+async fn admins_list_accounts_with_filters_and_a_cursor(app: &TestApp) {
+    let admin = admin_token(app).await;
+    let tag = format!("lst{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let mut emails = Vec::new();
+    for i in 0..3 {
+        let e = format!("{tag}-{i}@example.test");
+        app.register_verified(&e, PASSWORD).await;
+        emails.push(e);
+    }
+    let unverified = format!("{tag}-u@example.test");
+    app.register(&unverified, PASSWORD).await;
+    let list = |q: String| {
+        let admin = admin.clone();
+        async move {
+            let r = call(
+                app,
+                reqwest::Method::GET,
+                &format!("/admin/users?{q}"),
+                Some(&admin),
+                None,
+            )
+            .await;
+            assert_eq!(r.status(), 200, "{q}");
+            r.json::<Value>().await.unwrap()
+        }
+    };
+    let all = list(format!("email_prefix={tag}")).await;
+    let got: Vec<&str> = all["users"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["email"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        got,
+        [emails[0].as_str(), &emails[1], &emails[2], &unverified],
+        "creation order"
+    );
+    assert!(all["next_cursor"].is_null());
+    let u = &all["users"][0];
+    assert!(
+        u.get("password_hash").is_none() && !u.to_string().contains("argon2"),
+        "{u}"
+    );
+    assert_eq!(u["email_verified"], true);
+    assert_eq!(u["disabled"], false);
+    // Pages of two.
+    let p1 = list(format!("email_prefix={tag}&limit=2")).await;
+    assert_eq!(p1["users"].as_array().unwrap().len(), 2);
+    let cursor = p1["next_cursor"].as_str().unwrap();
+    let p2 = list(format!("email_prefix={tag}&limit=2&cursor={cursor}")).await;
+    let got: Vec<&str> = p2["users"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["email"].as_str().unwrap())
+        .collect();
+    assert_eq!(got, [emails[2].as_str(), &unverified]);
+    assert!(p2["next_cursor"].is_null());
+    // Filters.
+    let v = list(format!("email_prefix={tag}&verified=false")).await;
+    assert_eq!(v["users"].as_array().unwrap().len(), 1);
+    assert_eq!(v["users"][0]["email"], unverified.as_str());
+    let future = list(format!("email_prefix={tag}&created_from=2100-01-01T00:00:00Z")).await;
+    assert!(future["users"].as_array().unwrap().is_empty());
+    let past = list(format!("email_prefix={tag}&created_before=2100-01-01T00:00:00Z")).await;
+    assert_eq!(past["users"].as_array().unwrap().len(), 4);
+    // One account by id.
+    let id = all["users"][1]["id"].as_str().unwrap();
+    let r = call(
+        app,
+        reqwest::Method::GET,
+        &format!("/admin/users/{id}"),
+        Some(&admin),
+        None,
+    )
+    .await;
+    let one: Value = r.json().await.unwrap();
+    assert_eq!(one["email"], emails[1].as_str());
+    for missing in ["00000000-0000-7000-8000-000000000000", "nope", "%00"] {
+        let r = call(
+            app,
+            reqwest::Method::GET,
+            &format!("/admin/users/{missing}"),
+            Some(&admin),
+            None,
+        )
+        .await;
+        assert_eq!(r.status(), 404, "{missing}");
+    }
+    // Client mistakes are 400 with the parameter named, never a 500.
+    for bad in [
+        "verified=yes",
+        "limit=0",
+        "limit=201",
+        "limit=x",
+        "cursor=abc",
+        "created_from=yesterday",
+        "email_prefix=a%00b",
+    ] {
+        let r = call(
+            app,
+            reqwest::Method::GET,
+            &format!("/admin/users?{bad}"),
+            Some(&admin),
+            None,
+        )
+        .await;
+        assert_eq!(r.status(), 400, "{bad}");
+        let b: Value = r.json().await.unwrap();
+        assert_eq!(b["error"], "INVALID_REQUEST");
+        let name = bad.split('=').next().unwrap();
+        assert!(b["message"].as_str().unwrap().contains(name), "{b}");
+    }
+}
+
+async fn a_disabled_account_cannot_log_in_and_its_sessions_end_at_once(app: &TestApp) {
+    let admin = admin_token(app).await;
+    let email = unique_email("admin-disable");
+    let pair = app.register_verified(&email, PASSWORD).await;
+    let second = app.login(&email, PASSWORD).await.json::<Value>().await.unwrap();
+    let id = user_id(app, &pair).await;
+    let patch = |body: Value| {
+        let (admin, id) = (admin.clone(), id.clone());
+        async move {
+            call(
+                app,
+                reqwest::Method::PATCH,
+                &format!("/admin/users/{id}"),
+                Some(&admin),
+                Some(body),
+            )
+            .await
+        }
+    };
+    let r = patch(json!({"disabled": true, "name": "Ada"})).await;
+    assert_eq!(r.status(), 200);
+    let u: Value = r.json().await.unwrap();
+    assert_eq!(u["disabled"], true);
+    assert_eq!(u["name"], "Ada");
+    for p in [&pair, &second] {
+        assert_eq!(app.validate(p["access_token"].as_str().unwrap()).await, 401);
+        let r = app
+            .post("/auth/refresh", json!({"refresh_token": p["refresh_token"]}))
+            .await;
+        assert_eq!(r.status(), 401);
+    }
+    let r = app.login(&email, PASSWORD).await;
+    assert_eq!(r.status(), 403);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"], "ACCOUNT_DISABLED");
+    // A wrong password still says only that.
+    let r = app.login(&email, "not the password at all").await;
+    assert_eq!(r.status(), 401);
+    // Enabled again: it logs in; the name can be cleared.
+    let r = patch(json!({"disabled": false, "name": null})).await;
+    let u: Value = r.json().await.unwrap();
+    assert_eq!(u["disabled"], false);
+    assert!(u["name"].is_null());
+    assert_eq!(app.login(&email, PASSWORD).await.status(), 200);
+    // Unknown fields and wrong types are refused, nothing changes.
+    for bad in [
+        json!({"disabled": "yes"}),
+        json!({"email": "x@example.test"}),
+        json!({"name": "x".repeat(1000)}),
+    ] {
+        let r = patch(bad.clone()).await;
+        assert_eq!(r.status(), 400, "{bad}");
+    }
+    assert_eq!(app.login(&email, PASSWORD).await.status(), 200);
+}
+
+async fn erasing_an_account_leaves_nothing_of_it(app: &TestApp) {
+    let admin = admin_token(app).await;
+    let email = unique_email("admin-erase");
+    let pair = app.register_verified(&email, PASSWORD).await;
+    let id = user_id(app, &pair).await;
+    // A live reset code too.
+    app.post("/auth/password-reset", json!({"email": email})).await;
+    let reset = app.wait_for_code(&email, 2).await;
+    let r = call(
+        app,
+        reqwest::Method::DELETE,
+        &format!("/admin/users/{id}"),
+        Some(&admin),
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), 204);
+    assert_eq!(app.validate(pair["access_token"].as_str().unwrap()).await, 401);
+    let r = app
+        .post("/auth/refresh", json!({"refresh_token": pair["refresh_token"]}))
+        .await;
+    assert_eq!(r.status(), 401);
+    let r = call(
+        app,
+        reqwest::Method::GET,
+        &format!("/admin/users/{id}"),
+        Some(&admin),
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), 404);
+    assert!(app.services.store.user_by_id(&id).await.unwrap().is_none());
+    assert!(app.services.store.live_sessions(&id, 0).await.unwrap().is_empty());
+    for purpose in [
+        latchkey::store::Purpose::VerifyEmail,
+        latchkey::store::Purpose::ResetPassword,
+    ] {
+        assert!(app
+            .services
+            .store
+            .code_for(&email, purpose)
+            .await
+            .unwrap()
+            .is_none());
+    }
+    let r = app
+        .post(
+            "/auth/password-reset/confirm",
+            json!({"email": email, "code": reset, "new_password": "a new long passphrase"}),
+        )
+        .await;
+    assert_eq!(r.status(), 401, "the reset code went with the account");
+    assert_eq!(app.login(&email, PASSWORD).await.status(), 401);
+    // Erasing again: nothing to erase.
+    let r = call(
+        app,
+        reqwest::Method::DELETE,
+        &format!("/admin/users/{id}"),
+        Some(&admin),
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), 404);
+    // The email is free for a new account (its code is the third mail).
+    app.register(&email, PASSWORD).await;
+    let code = app.wait_for_code(&email, 3).await;
+    let r = app
+        .post("/auth/verify-otp", json!({"email": email, "code": code}))
+        .await;
+    assert_eq!(r.status(), 200);
+}
+
+async fn admins_end_sessions_and_mail_reset_codes(app: &TestApp) {
+    let admin = admin_token(app).await;
+    let email = unique_email("admin-sessions");
+    let pair = app.register_verified(&email, PASSWORD).await;
+    let id = user_id(app, &pair).await;
+    let r = call(
+        app,
+        reqwest::Method::DELETE,
+        &format!("/admin/users/{id}/sessions"),
+        Some(&admin),
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), 204);
+    assert_eq!(app.validate(pair["access_token"].as_str().unwrap()).await, 401);
+    let r = call(
+        app,
+        reqwest::Method::POST,
+        &format!("/admin/users/{id}/password-reset"),
+        Some(&admin),
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), 202);
+    let code = app.wait_for_code(&email, 2).await;
+    let new_password = "set after an admin's reset";
+    let r = app
+        .post(
+            "/auth/password-reset/confirm",
+            json!({"email": email, "code": code, "new_password": new_password}),
+        )
+        .await;
+    assert_eq!(r.status(), 204);
+    assert_eq!(app.login(&email, new_password).await.status(), 200);
+}
