@@ -124,6 +124,9 @@ fn trace_export(c: &mut Criterion) {
         b.iter_custom(|n| timed(&ours, &drain_ours, n))
     });
 
+    // The same batch settings and layer options as `telemetry::otlp::layer`
+    // (deliberately repeated: this is the bare-crates reference it is
+    // measured against).
     let batch = BatchSpanProcessor::builder(Discard)
         .with_batch_config(
             BatchConfigBuilder::default()

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
-use super::extract::{Bearer, ClientIp, ClientOrigin, JsonBody};
+use super::extract::{query_bool, Bearer, ClientIp, ClientOrigin, JsonBody};
 use super::schema;
 use super::AppState;
 use crate::domain::accounts::{Profile, SessionInfo, TokenPair};
@@ -286,11 +286,7 @@ pub async fn end_sessions(
     let mut others = false;
     for (k, v) in url::form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
         if k == "others" {
-            others = match v.as_ref() {
-                "true" => true,
-                "false" => false,
-                _ => return Err(FieldError::new("others", "must be true or false").into()),
-            };
+            others = query_bool("others", &v)?;
         }
     }
     st.accounts.end_sessions(&token, others).await?;

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
-use super::extract::{AdminToken, JsonBody};
+use super::extract::{query_bool, AdminToken, JsonBody};
 use super::AppState;
 use crate::domain::admin::{AdminUser, UserChange, UserPage, MAX_PAGE};
 use crate::domain::input::{parse_name, FieldError};
@@ -20,14 +20,6 @@ use crate::store::UserFilter;
 fn user_id(id: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
     id.map(|Path(id)| id)
         .map_err(|_| AuthError::NotFound("user").into())
-}
-
-fn boolean(name: &'static str, v: &str) -> Result<bool, FieldError> {
-    match v {
-        "true" => Ok(true),
-        "false" => Ok(false),
-        _ => Err(FieldError::new(name, "must be true or false")),
-    }
 }
 
 /// Unix milliseconds from an RFC 3339 time (`2026-01-31T12:00:00Z`, UTC).
@@ -68,8 +60,8 @@ pub async fn users(
                 }
                 filter.email_prefix = Some(v.trim().to_lowercase());
             }
-            "verified" => filter.verified = Some(boolean("verified", &v)?),
-            "disabled" => filter.disabled = Some(boolean("disabled", &v)?),
+            "verified" => filter.verified = Some(query_bool("verified", &v)?),
+            "disabled" => filter.disabled = Some(query_bool("disabled", &v)?),
             "created_from" => filter.created_from = Some(time("created_from", &v)?),
             "created_before" => filter.created_before = Some(time("created_before", &v)?),
             "cursor" => {

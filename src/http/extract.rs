@@ -212,21 +212,36 @@ impl FromRequestParts<AppState> for Bearer {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let token = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(bearer_token)
-            .ok_or(ApiError::Auth(AuthError::InvalidToken))?;
-        state
-            .tokens
-            .validate(token)
-            .await
-            .ok()
-            // A client's own token is no user's: user endpoints refuse it.
-            .filter(|v| !v.claims.is_client())
-            .map(Bearer)
-            .ok_or(ApiError::Auth(AuthError::InvalidToken))
+        let v = verified_bearer(parts, state).await?;
+        // A client's own token is no user's: user endpoints refuse it.
+        if v.claims.is_client() {
+            return Err(ApiError::Auth(AuthError::InvalidToken));
+        }
+        Ok(Bearer(v))
+    }
+}
+
+/// The request's bearer token, verified (signature, claims, revocation).
+async fn verified_bearer(parts: &Parts, state: &AppState) -> Result<Arc<Verified>, ApiError> {
+    let token = parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer_token)
+        .ok_or(ApiError::Auth(AuthError::InvalidToken))?;
+    state
+        .tokens
+        .validate(token)
+        .await
+        .map_err(|_| ApiError::Auth(AuthError::InvalidToken))
+}
+
+/// A query parameter that must be `true` or `false`.
+pub fn query_bool(name: &'static str, value: &str) -> Result<bool, FieldError> {
+    match value {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(FieldError::new(name, "must be true or false")),
     }
 }
 
@@ -241,17 +256,7 @@ impl FromRequestParts<AppState> for AdminToken {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         use crate::domain::clients::ADMIN_SCOPE;
-        let token = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(bearer_token)
-            .ok_or(ApiError::Auth(AuthError::InvalidToken))?;
-        let v = state
-            .tokens
-            .validate(token)
-            .await
-            .map_err(|_| ApiError::Auth(AuthError::InvalidToken))?;
+        let v = verified_bearer(parts, state).await?;
         if !v.claims.has_scope(ADMIN_SCOPE) {
             return Err(ApiError::Auth(AuthError::InsufficientScope(ADMIN_SCOPE)));
         }

@@ -9,7 +9,7 @@
 use sqlx::Connection;
 
 use super::outbox::INSERT_OUTBOX;
-use super::sessions::{insert_session, NewSession, REVOKE_USER_SESSIONS};
+use super::sessions::{insert_session, revoke_user_sessions, NewSession};
 use super::{db_op, Store, StoreResult};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -272,15 +272,9 @@ impl Store {
             .bind(now)
             .execute(&mut *tx)
             .await?;
-            let ids: Vec<(String,)> = sqlx::query_as(REVOKE_USER_SESSIONS)
-                .bind(user_id)
-                .bind(now)
-                .bind("password_reset")
-                .bind("")
-                .fetch_all(&mut *tx)
-                .await?;
+            let ids = revoke_user_sessions!(tx, user_id, None, "password_reset", now);
             tx.commit().await?;
-            Ok(Some(ids.into_iter().map(|r| r.0).collect()))
+            Ok(Some(ids))
         })
     }
 

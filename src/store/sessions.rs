@@ -87,9 +87,26 @@ macro_rules! insert_session {
     }};
 }
 pub(super) use insert_session;
-/// `$1 user_id, $2 now, $3 reason, $4 session id to keep ('' for none)`.
-pub(super) const REVOKE_USER_SESSIONS: &str = "UPDATE sessions SET revoked_at = $2, revoked_reason = $3 \
-     WHERE user_id = $1 AND revoked_at IS NULL AND id <> $4 RETURNING id";
+/// Revokes every live session of user `$user` but `$keep` (`Option<&str>`)
+/// on `$conn` (a connection or an open transaction, either backend), for
+/// `$reason`; evaluates to the revoked session ids.
+macro_rules! revoke_user_sessions {
+    ($conn:expr, $user:expr, $keep:expr, $reason:expr, $now:expr) => {{
+        let keep: Option<&str> = $keep;
+        let ids: Vec<(String,)> = sqlx::query_as(
+            "UPDATE sessions SET revoked_at = $2, revoked_reason = $3 \
+             WHERE user_id = $1 AND revoked_at IS NULL AND id <> $4 RETURNING id",
+        )
+        .bind($user)
+        .bind($now)
+        .bind($reason)
+        .bind(keep.unwrap_or(""))
+        .fetch_all(&mut *$conn)
+        .await?;
+        ids.into_iter().map(|r| r.0).collect::<Vec<String>>()
+    }};
+}
+pub(super) use revoke_user_sessions;
 
 impl Store {
     /// Starts a session: one round trip on PostgreSQL (a data-modifying CTE),
@@ -291,14 +308,7 @@ impl Store {
         reason: &str,
         now: i64,
     ) -> StoreResult<Vec<String>> {
-        let ids: Vec<(String,)> = db_op!(self, "revoke_user_sessions", conn => Ok(sqlx::query_as(REVOKE_USER_SESSIONS)
-            .bind(user_id)
-            .bind(now)
-            .bind(reason)
-            .bind(keep.unwrap_or(""))
-            .fetch_all(&mut *conn)
-            .await?))?;
-        Ok(ids.into_iter().map(|r| r.0).collect())
+        db_op!(self, "revoke_user_sessions", conn => Ok(revoke_user_sessions!(conn, user_id, keep, reason, now)))
     }
 
     /// Sessions revoked after `since`, to rebuild the revocation set at start.

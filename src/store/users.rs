@@ -3,6 +3,7 @@
 
 use sqlx::Connection;
 
+use super::sessions::revoke_user_sessions;
 use super::{codes::Purpose, db_op, outbox::INSERT_OUTBOX, Store, StoreResult};
 
 #[derive(Clone, Debug)]
@@ -169,19 +170,13 @@ impl Store {
             if n != 1 {
                 return Ok(None);
             }
-            let ended: Vec<(String,)> = if disabled {
-                sqlx::query_as(super::sessions::REVOKE_USER_SESSIONS)
-                    .bind(id)
-                    .bind(now)
-                    .bind("user_disabled")
-                    .bind("")
-                    .fetch_all(&mut *tx)
-                    .await?
+            let ended = if disabled {
+                revoke_user_sessions!(tx, id, None, "user_disabled", now)
             } else {
                 Vec::new()
             };
             tx.commit().await?;
-            Ok(Some(ended.into_iter().map(|r| r.0).collect()))
+            Ok(Some(ended))
         })
     }
 
@@ -357,23 +352,13 @@ impl Store {
             if n != 1 {
                 return Ok(None);
             }
-            let spared = match keep {
-                KeepSessions::None => Some(""),
-                KeepSessions::Only(id) => Some(id),
-                KeepSessions::All => None,
-            };
-            let ids: Vec<(String,)> = match spared {
-                Some(keep) => sqlx::query_as(super::sessions::REVOKE_USER_SESSIONS)
-                    .bind(user_id)
-                    .bind(now)
-                    .bind("password_change")
-                    .bind(keep)
-                    .fetch_all(&mut *tx)
-                    .await?,
-                None => Vec::new(),
+            let ids = match keep {
+                KeepSessions::None => revoke_user_sessions!(tx, user_id, None, "password_change", now),
+                KeepSessions::Only(id) => revoke_user_sessions!(tx, user_id, Some(id), "password_change", now),
+                KeepSessions::All => Vec::new(),
             };
             tx.commit().await?;
-            Ok(Some(ids.into_iter().map(|r| r.0).collect()))
+            Ok(Some(ids))
         })
     }
 }
