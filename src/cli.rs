@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use crate::app::config::Config;
@@ -73,6 +74,18 @@ pub enum KeysCommand {
 
 #[derive(Subcommand)]
 pub enum UsersCommand {
+    /// Import accounts from a JSON-lines file (docs/import.md): one object
+    /// per line with `email`, `password_hash` (bcrypt, PBKDF2, scrypt,
+    /// argon2) or `keycloak`, and optionally `name`, `verified`,
+    /// `created_at`. Bad lines are reported and skipped; existing emails are
+    /// skipped, or updated with `--update`.
+    Import {
+        file: std::path::PathBuf,
+        /// Replace the name, hash and verification of existing emails (and
+        /// end their sessions) instead of skipping them.
+        #[arg(long)]
+        update: bool,
+    },
     /// Create verified accounts for load tests, hashing each password with
     /// the configured argon2 parameters.
     Seed {
@@ -186,6 +199,7 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
             Ok(())
         }
         Command::Users { command } => match command {
+            UsersCommand::Import { file, update } => import_users(config, &file, update).await,
             UsersCommand::Seed {
                 count,
                 email,
@@ -220,6 +234,100 @@ async fn serve(config: Config, started: Instant) -> anyhow::Result<()> {
     app.run_until_stopped().await
 }
 
+/// Accounts written per transaction by `users import`.
+const IMPORT_BATCH: usize = 500;
+
+async fn import_users(config: Config, file: &std::path::Path, update: bool) -> anyhow::Result<()> {
+    use std::io::{BufRead, IsTerminal, Write};
+    let input = std::fs::File::open(file).with_context(|| format!("opening {}", file.display()))?;
+    let st = Services::build(config).await?;
+    let start = Instant::now();
+    let tty = std::io::stderr().is_terminal();
+    let mut counts = ImportCounts::default();
+    let mut batch = Vec::with_capacity(IMPORT_BATCH);
+    let mut lines = std::io::BufReader::new(input).lines();
+    let mut n = 0u64;
+    loop {
+        let line = lines.next().transpose().context("reading the import file")?;
+        let done = line.is_none();
+        if let Some(line) = line {
+            n += 1;
+            if !line.trim().is_empty() {
+                let checked = serde_json::from_str::<crate::domain::import::ImportRecord>(&line)
+                    .map_err(|e| format!("not an account object: {e}"))
+                    .and_then(|r| r.check(false, crate::clock::now_ms()));
+                match checked {
+                    Ok(c) => batch.push(c.user),
+                    Err(why) => {
+                        counts.errors += 1;
+                        eprintln!("{}line {n}: {why}", if tty { "\r\x1b[K" } else { "" });
+                    }
+                }
+            }
+        }
+        if batch.len() >= IMPORT_BATCH || (done && !batch.is_empty()) {
+            let (outcomes, ended) = st
+                .store
+                .import_users(&batch, update, crate::clock::now_ms())
+                .await?;
+            st.revocations.revoke(&ended).await;
+            for (o, u) in outcomes.iter().zip(&batch) {
+                counts.add(*o);
+                if *o == crate::store::ImportOutcome::Updated {
+                    st.revocations.user_changed(&u.email).await;
+                }
+            }
+            batch.clear();
+            if tty {
+                eprint!("\r\x1b[K{} lines: {counts}", n);
+                let _ = std::io::stderr().flush();
+            } else if n % 10_000 < IMPORT_BATCH as u64 {
+                eprintln!("{n} lines: {counts}");
+            }
+        }
+        if done {
+            break;
+        }
+    }
+    if tty {
+        eprintln!();
+    }
+    println!(
+        "imported {n} lines in {:.1} s: {counts}",
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+#[derive(Default)]
+struct ImportCounts {
+    created: u64,
+    updated: u64,
+    skipped: u64,
+    errors: u64,
+}
+
+impl ImportCounts {
+    fn add(&mut self, o: crate::store::ImportOutcome) {
+        use crate::store::ImportOutcome::*;
+        match o {
+            Created => self.created += 1,
+            Updated => self.updated += 1,
+            Skipped => self.skipped += 1,
+        }
+    }
+}
+
+impl std::fmt::Display for ImportCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} created, {} updated, {} skipped, {} with errors",
+            self.created, self.updated, self.skipped, self.errors
+        )
+    }
+}
+
 async fn seed_users(config: Config, count: usize, pattern: &str, password: &str) -> anyhow::Result<()> {
     if !pattern.contains("{}") {
         anyhow::bail!("--email must contain {{}} (replaced by the account number)");
@@ -231,6 +339,7 @@ async fn seed_users(config: Config, count: usize, pattern: &str, password: &str)
     let passwords = std::sync::Arc::new(crate::domain::hashing::Passwords::new(&config.hashing.argon2)?);
     let threads = config.hashing.threads.max(1);
     let start = Instant::now();
+    let now = crate::clock::now_ms();
     let (pattern, password) = (pattern.to_string(), password.to_string());
     let users = tokio::task::spawn_blocking(move || {
         let chunks: Vec<Vec<usize>> = (0..threads)
@@ -243,12 +352,13 @@ async fn seed_users(config: Config, count: usize, pattern: &str, password: &str)
                     let (p, pw, pat) = (passwords.clone(), password.clone(), pattern.clone());
                     s.spawn(move || {
                         idx.into_iter()
-                            .map(|i| {
-                                (
-                                    uuid::Uuid::now_v7().to_string(),
-                                    pat.replace("{}", &i.to_string()).to_lowercase(),
-                                    p.hash(&pw),
-                                )
+                            .map(|i| crate::store::ImportedUser {
+                                id: uuid::Uuid::now_v7().to_string(),
+                                email: pat.replace("{}", &i.to_string()).to_lowercase(),
+                                name: None,
+                                password_hash: p.hash(&pw),
+                                verified_at: Some(now),
+                                created_at: now,
                             })
                             .collect::<Vec<_>>()
                     })
@@ -261,9 +371,11 @@ async fn seed_users(config: Config, count: usize, pattern: &str, password: &str)
         })
     })
     .await?;
-    let inserted = store
-        .insert_verified_users(&users, crate::clock::now_ms())
-        .await?;
+    let (outcomes, _) = store.import_users(&users, false, now).await?;
+    let inserted = outcomes
+        .iter()
+        .filter(|o| **o == crate::store::ImportOutcome::Created)
+        .count();
     println!(
         "seeded {inserted} new verified accounts ({} requested) in {:.1} s",
         count,

@@ -38,6 +38,9 @@ pub enum AuthError {
     /// The right password of an account an administrator has disabled.
     #[error("account disabled")]
     AccountDisabled,
+    /// An account exists with this email already.
+    #[error("email taken")]
+    EmailTaken,
     /// A client asked for a scope it may not have.
     #[error("invalid scope")]
     InvalidScope,

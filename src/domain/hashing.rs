@@ -255,7 +255,13 @@ impl Passwords {
     }
 
     /// Verifies with the algorithm and parameters recorded in the PHC string.
+    /// Whether `password` matches `phc`: an argon2 PHC string (the service's
+    /// own, or imported), or an imported hash of another system
+    /// (`legacy.rs`: bcrypt, PBKDF2, scrypt).
     pub fn verify(&self, password: &str, phc: &str) -> bool {
+        if !phc.starts_with("$argon2") {
+            return super::legacy::Legacy::parse(phc).is_ok_and(|h| h.verify(password));
+        }
         self.try_verify(password, phc).unwrap_or(false)
     }
 

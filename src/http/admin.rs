@@ -83,6 +83,23 @@ pub async fn users(
     Ok(Json(st.accounts.admin_users(&filter, limit).await?))
 }
 
+#[utoipa::path(post, path = "/admin/users", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
+    request_body = crate::domain::import::ImportRecord,
+    responses((status = 201, body = AdminUser, description = "Created; a password hash of another system is rehashed to argon2id at the first login"),
+              (status = 400, body = ErrorBody), (status = 401, body = ErrorBody, description = "INVALID_TOKEN"),
+              (status = 403, body = ErrorBody, description = "INSUFFICIENT_SCOPE"),
+              (status = 409, body = ErrorBody, description = "EMAIL_TAKEN")))]
+pub async fn create_user(
+    State(st): State<AppState>,
+    _: AdminToken,
+    JsonBody(record): JsonBody<crate::domain::import::ImportRecord>,
+) -> Result<(StatusCode, Json<AdminUser>), ApiError> {
+    Ok((
+        StatusCode::CREATED,
+        Json(st.accounts.admin_create_user(record).await?),
+    ))
+}
+
 #[utoipa::path(get, path = "/admin/users/{id}", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
     params(("id" = String, Path, description = "An account id")),
     responses((status = 200, body = AdminUser), (status = 401, body = ErrorBody, description = "INVALID_TOKEN"),

@@ -168,6 +168,11 @@ impl IntoResponse for ApiError {
                         format!("Bearer error=\"insufficient_scope\", scope=\"{scope}\""),
                     )
                 }
+                AuthError::EmailTaken => error_response(
+                    StatusCode::CONFLICT,
+                    "EMAIL_TAKEN",
+                    "an account with this email exists",
+                ),
                 AuthError::AccountDisabled => error_response(
                     StatusCode::FORBIDDEN,
                     "ACCOUNT_DISABLED",

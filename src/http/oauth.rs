@@ -70,6 +70,7 @@ impl From<AuthError> for OAuthError {
                 "the account is disabled",
             ),
             AuthError::InvalidOtp
+            | AuthError::EmailTaken
             | AuthError::InvalidToken
             | AuthError::NotFound(_)
             | AuthError::InsufficientScope(_) => OAuthError::new(

@@ -22,7 +22,7 @@ pub use keys::KeyRecord;
 pub use outbox::OutboxRow;
 pub use sessions::{KeepSessions, NewSession, RefreshRecord, SessionRecord, MAX_LISTED_SESSIONS};
 pub use settings::{DatabaseConfig, DatabaseUrl};
-pub use users::{CodeMail, NewUser, RegisterOutcome, UserFilter, UserRecord};
+pub use users::{CodeMail, ImportOutcome, ImportedUser, NewUser, RegisterOutcome, UserFilter, UserRecord};
 
 use std::future::Future;
 use std::str::FromStr;

@@ -363,32 +363,83 @@ impl Store {
     }
 }
 
+/// An account brought from another system (or made by an administrator).
+pub struct ImportedUser {
+    pub id: String,
+    pub email: String,
+    pub name: Option<String>,
+    /// argon2id of ours, or a hash of another system (`domain::legacy`).
+    pub password_hash: String,
+    pub verified_at: Option<i64>,
+    pub created_at: i64,
+}
+
+/// What importing did with one account.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImportOutcome {
+    Created,
+    /// The email existed; its name, password hash and verification were
+    /// replaced and its sessions ended (`update` only).
+    Updated,
+    /// The email existed and was left as it was.
+    Skipped,
+}
+
 impl Store {
-    /// Inserts verified accounts in one transaction (load-test seeding);
-    /// existing emails are left as they are. Returns how many were inserted.
-    pub async fn insert_verified_users(
+    /// Imports accounts in one transaction: new emails are created; an
+    /// existing email is left alone, or with `update` takes the imported
+    /// name, hash and verification, and its sessions end. Returns each
+    /// account's outcome and the sessions that ended.
+    pub async fn import_users(
         &self,
-        users: &[(String, String, String)],
+        users: &[ImportedUser],
+        update: bool,
         now: i64,
-    ) -> StoreResult<u64> {
-        db_op!(self, "insert_verified_users", conn => {
+    ) -> StoreResult<(Vec<ImportOutcome>, Vec<String>)> {
+        db_op!(self, "import_users", conn => {
             let mut tx = conn.begin().await?;
-            let mut n = 0;
-            for (id, email, hash) in users {
-                n += sqlx::query(
+            let mut outcomes = Vec::with_capacity(users.len());
+            let mut ended = Vec::new();
+            for u in users {
+                let created = sqlx::query(
                     "INSERT INTO users (id, email, name, password_hash, email_verified_at, created_at, updated_at) \
-                     VALUES ($1, $2, NULL, $3, $4, $4, $4) ON CONFLICT (email) DO NOTHING",
+                     VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (email) DO NOTHING",
                 )
-                .bind(id)
-                .bind(email)
-                .bind(hash)
+                .bind(&u.id)
+                .bind(&u.email)
+                .bind(&u.name)
+                .bind(&u.password_hash)
+                .bind(u.verified_at)
+                .bind(u.created_at)
                 .bind(now)
                 .execute(&mut *tx)
                 .await?
-                .rows_affected();
+                .rows_affected()
+                    == 1;
+                if created {
+                    outcomes.push(ImportOutcome::Created);
+                    continue;
+                }
+                if !update {
+                    outcomes.push(ImportOutcome::Skipped);
+                    continue;
+                }
+                let id: (String,) = sqlx::query_as(
+                    "UPDATE users SET name = $2, password_hash = $3, email_verified_at = $4, updated_at = $5 \
+                     WHERE email = $1 RETURNING id",
+                )
+                .bind(&u.email)
+                .bind(&u.name)
+                .bind(&u.password_hash)
+                .bind(u.verified_at)
+                .bind(now)
+                .fetch_one(&mut *tx)
+                .await?;
+                ended.extend(revoke_user_sessions!(tx, &id.0, None, "imported", now));
+                outcomes.push(ImportOutcome::Updated);
             }
             tx.commit().await?;
-            Ok(n)
+            Ok((outcomes, ended))
         })
     }
 }

@@ -9,6 +9,7 @@ mod common;
 mod dump;
 mod gateway;
 mod gateway_attacks;
+mod import;
 mod layers;
 mod limits;
 mod mail;

@@ -1,0 +1,122 @@
+//! Accounts brought from another system: one JSON object per account, from
+//! a line of an import file (`latchkey users import FILE`) or the body of
+//! `POST /admin/users`. A password comes as a hash of the old system
+//! (`legacy.rs` lists the formats) and is rehashed to argon2id at the
+//! account's first successful login; the admin API also takes a plain
+//! password, hashed at once.
+
+use serde::Deserialize;
+
+use super::accounts::{parse_rfc3339, Accounts};
+use super::admin::AdminUser;
+use super::input::{parse_name, Email, Password};
+use super::legacy::{from_keycloak, Legacy};
+use super::AuthError;
+use crate::clock::now_ms;
+use crate::store::{ImportOutcome, ImportedUser};
+
+/// A Keycloak credential as its realm export writes it.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KeycloakCredential {
+    /// `{"hashIterations":27500,"algorithm":"pbkdf2-sha256"}`, or that as a string.
+    #[schema(value_type = Object)]
+    pub credential_data: serde_json::Value,
+    /// `{"value":"<base64 hash>","salt":"<base64 salt>"}`, or that as a string.
+    #[schema(value_type = Object)]
+    pub secret_data: serde_json::Value,
+}
+
+/// One account to import.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ImportRecord {
+    pub email: String,
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Whether the email address is known to be the user's (default false:
+    /// the user verifies it with a code before the first login).
+    #[serde(default)]
+    pub verified: bool,
+    /// A hash of the old system (bcrypt, PBKDF2, scrypt, argon2).
+    #[serde(default)]
+    pub password_hash: Option<String>,
+    /// Or a Keycloak credential.
+    #[serde(default)]
+    pub keycloak: Option<KeycloakCredential>,
+    /// Or, through the admin API only, the password itself.
+    #[serde(default)]
+    pub password: Option<String>,
+    /// When the account was created in the old system (RFC 3339, UTC).
+    #[serde(default)]
+    pub created_at: Option<String>,
+}
+
+/// An account checked and ready to store, but for a plain password still to hash.
+pub struct Checked {
+    pub user: ImportedUser,
+    pub plain: Option<Password>,
+}
+
+impl ImportRecord {
+    /// Checks every field; the error names the field and says why.
+    pub fn check(self, plain_allowed: bool, now: i64) -> Result<Checked, String> {
+        let email = Email::parse("email", &self.email).map_err(|e| e.to_string())?;
+        let name = parse_name("name", self.name.as_deref()).map_err(|e| e.to_string())?;
+        let given = [
+            self.password_hash.is_some(),
+            self.keycloak.is_some(),
+            self.password.is_some(),
+        ];
+        if given.iter().filter(|g| **g).count() != 1 {
+            return Err("give exactly one of password_hash, keycloak and password".into());
+        }
+        let (hash, plain) = if let Some(h) = self.password_hash {
+            Legacy::parse(&h).map_err(|e| format!("password_hash: {e}"))?;
+            (h, None)
+        } else if let Some(k) = self.keycloak {
+            let h =
+                from_keycloak(&k.credential_data, &k.secret_data).map_err(|e| format!("keycloak: {e}"))?;
+            (h, None)
+        } else {
+            if !plain_allowed {
+                return Err("password: an import file takes hashes, not passwords".into());
+            }
+            let p = Password::parse("password", self.password.as_deref().unwrap_or_default())
+                .map_err(|e| e.to_string())?;
+            (String::new(), Some(p))
+        };
+        let created_at = match self.created_at.as_deref() {
+            Some(t) => parse_rfc3339(t).ok_or("created_at: expected an RFC 3339 time in UTC")?,
+            None => now,
+        };
+        Ok(Checked {
+            user: ImportedUser {
+                id: uuid::Uuid::now_v7().to_string(),
+                email: email.as_str().to_string(),
+                name,
+                password_hash: hash,
+                verified_at: self.verified.then_some(now),
+                created_at,
+            },
+            plain,
+        })
+    }
+}
+
+impl Accounts {
+    /// Creates one account (the admin API): `AuthError::EmailTaken` if the
+    /// email has one.
+    pub async fn admin_create_user(&self, record: ImportRecord) -> Result<AdminUser, AuthError> {
+        let Checked { mut user, plain } = record.check(true, now_ms()).map_err(AuthError::BadRequest)?;
+        if let Some(p) = plain {
+            user.password_hash = self.hashing.run("hash", move |h| h.hash(p.expose())).await?;
+        }
+        let id = user.id.clone();
+        let (outcome, _) = self.store.import_users(&[user], false, now_ms()).await?;
+        if outcome.first() != Some(&ImportOutcome::Created) {
+            return Err(AuthError::EmailTaken);
+        }
+        self.admin_user(&id).await
+    }
+}
