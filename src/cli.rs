@@ -268,7 +268,7 @@ async fn import_users(config: Config, file: &std::path::Path, update: bool) -> a
         if batch.len() >= IMPORT_BATCH || (done && !batch.is_empty()) {
             let (outcomes, ended) = st
                 .store
-                .import_users(&batch, update, crate::clock::now_ms())
+                .import_users(&batch, update, crate::clock::now_ms(), "cli")
                 .await?;
             st.revocations.revoke(&ended).await;
             for (o, u) in outcomes.iter().zip(&batch) {
@@ -371,7 +371,7 @@ async fn seed_users(config: Config, count: usize, pattern: &str, password: &str)
         })
     })
     .await?;
-    let (outcomes, _) = store.import_users(&users, false, now).await?;
+    let (outcomes, _) = store.import_users(&users, false, now, "cli").await?;
     let inserted = outcomes
         .iter()
         .filter(|o| **o == crate::store::ImportOutcome::Created)

@@ -73,6 +73,10 @@ pub(super) async fn run(st: Arc<Services>, shutdown: Shutdown) {
                 Ok(n) => tracing::info!(accounts = n, "deleted accounts never verified"),
                 Err(e) => tracing::warn!(error = %e, "purging unverified accounts failed"),
             }
+            let keep = st.config.accounts.event_retention.as_millis() as i64;
+            if let Err(e) = st.store.purge_events(now - keep).await {
+                tracing::warn!(error = %e, "purging audit events failed");
+            }
             let ttl = st.config.mail.dead_letter_ttl.as_millis() as i64;
             if let Err(e) = st.store.purge_dead_letters(now - ttl).await {
                 tracing::warn!(error = %e, "purging dead letters failed");

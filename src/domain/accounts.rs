@@ -24,7 +24,7 @@ use crate::limits::{BruteForce, BruteForceRules, Limiter, PolicyName, Softlocks}
 use crate::mail::Message;
 use crate::settings::{secs, ConfigError, Source};
 use crate::store::{
-    ClientRecord, KeepSessions, NewCode, NewSession, Purpose, RegisterOutcome, SessionRecord, Store,
+    ClientRecord, Event, KeepSessions, NewCode, NewSession, Purpose, RegisterOutcome, SessionRecord, Store,
     UserRecord, UNUSABLE_PASSWORD,
 };
 
@@ -118,6 +118,8 @@ pub struct AccountSettings {
     /// Accounts never verified are deleted this long after their last registration.
     pub unverified_ttl: Duration,
     pub credential_cache: Option<CredentialCacheSettings>,
+    /// How long the audit trail keeps an event.
+    pub event_retention: Duration,
 }
 
 impl AccountSettings {
@@ -135,6 +137,9 @@ impl AccountSettings {
                 secs(60, 365 * 86_400),
             )?,
             credential_cache: CredentialCacheSettings::read(src)?,
+            event_retention: src.get("event_retention_days", Duration::from_secs(90 * 86_400), |s| {
+                secs(1, 3650)(s).map(|d| d * 86_400)
+            })?,
         })
     }
 }
@@ -192,6 +197,7 @@ impl Accounts {
         let code_hash = self.code_hash(Purpose::VerifyEmail, &email, &code);
         let now = now_ms();
         let id = uuid::Uuid::now_v7().to_string();
+        let address = ip.to_string();
         let verification = self.seal(&Message::verification(email.as_str(), &code));
         let notice = self.seal(&Message::already_registered(email.as_str()));
         let outcome = self
@@ -203,6 +209,7 @@ impl Accounts {
                     name: name.as_deref(),
                     password_hash: &hash,
                     now,
+                    ip: Some(&address),
                 },
                 crate::store::CodeMail {
                     code_hash: &code_hash,
@@ -431,11 +438,30 @@ impl Accounts {
                 self.brute_force.success(account, client, attempt, verified).await;
                 Ok(u)
             }
-            Ok(None) => Err(AuthError::InvalidCredentials),
+            Ok(None) => {
+                self.login_failed(None, ip, "invalid_credentials").await;
+                Err(AuthError::InvalidCredentials)
+            }
             Err(e) => {
                 self.brute_force.abandon(account, client, attempt).await;
                 Err(e)
             }
+        }
+    }
+
+    /// Records a refused login (`reason`: why). A wrong password records no
+    /// account, known or not, so that the trail and the work done are the
+    /// same for every email. A failure to record is logged, not answered.
+    async fn login_failed(&self, user_id: Option<&str>, ip: IpAddr, reason: &str) {
+        let address = ip.to_string();
+        let mut e = Event::new("login.failed", now_ms())
+            .ip(Some(&address))
+            .reason(reason);
+        if let Some(id) = user_id {
+            e = e.user(id);
+        }
+        if let Err(err) = self.store.record_event(&e).await {
+            tracing::warn!(error = %err, "recording a failed login");
         }
     }
 
@@ -504,9 +530,12 @@ impl Accounts {
             .await?;
         let user = self.check_password(ip, &email, &password).await?;
         if user.email_verified_at.is_none() {
+            self.login_failed(Some(&user.id), ip, "verification_pending")
+                .await;
             return Err(AuthError::VerificationPending);
         }
         if user.disabled_at.is_some() {
+            self.login_failed(Some(&user.id), ip, "account_disabled").await;
             return Err(AuthError::AccountDisabled);
         }
         self.upgrade_hash_later(&user, password);

@@ -9,7 +9,7 @@ use super::accounts::{rfc3339, Accounts};
 use super::input::Email;
 use super::AuthError;
 use crate::clock::now_ms;
-use crate::store::{Purpose, UserFilter, UserRecord};
+use crate::store::{Event, EventFilter, Purpose, UserFilter, UserRecord};
 
 /// The most accounts one page holds.
 pub const MAX_PAGE: i64 = 200;
@@ -56,6 +56,31 @@ pub struct UserChange {
 
 const NO_USER: AuthError = AuthError::NotFound("user");
 
+/// An audit event as the admin API shows it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct AuditEvent {
+    pub id: i64,
+    /// RFC 3339 time, UTC (whole seconds); `at_ms` has the milliseconds.
+    pub at: String,
+    pub at_ms: i64,
+    /// A dotted kind (docs/events.md).
+    pub kind: String,
+    pub user_id: Option<String>,
+    pub session_id: Option<String>,
+    /// The admin client that acted, when not the user.
+    pub actor: Option<String>,
+    pub ip: Option<String>,
+    /// A reason code, a client id or a key id.
+    pub reason: Option<String>,
+}
+
+/// A page of events and the cursor of the next one (`None`: the last).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct EventPage {
+    pub events: Vec<AuditEvent>,
+    pub next_cursor: Option<String>,
+}
+
 impl Accounts {
     /// A page of accounts in creation order, `limit` at most [`MAX_PAGE`].
     pub async fn admin_users(&self, filter: &UserFilter, limit: i64) -> Result<UserPage, AuthError> {
@@ -70,6 +95,35 @@ impl Accounts {
         };
         Ok(UserPage {
             users: users.into_iter().map(AdminUser::from).collect(),
+            next_cursor,
+        })
+    }
+
+    /// A page of the audit trail, oldest first, `limit` at most [`MAX_PAGE`].
+    pub async fn admin_events(&self, filter: &EventFilter, limit: i64) -> Result<EventPage, AuthError> {
+        let limit = limit.clamp(1, MAX_PAGE);
+        let mut events = self.store.events_page(filter, limit + 1).await?;
+        let next_cursor = if events.len() as i64 > limit {
+            events.truncate(limit as usize);
+            events.last().map(|e| e.id.to_string())
+        } else {
+            None
+        };
+        Ok(EventPage {
+            events: events
+                .into_iter()
+                .map(|e| AuditEvent {
+                    id: e.id,
+                    at: rfc3339(e.at),
+                    at_ms: e.at,
+                    kind: e.kind,
+                    user_id: e.user_id,
+                    session_id: e.session_id,
+                    actor: e.actor,
+                    ip: e.ip,
+                    reason: e.reason,
+                })
+                .collect(),
             next_cursor,
         })
     }
@@ -89,18 +143,23 @@ impl Accounts {
     /// Renames, disables or enables an account. Disabling ends every session
     /// at once (their access tokens are refused everywhere, as after a
     /// logout); a disabled account cannot log in or verify until enabled.
-    pub async fn admin_update_user(&self, id: &str, change: UserChange) -> Result<AdminUser, AuthError> {
+    pub async fn admin_update_user(
+        &self,
+        actor: &str,
+        id: &str,
+        change: UserChange,
+    ) -> Result<AdminUser, AuthError> {
         let user = self.user(id).await?;
         let now = now_ms();
         if let Some(name) = &change.name {
-            if !self.store.set_user_name(id, name.as_deref(), now).await? {
+            if !self.store.set_user_name(id, name.as_deref(), now, actor).await? {
                 return Err(NO_USER);
             }
         }
         if let Some(disabled) = change.disabled {
             let ended = self
                 .store
-                .set_user_disabled(id, disabled, now)
+                .set_user_disabled(id, disabled, now, actor)
                 .await?
                 .ok_or(NO_USER)?;
             self.revocations.revoke(&ended).await;
@@ -111,9 +170,13 @@ impl Accounts {
 
     /// Erases an account: the user, its sessions, refresh tokens and codes
     /// are deleted, and the access tokens of its sessions are refused.
-    pub async fn admin_delete_user(&self, id: &str) -> Result<(), AuthError> {
+    pub async fn admin_delete_user(&self, actor: &str, id: &str) -> Result<(), AuthError> {
         let user = self.user(id).await?;
-        let ended = self.store.delete_user(id, now_ms()).await?.ok_or(NO_USER)?;
+        let ended = self
+            .store
+            .delete_user(id, now_ms(), actor)
+            .await?
+            .ok_or(NO_USER)?;
         self.revocations.revoke(&ended).await;
         self.user_changed(&user).await;
         self.brute_force.forget_known(&user.email).await;
@@ -122,22 +185,28 @@ impl Accounts {
     }
 
     /// Ends every session of an account.
-    pub async fn admin_end_sessions(&self, id: &str) -> Result<(), AuthError> {
+    pub async fn admin_end_sessions(&self, actor: &str, id: &str) -> Result<(), AuthError> {
         let user = self.user(id).await?;
         let ended = self
             .store
             .revoke_user_sessions(&user.id, None, "ended_by_admin", now_ms())
             .await?;
         self.revocations.revoke(&ended).await;
+        tracing::info!(user_id = %id, client_id = %actor, "sessions ended by an administrator");
         Ok(())
     }
 
     /// Mails the account a password-reset code (as `POST
     /// /auth/password-reset` would, without its per-address limits).
-    pub async fn admin_password_reset(&self, id: &str) -> Result<(), AuthError> {
+    pub async fn admin_password_reset(&self, actor: &str, id: &str) -> Result<(), AuthError> {
         let user = self.user(id).await?;
         let email = Email::parse("email", &user.email)?;
-        self.issue_code(&email, Purpose::ResetPassword, true).await
+        self.issue_code(&email, Purpose::ResetPassword, true).await?;
+        let e = Event::new("password.reset_requested", now_ms())
+            .user(id)
+            .actor(actor);
+        self.store.record_event(&e).await?;
+        Ok(())
     }
 
     /// Caches of the account (here and, through Redis, on other instances)

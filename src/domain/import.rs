@@ -107,13 +107,13 @@ impl ImportRecord {
 impl Accounts {
     /// Creates one account (the admin API): `AuthError::EmailTaken` if the
     /// email has one.
-    pub async fn admin_create_user(&self, record: ImportRecord) -> Result<AdminUser, AuthError> {
+    pub async fn admin_create_user(&self, actor: &str, record: ImportRecord) -> Result<AdminUser, AuthError> {
         let Checked { mut user, plain } = record.check(true, now_ms()).map_err(AuthError::BadRequest)?;
         if let Some(p) = plain {
             user.password_hash = self.hashing.run("hash", move |h| h.hash(p.expose())).await?;
         }
         let id = user.id.clone();
-        let (outcome, _) = self.store.import_users(&[user], false, now_ms()).await?;
+        let (outcome, _) = self.store.import_users(&[user], false, now_ms(), actor).await?;
         if outcome.first() != Some(&ImportOutcome::Created) {
             return Err(AuthError::EmailTaken);
         }

@@ -11,10 +11,10 @@ use utoipa::ToSchema;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{query_bool, AdminToken, JsonBody};
 use super::AppState;
-use crate::domain::admin::{AdminUser, UserChange, UserPage, MAX_PAGE};
+use crate::domain::admin::{AdminUser, EventPage, UserChange, UserPage, MAX_PAGE};
 use crate::domain::input::{parse_name, FieldError};
 use crate::domain::AuthError;
-use crate::store::UserFilter;
+use crate::store::{EventFilter, UserFilter};
 
 /// An id from the path; one that does not decode names no account.
 fn user_id(id: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
@@ -70,17 +70,66 @@ pub async fn users(
                 }
                 filter.after = Some(v.into_owned());
             }
-            "limit" => {
-                limit = v
-                    .parse::<i64>()
-                    .ok()
-                    .filter(|n| (1..=MAX_PAGE).contains(n))
-                    .ok_or_else(|| FieldError::new("limit", "must be a number from 1 to 200"))?;
-            }
+            "limit" => limit = page_limit(&v)?,
             _ => {}
         }
     }
     Ok(Json(st.accounts.admin_users(&filter, limit).await?))
+}
+
+#[utoipa::path(get, path = "/admin/events", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
+    params(
+        ("kind" = Option<String>, Query, description = "A kind (session.created), or a family ending with a dot (session.)"),
+        ("user_id" = Option<String>, Query, description = "Events of one account"),
+        ("from" = Option<String>, Query, description = "At or after this RFC 3339 time"),
+        ("before" = Option<String>, Query, description = "Before this RFC 3339 time"),
+        ("cursor" = Option<String>, Query, description = "next_cursor of the previous page"),
+        ("limit" = Option<i64>, Query, description = "Events per page, 1 to 200 (default 50)"),
+    ),
+    responses((status = 200, body = EventPage, description = "Events, oldest first"),
+              (status = 400, body = ErrorBody), (status = 401, body = ErrorBody, description = "INVALID_TOKEN"),
+              (status = 403, body = ErrorBody, description = "INSUFFICIENT_SCOPE")))]
+pub async fn events(
+    State(st): State<AppState>,
+    _: AdminToken,
+    RawQuery(query): RawQuery,
+) -> Result<Json<EventPage>, ApiError> {
+    let mut filter = EventFilter::default();
+    let mut limit = 50;
+    let text = |name: &'static str, v: &str| -> Result<String, FieldError> {
+        let ok = !v.is_empty()
+            && v.len() <= 128
+            && v.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b));
+        ok.then(|| v.to_string())
+            .ok_or_else(|| FieldError::new(name, "1 to 128 characters of A-Z a-z 0-9 . _ : -"))
+    };
+    for (k, v) in url::form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        match k.as_ref() {
+            "kind" => filter.kind = Some(text("kind", &v)?),
+            "user_id" => filter.user_id = Some(text("user_id", &v)?),
+            "from" => filter.from = Some(time("from", &v)?),
+            "before" => filter.before = Some(time("before", &v)?),
+            "cursor" => {
+                let c = v.parse::<i64>().ok().filter(|c| *c >= 0);
+                filter.after =
+                    Some(c.ok_or_else(|| {
+                        FieldError::new("cursor", "must be a next_cursor of this endpoint")
+                    })?);
+            }
+            "limit" => limit = page_limit(&v)?,
+            _ => {}
+        }
+    }
+    Ok(Json(st.accounts.admin_events(&filter, limit).await?))
+}
+
+/// `limit`: 1 to [`MAX_PAGE`].
+fn page_limit(v: &str) -> Result<i64, FieldError> {
+    v.parse::<i64>()
+        .ok()
+        .filter(|n| (1..=MAX_PAGE).contains(n))
+        .ok_or_else(|| FieldError::new("limit", "must be a number from 1 to 200"))
 }
 
 #[utoipa::path(post, path = "/admin/users", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
@@ -91,13 +140,14 @@ pub async fn users(
               (status = 409, body = ErrorBody, description = "EMAIL_TAKEN")))]
 pub async fn create_user(
     State(st): State<AppState>,
-    _: AdminToken,
+    AdminToken(admin): AdminToken,
     JsonBody(record): JsonBody<crate::domain::import::ImportRecord>,
 ) -> Result<(StatusCode, Json<AdminUser>), ApiError> {
-    Ok((
-        StatusCode::CREATED,
-        Json(st.accounts.admin_create_user(record).await?),
-    ))
+    let created = st
+        .accounts
+        .admin_create_user(&admin.claims.client_id, record)
+        .await?;
+    Ok((StatusCode::CREATED, Json(created)))
 }
 
 #[utoipa::path(get, path = "/admin/users/{id}", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
@@ -136,7 +186,7 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<Strin
               (status = 404, body = ErrorBody, description = "NOT_FOUND")))]
 pub async fn update_user(
     State(st): State<AppState>,
-    _: AdminToken,
+    AdminToken(admin): AdminToken,
     id: Result<Path<String>, PathRejection>,
     JsonBody(patch): JsonBody<UserPatch>,
 ) -> Result<Json<AdminUser>, ApiError> {
@@ -150,7 +200,11 @@ pub async fn update_user(
         name,
         disabled: patch.disabled,
     };
-    Ok(Json(st.accounts.admin_update_user(&id, change).await?))
+    Ok(Json(
+        st.accounts
+            .admin_update_user(&admin.claims.client_id, &id, change)
+            .await?,
+    ))
 }
 
 #[utoipa::path(delete, path = "/admin/users/{id}", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
@@ -160,10 +214,12 @@ pub async fn update_user(
               (status = 404, body = ErrorBody, description = "NOT_FOUND")))]
 pub async fn delete_user(
     State(st): State<AppState>,
-    _: AdminToken,
+    AdminToken(admin): AdminToken,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<StatusCode, ApiError> {
-    st.accounts.admin_delete_user(&user_id(id)?).await?;
+    st.accounts
+        .admin_delete_user(&admin.claims.client_id, &user_id(id)?)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -174,10 +230,12 @@ pub async fn delete_user(
               (status = 404, body = ErrorBody, description = "NOT_FOUND")))]
 pub async fn end_sessions(
     State(st): State<AppState>,
-    _: AdminToken,
+    AdminToken(admin): AdminToken,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<StatusCode, ApiError> {
-    st.accounts.admin_end_sessions(&user_id(id)?).await?;
+    st.accounts
+        .admin_end_sessions(&admin.claims.client_id, &user_id(id)?)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -188,9 +246,11 @@ pub async fn end_sessions(
               (status = 404, body = ErrorBody, description = "NOT_FOUND")))]
 pub async fn password_reset(
     State(st): State<AppState>,
-    _: AdminToken,
+    AdminToken(admin): AdminToken,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<StatusCode, ApiError> {
-    st.accounts.admin_password_reset(&user_id(id)?).await?;
+    st.accounts
+        .admin_password_reset(&admin.claims.client_id, &user_id(id)?)
+        .await?;
     Ok(StatusCode::ACCEPTED)
 }

@@ -64,7 +64,7 @@ pub type AppState = Arc<ApiState>;
         accounts::register, accounts::verify_otp, accounts::resend_otp, accounts::login, accounts::refresh,
         accounts::logout, accounts::me, accounts::change_password, accounts::password_reset,
         accounts::password_reset_confirm, accounts::sessions, accounts::end_session, accounts::end_sessions,
-        admin::users, admin::create_user, admin::user, admin::update_user, admin::delete_user, admin::end_sessions,
+        admin::users, admin::create_user, admin::user, admin::events, admin::update_user, admin::delete_user, admin::end_sessions,
         admin::password_reset, tokens::validate, tokens::jwks, tokens::discovery,
         oauth::token, oauth::introspect, oauth::revoke, ops::live, ops::ready, ops::openapi,
     ),
@@ -175,6 +175,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/auth/sessions/{id}", delete(accounts::end_session))
         .route("/admin/users", get(admin::users).post(admin::create_user))
+        .route("/admin/events", get(admin::events))
         .route(
             "/admin/users/{id}",
             get(admin::user)

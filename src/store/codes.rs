@@ -221,6 +221,7 @@ impl Store {
             if !consume_code!(tx, email, Purpose::VerifyEmail, code_created_at, session.now, max_failures) {
                 return Ok(false);
             }
+            super::events::record_event!(tx, &super::Event::new("user.verified", session.now).user(session.user_id).ip(session.ip));
             insert_session!(tx, session);
             tx.commit().await?;
             Ok(true)
@@ -273,6 +274,7 @@ impl Store {
             .execute(&mut *tx)
             .await?;
             let ids = revoke_user_sessions!(tx, user_id, None, "password_reset", now);
+            super::events::record_event!(tx, &super::Event::new("password.reset", now).user(user_id));
             tx.commit().await?;
             Ok(Some(ids))
         })

@@ -58,6 +58,8 @@ impl Store {
             .bind(k.activated_at)
             .execute(&mut *tx)
             .await?;
+            // The first key at start-up, or a rotation: the key id as the reason.
+            super::events::record_event!(tx, &super::Event::new("key.activated", k.activated_at).reason(&k.kid));
             tx.commit().await?;
             Ok(())
         })

@@ -10,6 +10,7 @@
 
 mod clients;
 mod codes;
+mod events;
 mod keys;
 mod outbox;
 mod sessions;
@@ -18,6 +19,7 @@ mod users;
 
 pub use clients::ClientRecord;
 pub use codes::{CodeRecord, NewCode, Purpose, UNUSABLE_PASSWORD};
+pub use events::{Event, EventFilter, EventRecord};
 pub use keys::KeyRecord;
 pub use outbox::OutboxRow;
 pub use sessions::{KeepSessions, NewSession, RefreshRecord, SessionRecord, MAX_LISTED_SESSIONS};

@@ -2,6 +2,7 @@
 
 use sqlx::Connection;
 
+use super::events::record_event;
 use super::{db_op, Store, StoreResult};
 
 /// A session to start, with the hash of its first refresh token.
@@ -15,6 +16,17 @@ pub struct NewSession<'a> {
     /// Where it started: the client's `User-Agent` and address.
     pub user_agent: Option<&'a str>,
     pub ip: Option<&'a str>,
+}
+
+impl NewSession<'_> {
+    /// Its `session.created` event (the client id as the reason).
+    pub(super) fn event(&self) -> super::Event<'_> {
+        super::Event::new("session.created", self.now)
+            .user(self.user_id)
+            .session(self.id)
+            .ip(self.ip)
+            .reason(self.client_id.unwrap_or("latchkey"))
+    }
 }
 
 /// A live session as its user sees it (no token, no hash).
@@ -84,6 +96,7 @@ macro_rules! insert_session {
             .bind(s.now)
             .execute(&mut *$tx)
             .await?;
+        $crate::store::events::record_event!($tx, &s.event());
     }};
 }
 pub(super) use insert_session;
@@ -103,7 +116,15 @@ macro_rules! revoke_user_sessions {
         .bind(keep.unwrap_or(""))
         .fetch_all(&mut *$conn)
         .await?;
-        ids.into_iter().map(|r| r.0).collect::<Vec<String>>()
+        let ids: Vec<String> = ids.into_iter().map(|r| r.0).collect();
+        for id in &ids {
+            let e = $crate::store::Event::new("session.ended", $now)
+                .user($user)
+                .session(id)
+                .reason($reason);
+            $crate::store::events::record_event!($conn, &e);
+        }
+        ids
     }};
 }
 pub(super) use revoke_user_sessions;
@@ -120,10 +141,15 @@ impl Store {
                 Ok(())
             },
             postgres conn => {
+                // The session, its first refresh token and its event in one
+                // statement (data-modifying CTEs all run, in one transaction).
+                let e = s.event();
                 sqlx::query(
                     "WITH s AS (INSERT INTO sessions (id, user_id, client_id, created_at, expires_at, user_agent, ip) \
-                     VALUES ($1, $2, $3, $4, $5, $7, $8) RETURNING id) \
-                     INSERT INTO refresh_tokens (token_hash, session_id, created_at) SELECT $6, id, $4 FROM s",
+                     VALUES ($1, $2, $3, $4, $5, $7, $8) RETURNING id, user_id), \
+                     r AS (INSERT INTO refresh_tokens (token_hash, session_id, created_at) SELECT $6, id, $4 FROM s) \
+                     INSERT INTO events (at, kind, user_id, session_id, ip, reason) \
+                     SELECT $4, $9, user_id, id, $8, $10 FROM s",
                 )
                 .bind(s.id)
                 .bind(s.user_id)
@@ -133,6 +159,8 @@ impl Store {
                 .bind(s.token_hash)
                 .bind(s.user_agent)
                 .bind(s.ip)
+                .bind(e.kind)
+                .bind(e.reason)
                 .execute(&mut *conn)
                 .await?;
                 Ok(())
@@ -225,18 +253,33 @@ impl Store {
         )
     }
 
-    /// Revokes one session; `true` if it was live.
+    /// Revokes one session, with its event (`session.reuse_detected` for
+    /// the reason `refresh_reuse`, else `session.ended`); `true` if it was live.
     pub async fn revoke_session(&self, session_id: &str, reason: &str, now: i64) -> StoreResult<bool> {
-        let n = db_op!(self, "revoke_session", conn => Ok(sqlx::query(
-            "UPDATE sessions SET revoked_at = $2, revoked_reason = $3 WHERE id = $1 AND revoked_at IS NULL",
-        )
-        .bind(session_id)
-        .bind(now)
-        .bind(reason)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected()))?;
-        Ok(n == 1)
+        let kind = if reason == "refresh_reuse" {
+            "session.reuse_detected"
+        } else {
+            "session.ended"
+        };
+        db_op!(self, "revoke_session", conn => {
+            let mut tx = conn.begin().await?;
+            let user: Option<(String,)> = sqlx::query_as(
+                "UPDATE sessions SET revoked_at = $2, revoked_reason = $3 WHERE id = $1 AND revoked_at IS NULL \
+                 RETURNING user_id",
+            )
+            .bind(session_id)
+            .bind(now)
+            .bind(reason)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let Some((user,)) = user else {
+                return Ok(false);
+            };
+            let e = super::Event::new(kind, now).user(&user).session(session_id).reason(reason);
+            record_event!(tx, &e);
+            tx.commit().await?;
+            Ok(true)
+        })
     }
 
     /// The user's live sessions (neither revoked nor expired), newest first,
@@ -285,18 +328,27 @@ impl Store {
         reason: &str,
         now: i64,
     ) -> StoreResult<bool> {
-        let n = db_op!(self, "revoke_user_session", conn => Ok(sqlx::query(
-            "UPDATE sessions SET revoked_at = $3, revoked_reason = $4 \
-             WHERE id = $1 AND user_id = $2 AND revoked_at IS NULL AND expires_at > $3",
-        )
-        .bind(session_id)
-        .bind(user_id)
-        .bind(now)
-        .bind(reason)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected()))?;
-        Ok(n == 1)
+        db_op!(self, "revoke_user_session", conn => {
+            let mut tx = conn.begin().await?;
+            let n = sqlx::query(
+                "UPDATE sessions SET revoked_at = $3, revoked_reason = $4 \
+                 WHERE id = $1 AND user_id = $2 AND revoked_at IS NULL AND expires_at > $3",
+            )
+            .bind(session_id)
+            .bind(user_id)
+            .bind(now)
+            .bind(reason)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if n != 1 {
+                return Ok(false);
+            }
+            let e = super::Event::new("session.ended", now).user(user_id).session(session_id).reason(reason);
+            record_event!(tx, &e);
+            tx.commit().await?;
+            Ok(true)
+        })
     }
 
     /// Revokes every live session of the user but `keep` (if any); returns
@@ -308,7 +360,12 @@ impl Store {
         reason: &str,
         now: i64,
     ) -> StoreResult<Vec<String>> {
-        db_op!(self, "revoke_user_sessions", conn => Ok(revoke_user_sessions!(conn, user_id, keep, reason, now)))
+        db_op!(self, "revoke_user_sessions", conn => {
+            let mut tx = conn.begin().await?;
+            let ids = revoke_user_sessions!(tx, user_id, keep, reason, now);
+            tx.commit().await?;
+            Ok(ids)
+        })
     }
 
     /// Sessions revoked after `since`, to rebuild the revocation set at start.

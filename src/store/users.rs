@@ -3,7 +3,9 @@
 
 use sqlx::Connection;
 
+use super::events::record_event;
 use super::sessions::revoke_user_sessions;
+use super::Event;
 use super::{codes::Purpose, db_op, outbox::INSERT_OUTBOX, Store, StoreResult};
 
 #[derive(Clone, Debug)]
@@ -80,6 +82,8 @@ pub struct NewUser<'a> {
     pub name: Option<&'a str>,
     pub password_hash: &'a str,
     pub now: i64,
+    /// The client address, for the `user.registered` event.
+    pub ip: Option<&'a str>,
 }
 
 /// A code and the sealed message that carries it.
@@ -132,18 +136,31 @@ impl Store {
         Ok(rows.into_iter().map(user).collect())
     }
 
-    /// Sets the name of an account; `false` if there is none.
-    pub async fn set_user_name(&self, id: &str, name: Option<&str>, now: i64) -> StoreResult<bool> {
-        let n = db_op!(self, "set_user_name", conn => Ok(sqlx::query(
-            "UPDATE users SET name = $2, updated_at = $3 WHERE id = $1",
-        )
-        .bind(id)
-        .bind(name)
-        .bind(now)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected()))?;
-        Ok(n == 1)
+    /// Sets the name of an account (`actor`: the admin client); `false` if
+    /// there is none.
+    pub async fn set_user_name(
+        &self,
+        id: &str,
+        name: Option<&str>,
+        now: i64,
+        actor: &str,
+    ) -> StoreResult<bool> {
+        db_op!(self, "set_user_name", conn => {
+            let mut tx = conn.begin().await?;
+            let n = sqlx::query("UPDATE users SET name = $2, updated_at = $3 WHERE id = $1")
+                .bind(id)
+                .bind(name)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if n != 1 {
+                return Ok(false);
+            }
+            record_event!(tx, &Event::new("user.updated", now).user(id).actor(actor).reason("name"));
+            tx.commit().await?;
+            Ok(true)
+        })
     }
 
     /// Disables (ending every session, in the same transaction) or enables
@@ -154,6 +171,7 @@ impl Store {
         id: &str,
         disabled: bool,
         now: i64,
+        actor: &str,
     ) -> StoreResult<Option<Vec<String>>> {
         db_op!(self, "set_user_disabled", conn => {
             let mut tx = conn.begin().await?;
@@ -175,6 +193,8 @@ impl Store {
             } else {
                 Vec::new()
             };
+            let kind = if disabled { "user.disabled" } else { "user.enabled" };
+            record_event!(tx, &Event::new(kind, now).user(id).actor(actor));
             tx.commit().await?;
             Ok(Some(ended))
         })
@@ -184,7 +204,7 @@ impl Store {
     /// cascade) and its codes, in one transaction. Returns the sessions that
     /// were live (to revoke their access tokens), or `None` if there is no
     /// such account.
-    pub async fn delete_user(&self, id: &str, now: i64) -> StoreResult<Option<Vec<String>>> {
+    pub async fn delete_user(&self, id: &str, now: i64, actor: &str) -> StoreResult<Option<Vec<String>>> {
         db_op!(self, "delete_user", conn => {
             let mut tx = conn.begin().await?;
             let email: Option<(String,)> = sqlx::query_as("SELECT email FROM users WHERE id = $1")
@@ -209,6 +229,8 @@ impl Store {
                 .bind(id)
                 .execute(&mut *tx)
                 .await?;
+            // The trail keeps the id only: its events never held more.
+            record_event!(tx, &Event::new("user.deleted", now).user(id).actor(actor));
             tx.commit().await?;
             Ok(Some(live.into_iter().map(|r| r.0).collect()))
         })
@@ -271,6 +293,9 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
             sqlx::query(INSERT_OUTBOX).bind(message).bind(new.now).execute(&mut *tx).await?;
+            if inserted {
+                record_event!(tx, &Event::new("user.registered", new.now).user(new.id).ip(new.ip));
+            }
             tx.commit().await?;
             Ok(match (inserted, verified) {
                 (true, _) => RegisterOutcome::Created,
@@ -357,6 +382,7 @@ impl Store {
                 KeepSessions::Only(id) => revoke_user_sessions!(tx, user_id, Some(id), "password_change", now),
                 KeepSessions::All => Vec::new(),
             };
+            record_event!(tx, &Event::new("password.changed", now).user(user_id));
             tx.commit().await?;
             Ok(Some(ids))
         })
@@ -395,6 +421,7 @@ impl Store {
         users: &[ImportedUser],
         update: bool,
         now: i64,
+        actor: &str,
     ) -> StoreResult<(Vec<ImportOutcome>, Vec<String>)> {
         db_op!(self, "import_users", conn => {
             let mut tx = conn.begin().await?;
@@ -417,6 +444,8 @@ impl Store {
                 .rows_affected()
                     == 1;
                 if created {
+                    let e = Event::new("user.imported", now).user(&u.id).actor(actor).reason("created");
+                    record_event!(tx, &e);
                     outcomes.push(ImportOutcome::Created);
                     continue;
                 }
@@ -436,6 +465,8 @@ impl Store {
                 .fetch_one(&mut *tx)
                 .await?;
                 ended.extend(revoke_user_sessions!(tx, &id.0, None, "imported", now));
+                let e = Event::new("user.imported", now).user(&id.0).actor(actor).reason("updated");
+                record_event!(tx, &e);
                 outcomes.push(ImportOutcome::Updated);
             }
             tx.commit().await?;

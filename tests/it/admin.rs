@@ -137,6 +137,7 @@ fn admin_routes(id: &str) -> Vec<(reqwest::Method, String, Option<Value>)> {
     use reqwest::Method;
     vec![
         (Method::GET, "/admin/users".into(), None),
+        (Method::GET, "/admin/events".into(), None),
         (Method::GET, format!("/admin/users/{id}"), None),
         (
             Method::PATCH,

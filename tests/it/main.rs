@@ -7,6 +7,7 @@ mod attacks;
 mod cli;
 mod common;
 mod dump;
+mod events;
 mod gateway;
 mod gateway_attacks;
 mod import;

@@ -1,0 +1,180 @@
+//! The audit trail: one row per security-relevant event, written in the
+//! transaction of the change it records (docs/events.md lists the kinds).
+
+use super::{db_op, Store, StoreResult};
+
+/// An event to record. No field ever holds a secret, an email address or a
+/// name: accounts are named by id only, so that erasing one leaves nothing
+/// personal behind but its id.
+#[derive(Clone, Copy, Debug)]
+pub struct Event<'a> {
+    /// A dotted kind such as `session.created`.
+    pub kind: &'static str,
+    pub user_id: Option<&'a str>,
+    pub session_id: Option<&'a str>,
+    /// Who acted when it was not the user: an admin client's id.
+    pub actor: Option<&'a str>,
+    /// The client address of the request.
+    pub ip: Option<&'a str>,
+    /// A reason code or a client id (`reason`), never free text from a client.
+    pub reason: Option<&'a str>,
+    pub at: i64,
+}
+
+impl<'a> Event<'a> {
+    pub fn new(kind: &'static str, at: i64) -> Event<'a> {
+        Event {
+            kind,
+            user_id: None,
+            session_id: None,
+            actor: None,
+            ip: None,
+            reason: None,
+            at,
+        }
+    }
+    pub fn user(self, id: &'a str) -> Self {
+        Event {
+            user_id: Some(id),
+            ..self
+        }
+    }
+    pub fn session(self, id: &'a str) -> Self {
+        Event {
+            session_id: Some(id),
+            ..self
+        }
+    }
+    pub fn actor(self, id: &'a str) -> Self {
+        Event {
+            actor: Some(id),
+            ..self
+        }
+    }
+    pub fn ip(self, ip: Option<&'a str>) -> Self {
+        Event { ip, ..self }
+    }
+    pub fn reason(self, reason: &'a str) -> Self {
+        Event {
+            reason: Some(reason),
+            ..self
+        }
+    }
+}
+
+/// Records `$event` (an [`Event`]) on `$conn`, a connection or an open
+/// transaction of either backend.
+macro_rules! record_event {
+    ($conn:expr, $event:expr) => {{
+        let e: &$crate::store::Event<'_> = $event;
+        sqlx::query(
+            "INSERT INTO events (at, kind, user_id, session_id, actor, ip, reason) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(e.at)
+        .bind(e.kind)
+        .bind(e.user_id)
+        .bind(e.session_id)
+        .bind(e.actor)
+        .bind(e.ip)
+        .bind(e.reason)
+        .execute(&mut *$conn)
+        .await?;
+    }};
+}
+pub(super) use record_event;
+
+/// A recorded event.
+#[derive(Clone, Debug)]
+pub struct EventRecord {
+    pub id: i64,
+    pub at: i64,
+    pub kind: String,
+    pub user_id: Option<String>,
+    pub session_id: Option<String>,
+    pub actor: Option<String>,
+    pub ip: Option<String>,
+    pub reason: Option<String>,
+}
+
+/// Which events to list (every field narrows the list).
+#[derive(Clone, Debug, Default)]
+pub struct EventFilter {
+    /// A kind (`session.created`) or a family (`session.`: every kind that
+    /// starts with it).
+    pub kind: Option<String>,
+    pub user_id: Option<String>,
+    /// At or after / before (Unix milliseconds).
+    pub from: Option<i64>,
+    pub before: Option<i64>,
+    /// Ids after this one (the previous page's last).
+    pub after: Option<i64>,
+}
+
+impl Store {
+    /// Records one event on its own (a change without a transaction of its
+    /// own, such as a failed login).
+    pub async fn record_event(&self, e: &Event<'_>) -> StoreResult<()> {
+        db_op!(self, "record_event", conn => {
+            record_event!(conn, e);
+            Ok(())
+        })
+    }
+
+    /// A page of events, oldest first.
+    pub async fn events_page(&self, f: &EventFilter, limit: i64) -> StoreResult<Vec<EventRecord>> {
+        type Row = (
+            i64,
+            i64,
+            String,
+            Option<String>,
+            Option<String>,
+            Option<String>,
+            Option<String>,
+            Option<String>,
+        );
+        let (kind, family) = match f.kind.as_deref() {
+            Some(k) if k.ends_with('.') => (None, Some(k)),
+            other => (other, None),
+        };
+        let family_len = family.map_or(0, |p| p.len() as i64);
+        let rows: Vec<Row> = db_op!(self, "events_page", conn => Ok(sqlx::query_as(
+            "SELECT id, at, kind, user_id, session_id, actor, ip, reason FROM events \
+             WHERE ($1 IS NULL OR kind = $1) AND ($2 IS NULL OR substr(kind, 1, CAST($3 AS INTEGER)) = $2) \
+             AND ($4 IS NULL OR user_id = $4) AND ($5 IS NULL OR at >= $5) AND ($6 IS NULL OR at < $6) \
+             AND ($7 IS NULL OR id > $7) ORDER BY id LIMIT $8",
+        )
+        .bind(kind)
+        .bind(family)
+        .bind(family_len)
+        .bind(f.user_id.as_deref())
+        .bind(f.from)
+        .bind(f.before)
+        .bind(f.after)
+        .bind(limit)
+        .fetch_all(&mut *conn)
+        .await?))?;
+        Ok(rows
+            .into_iter()
+            .map(|r| EventRecord {
+                id: r.0,
+                at: r.1,
+                kind: r.2,
+                user_id: r.3,
+                session_id: r.4,
+                actor: r.5,
+                ip: r.6,
+                reason: r.7,
+            })
+            .collect())
+    }
+
+    /// Deletes events recorded before `before` (the retention setting).
+    pub async fn purge_events(&self, before: i64) -> StoreResult<u64> {
+        db_op!(self, "purge_events", conn => Ok(sqlx::query("DELETE FROM events WHERE at < $1")
+            .bind(before)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected()))
+    }
+}
