@@ -41,6 +41,11 @@ pub enum Command {
         #[command(subcommand)]
         command: UsersCommand,
     },
+    /// Manage webhooks (docs/events.md).
+    Webhooks {
+        #[command(subcommand)]
+        command: WebhooksCommand,
+    },
     /// Run the API gateway (`--config gateway.toml`; see deploy/gateway.example.toml).
     Gateway,
 }
@@ -60,6 +65,22 @@ pub enum ClientsCommand {
     /// List clients.
     List,
     /// Remove a client.
+    Remove { id: String },
+}
+
+#[derive(Subcommand)]
+pub enum WebhooksCommand {
+    /// Register an endpoint for audit events; prints its signing secret once.
+    Add {
+        url: String,
+        /// A kind (`user.deleted`) or family (`session.`) to send; repeat
+        /// for several; none: every event.
+        #[arg(long = "kind")]
+        kinds: Vec<String>,
+    },
+    /// List webhooks.
+    List,
+    /// Remove a webhook (its pending deliveries are dropped).
     Remove { id: String },
 }
 
@@ -176,6 +197,33 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
                     }
                 }
             }
+        }
+        Command::Webhooks { command } => {
+            let st = Services::build(config).await?;
+            match command {
+                WebhooksCommand::Add { url, kinds } => {
+                    let w = st.accounts.add_webhook(&url, &kinds).await?;
+                    println!(
+                        "id:     {}\nsecret: {}\n(the secret is shown only now)",
+                        w.webhook.id, w.secret
+                    );
+                }
+                WebhooksCommand::List => {
+                    for w in st.accounts.webhooks().await? {
+                        let kinds = if w.kinds.is_empty() {
+                            "*".to_string()
+                        } else {
+                            w.kinds.join(" ")
+                        };
+                        println!("{}\t{}\t{}\t{}", w.id, w.url, kinds, w.created_at);
+                    }
+                }
+                WebhooksCommand::Remove { id } => {
+                    st.accounts.remove_webhook(&id).await?;
+                    println!("removed {id}");
+                }
+            }
+            Ok(())
         }
         Command::Keys { command } => {
             let st = Services::build(config).await?;

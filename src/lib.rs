@@ -30,3 +30,4 @@ pub mod mail;
 pub mod settings;
 pub mod store;
 pub mod telemetry;
+pub mod webhooks;

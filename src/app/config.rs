@@ -21,6 +21,7 @@ use crate::settings::secs;
 pub use crate::settings::{ConfigError, Secret, Source, Sources};
 use crate::store::DatabaseConfig;
 use crate::telemetry::TelemetrySettings;
+use crate::webhooks::WebhookSettings;
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -37,6 +38,7 @@ pub struct Config {
     pub tokens: TokenSettings,
     pub accounts: AccountSettings,
     pub telemetry: TelemetrySettings,
+    pub webhooks: WebhookSettings,
 }
 
 fn parse_secret_key(s: &str) -> Result<Secret<Vec<u8>>, String> {
@@ -74,6 +76,7 @@ impl Config {
             tokens: TokenSettings::read(src, default_issuer)?,
             accounts: AccountSettings::read(src)?,
             telemetry: TelemetrySettings::read(src)?,
+            webhooks: WebhookSettings::read(src)?,
             http,
             data_dir,
         })

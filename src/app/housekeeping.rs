@@ -77,6 +77,10 @@ pub(super) async fn run(st: Arc<Services>, shutdown: Shutdown) {
             if let Err(e) = st.store.purge_events(now - keep).await {
                 tracing::warn!(error = %e, "purging audit events failed");
             }
+            // The delivery history goes with the events it delivered.
+            if let Err(e) = st.store.purge_deliveries(now - keep).await {
+                tracing::warn!(error = %e, "purging webhook deliveries failed");
+            }
             let ttl = st.config.mail.dead_letter_ttl.as_millis() as i64;
             if let Err(e) = st.store.purge_dead_letters(now - ttl).await {
                 tracing::warn!(error = %e, "purging dead letters failed");

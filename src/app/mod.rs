@@ -131,6 +131,12 @@ fn spawn_background(st: &Arc<Services>, tasks: &mut Tasks) {
         }
         Err(e) => tracing::error!(error = %e, "mail sink unusable; mail stays queued"),
     }
+    let deliveries = crate::webhooks::DeliveryWorker::new(
+        st.store.clone(),
+        st.accounts.outbox_sealer.clone(),
+        st.config.webhooks.clone(),
+    );
+    tasks.spawn(deliveries.run(tasks.shutdown()));
     tasks.spawn(st.revocations.clone().listen(tasks.shutdown()));
     tasks.spawn(housekeeping::run(st.clone(), tasks.shutdown()));
 }

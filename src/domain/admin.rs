@@ -184,6 +184,16 @@ impl Accounts {
         Ok(())
     }
 
+    /// Lifts the brute-force locks and delays of an account, for every
+    /// client address.
+    pub async fn admin_unlock(&self, actor: &str, id: &str) -> Result<(), AuthError> {
+        let user = self.user(id).await?;
+        self.brute_force.unlock(&user.email).await;
+        let e = Event::new("user.unlocked", now_ms()).user(id).actor(actor);
+        self.store.record_event(&e).await?;
+        Ok(())
+    }
+
     /// Ends every session of an account.
     pub async fn admin_end_sessions(&self, actor: &str, id: &str) -> Result<(), AuthError> {
         let user = self.user(id).await?;

@@ -14,5 +14,6 @@ pub mod legacy;
 pub mod ops;
 pub mod refresh;
 pub mod tokens;
+pub mod webhooks;
 
 pub use error::AuthError;

@@ -5,7 +5,7 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::Json;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
@@ -13,6 +13,7 @@ use super::extract::{query_bool, AdminToken, JsonBody};
 use super::AppState;
 use crate::domain::admin::{AdminUser, EventPage, UserChange, UserPage, MAX_PAGE};
 use crate::domain::input::{parse_name, FieldError};
+use crate::domain::webhooks::{DeliveryPage, NewWebhook, Webhook};
 use crate::domain::AuthError;
 use crate::store::{EventFilter, UserFilter};
 
@@ -239,6 +240,22 @@ pub async fn end_sessions(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(post, path = "/admin/users/{id}/unlock", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
+    params(("id" = String, Path, description = "An account id")),
+    responses((status = 204, description = "Every brute-force lock and delay of the account lifted, for every address"),
+              (status = 401, body = ErrorBody, description = "INVALID_TOKEN"), (status = 403, body = ErrorBody, description = "INSUFFICIENT_SCOPE"),
+              (status = 404, body = ErrorBody, description = "NOT_FOUND")))]
+pub async fn unlock(
+    State(st): State<AppState>,
+    AdminToken(admin): AdminToken,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    st.accounts
+        .admin_unlock(&admin.claims.client_id, &user_id(id)?)
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 #[utoipa::path(post, path = "/admin/users/{id}/password-reset", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
     params(("id" = String, Path, description = "An account id")),
     responses((status = 202, description = "A reset code is mailed (at most one a minute per account)"),
@@ -253,4 +270,94 @@ pub async fn password_reset(
         .admin_password_reset(&admin.claims.client_id, &user_id(id)?)
         .await?;
     Ok(StatusCode::ACCEPTED)
+}
+
+/// A webhook to register.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookRequest {
+    /// `http://` or `https://`: where the events are POSTed.
+    url: String,
+    /// Kinds (`user.deleted`) or families (`session.`) of docs/events.md;
+    /// left out or empty: every event.
+    #[serde(default)]
+    kinds: Vec<String>,
+}
+
+#[utoipa::path(post, path = "/admin/webhooks", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
+    request_body = WebhookRequest,
+    responses((status = 201, body = NewWebhook, description = "Registered; the secret is shown only now"),
+              (status = 400, body = ErrorBody), (status = 401, body = ErrorBody, description = "INVALID_TOKEN"),
+              (status = 403, body = ErrorBody, description = "INSUFFICIENT_SCOPE")))]
+pub async fn add_webhook(
+    State(st): State<AppState>,
+    _: AdminToken,
+    JsonBody(req): JsonBody<WebhookRequest>,
+) -> Result<(StatusCode, Json<NewWebhook>), ApiError> {
+    let created = st.accounts.add_webhook(&req.url, &req.kinds).await?;
+    Ok((StatusCode::CREATED, Json(created)))
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct WebhookList {
+    webhooks: Vec<Webhook>,
+}
+
+#[utoipa::path(get, path = "/admin/webhooks", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
+    responses((status = 200, body = WebhookList), (status = 401, body = ErrorBody, description = "INVALID_TOKEN"),
+              (status = 403, body = ErrorBody, description = "INSUFFICIENT_SCOPE")))]
+pub async fn webhooks(State(st): State<AppState>, _: AdminToken) -> Result<Json<WebhookList>, ApiError> {
+    Ok(Json(WebhookList {
+        webhooks: st.accounts.webhooks().await?,
+    }))
+}
+
+#[utoipa::path(delete, path = "/admin/webhooks/{id}", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
+    params(("id" = String, Path, description = "A webhook id")),
+    responses((status = 204, description = "Removed, with its pending deliveries"),
+              (status = 401, body = ErrorBody, description = "INVALID_TOKEN"), (status = 403, body = ErrorBody, description = "INSUFFICIENT_SCOPE"),
+              (status = 404, body = ErrorBody, description = "NOT_FOUND")))]
+pub async fn remove_webhook(
+    State(st): State<AppState>,
+    _: AdminToken,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    let Ok(Path(id)) = id else {
+        return Err(AuthError::NotFound("webhook").into());
+    };
+    st.accounts.remove_webhook(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(get, path = "/admin/webhooks/{id}/deliveries", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
+    params(("id" = String, Path, description = "A webhook id"),
+           ("cursor" = Option<String>, Query, description = "next_cursor of the previous page"),
+           ("limit" = Option<i64>, Query, description = "Deliveries per page, 1 to 200 (default 50)")),
+    responses((status = 200, body = DeliveryPage, description = "Deliveries, newest first"), (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody, description = "INVALID_TOKEN"), (status = 403, body = ErrorBody, description = "INSUFFICIENT_SCOPE"),
+              (status = 404, body = ErrorBody, description = "NOT_FOUND")))]
+pub async fn webhook_deliveries(
+    State(st): State<AppState>,
+    _: AdminToken,
+    id: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<DeliveryPage>, ApiError> {
+    let Ok(Path(id)) = id else {
+        return Err(AuthError::NotFound("webhook").into());
+    };
+    let (mut before, mut limit) = (None, 50);
+    for (k, v) in url::form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        match k.as_ref() {
+            "cursor" => {
+                let c = v.parse::<i64>().ok().filter(|c| *c > 0);
+                before =
+                    Some(c.ok_or_else(|| {
+                        FieldError::new("cursor", "must be a next_cursor of this endpoint")
+                    })?);
+            }
+            "limit" => limit = page_limit(&v)?,
+            _ => {}
+        }
+    }
+    Ok(Json(st.accounts.webhook_deliveries(&id, before, limit).await?))
 }

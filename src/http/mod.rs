@@ -64,7 +64,8 @@ pub type AppState = Arc<ApiState>;
         accounts::register, accounts::verify_otp, accounts::resend_otp, accounts::login, accounts::refresh,
         accounts::logout, accounts::me, accounts::change_password, accounts::password_reset,
         accounts::password_reset_confirm, accounts::sessions, accounts::end_session, accounts::end_sessions,
-        admin::users, admin::create_user, admin::user, admin::events, admin::update_user, admin::delete_user, admin::end_sessions,
+        admin::users, admin::create_user, admin::user, admin::events, admin::add_webhook, admin::webhooks,
+        admin::remove_webhook, admin::webhook_deliveries, admin::unlock, admin::update_user, admin::delete_user, admin::end_sessions,
         admin::password_reset, tokens::validate, tokens::jwks, tokens::discovery,
         oauth::token, oauth::introspect, oauth::revoke, ops::live, ops::ready, ops::openapi,
     ),
@@ -176,6 +177,9 @@ pub fn router(state: AppState) -> Router {
         .route("/auth/sessions/{id}", delete(accounts::end_session))
         .route("/admin/users", get(admin::users).post(admin::create_user))
         .route("/admin/events", get(admin::events))
+        .route("/admin/webhooks", get(admin::webhooks).post(admin::add_webhook))
+        .route("/admin/webhooks/{id}", delete(admin::remove_webhook))
+        .route("/admin/webhooks/{id}/deliveries", get(admin::webhook_deliveries))
         .route(
             "/admin/users/{id}",
             get(admin::user)
@@ -183,6 +187,7 @@ pub fn router(state: AppState) -> Router {
                 .delete(admin::delete_user),
         )
         .route("/admin/users/{id}/sessions", delete(admin::end_sessions))
+        .route("/admin/users/{id}/unlock", post(admin::unlock))
         .route("/admin/users/{id}/password-reset", post(admin::password_reset))
         .route("/auth/password-reset", post(accounts::password_reset))
         .route(

@@ -303,6 +303,56 @@ impl Softlocks {
         }
     }
 
+    /// Clears every state whose key is `group` or starts with `group:` (an
+    /// account's own and one per address), here and in Redis (by `SCAN`:
+    /// an administrator's rare call, never a request's).
+    pub async fn clear_group(&self, group: &str) {
+        if !self.enabled {
+            return;
+        }
+        let pairs = format!("{group}:");
+        self.local
+            .lock()
+            .expect("softlock")
+            .retain(|k, _| k != group && !k.starts_with(&pairs));
+        let Some(r) = &self.redis else { return };
+        // Redis glob: `*`, `?`, `[`, `]` and `\` stand for themselves when escaped.
+        let mut escaped = String::with_capacity(group.len());
+        for c in group.chars() {
+            if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+                escaped.push('\\');
+            }
+            escaped.push(c);
+        }
+        let own = r.key(&format!("bf:{group}"));
+        let pattern = r.key(&format!("bf:{escaped}:*"));
+        let res = r
+            .run("bruteforce_clear", |mut c| async move {
+                let mut doomed = vec![own];
+                let mut cursor: u64 = 0;
+                loop {
+                    let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                        .arg(cursor)
+                        .arg("MATCH")
+                        .arg(&pattern)
+                        .arg("COUNT")
+                        .arg(1000)
+                        .query_async(&mut c)
+                        .await?;
+                    doomed.extend(keys);
+                    if next == 0 {
+                        break;
+                    }
+                    cursor = next;
+                }
+                redis::cmd("DEL").arg(&doomed).query_async::<()>(&mut c).await
+            })
+            .await;
+        if let Err(e) = res {
+            tracing::warn!(error = %e, "clearing brute-force state in Redis failed");
+        }
+    }
+
     /// Deletes `suffix` (under the key prefix) in Redis; `false` without
     /// Redis or when it cannot be asked (the caller then uses local state).
     async fn delete_in_redis(&self, suffix: &str) -> bool {
@@ -466,6 +516,12 @@ impl BruteForce {
         self.states.clear(&Self::pair_key(account, client)).await;
         self.states.clear(&Self::account_key(account)).await;
         self.forget_known(account).await;
+    }
+
+    /// Lifts every lock and delay of `account`, for every address (an
+    /// administrator's unlock). Known addresses stay known.
+    pub async fn unlock(&self, account: &str) {
+        self.states.clear_group(&Self::account_key(account)).await;
     }
 
     /// Forgets every known address of `account` (its mailbox was proven by

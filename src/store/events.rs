@@ -62,14 +62,48 @@ impl<'a> Event<'a> {
     }
 }
 
+/// Queues a delivery of event `$1` (at `$2`, of kind `$3` in family `$4`)
+/// to every webhook that asks for it: all events (`kinds` empty), its kind,
+/// or its family (`session.`).
+pub(super) const ENQUEUE_DELIVERIES: &str =
+    "INSERT INTO webhook_deliveries (webhook_id, event_id, created_at, next_attempt_at) \
+     SELECT id, $1, $2, $2 FROM webhooks WHERE kinds = '' \
+     OR (' ' || kinds || ' ') LIKE ('% ' || $3 || ' %') OR (' ' || kinds || ' ') LIKE ('% ' || $4 || ' %')";
+
+/// Every kind recorded (docs/events.md has what each means).
+pub const KINDS: &[&str] = &[
+    "user.registered",
+    "user.verified",
+    "user.imported",
+    "user.updated",
+    "user.disabled",
+    "user.enabled",
+    "user.deleted",
+    "user.unlocked",
+    "session.created",
+    "session.ended",
+    "session.reuse_detected",
+    "login.failed",
+    "password.changed",
+    "password.reset",
+    "password.reset_requested",
+    "key.activated",
+];
+
+/// The family of a kind: up to its first dot, the dot included (`session.`).
+pub fn family(kind: &str) -> &str {
+    kind.find('.').map_or(kind, |i| &kind[..=i])
+}
+
 /// Records `$event` (an [`Event`]) on `$conn`, a connection or an open
-/// transaction of either backend.
+/// transaction of either backend, with a delivery for every webhook that
+/// asks for it.
 macro_rules! record_event {
     ($conn:expr, $event:expr) => {{
         let e: &$crate::store::Event<'_> = $event;
-        sqlx::query(
+        let (id,): (i64,) = sqlx::query_as(
             "INSERT INTO events (at, kind, user_id, session_id, actor, ip, reason) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+             VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
         )
         .bind(e.at)
         .bind(e.kind)
@@ -78,8 +112,15 @@ macro_rules! record_event {
         .bind(e.actor)
         .bind(e.ip)
         .bind(e.reason)
-        .execute(&mut *$conn)
+        .fetch_one(&mut *$conn)
         .await?;
+        sqlx::query($crate::store::events::ENQUEUE_DELIVERIES)
+            .bind(id)
+            .bind(e.at)
+            .bind(e.kind)
+            .bind($crate::store::events::family(e.kind))
+            .execute(&mut *$conn)
+            .await?;
     }};
 }
 pub(super) use record_event;
@@ -167,6 +208,15 @@ impl Store {
                 reason: r.7,
             })
             .collect())
+    }
+
+    /// One event by id.
+    pub async fn event(&self, id: i64) -> StoreResult<Option<EventRecord>> {
+        let f = EventFilter {
+            after: Some(id - 1),
+            ..EventFilter::default()
+        };
+        Ok(self.events_page(&f, 1).await?.into_iter().find(|e| e.id == id))
     }
 
     /// Deletes events recorded before `before` (the retention setting).

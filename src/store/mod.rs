@@ -16,15 +16,17 @@ mod outbox;
 mod sessions;
 mod settings;
 mod users;
+mod webhooks;
 
 pub use clients::ClientRecord;
 pub use codes::{CodeRecord, NewCode, Purpose, UNUSABLE_PASSWORD};
-pub use events::{Event, EventFilter, EventRecord};
+pub use events::{family, Event, EventFilter, EventRecord, KINDS};
 pub use keys::KeyRecord;
 pub use outbox::OutboxRow;
 pub use sessions::{KeepSessions, NewSession, RefreshRecord, SessionRecord, MAX_LISTED_SESSIONS};
 pub use settings::{DatabaseConfig, DatabaseUrl};
 pub use users::{CodeMail, ImportOutcome, ImportedUser, NewUser, RegisterOutcome, UserFilter, UserRecord};
+pub use webhooks::{DeliveryRecord, DeliveryRow, WebhookRecord};
 
 use std::future::Future;
 use std::str::FromStr;

@@ -143,13 +143,18 @@ impl Store {
             postgres conn => {
                 // The session, its first refresh token and its event in one
                 // statement (data-modifying CTEs all run, in one transaction).
+                // The webhook deliveries of the event too: the same filter as
+                // ENQUEUE_DELIVERIES.
                 let e = s.event();
                 sqlx::query(
                     "WITH s AS (INSERT INTO sessions (id, user_id, client_id, created_at, expires_at, user_agent, ip) \
                      VALUES ($1, $2, $3, $4, $5, $7, $8) RETURNING id, user_id), \
-                     r AS (INSERT INTO refresh_tokens (token_hash, session_id, created_at) SELECT $6, id, $4 FROM s) \
-                     INSERT INTO events (at, kind, user_id, session_id, ip, reason) \
-                     SELECT $4, $9, user_id, id, $8, $10 FROM s",
+                     r AS (INSERT INTO refresh_tokens (token_hash, session_id, created_at) SELECT $6, id, $4 FROM s), \
+                     e AS (INSERT INTO events (at, kind, user_id, session_id, ip, reason) \
+                     SELECT $4, $9, user_id, id, $8, $10 FROM s RETURNING id) \
+                     INSERT INTO webhook_deliveries (webhook_id, event_id, created_at, next_attempt_at) \
+                     SELECT w.id, e.id, $4, $4 FROM webhooks w, e WHERE w.kinds = '' \
+                     OR (' ' || w.kinds || ' ') LIKE ('% ' || $9 || ' %') OR (' ' || w.kinds || ' ') LIKE ('% ' || $11 || ' %')",
                 )
                 .bind(s.id)
                 .bind(s.user_id)
@@ -161,6 +166,7 @@ impl Store {
                 .bind(s.ip)
                 .bind(e.kind)
                 .bind(e.reason)
+                .bind(super::events::family(e.kind))
                 .execute(&mut *conn)
                 .await?;
                 Ok(())

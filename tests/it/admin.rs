@@ -15,6 +15,7 @@ crate::on_every_backend!(
     a_disabled_account_cannot_log_in_and_its_sessions_end_at_once,
     erasing_an_account_leaves_nothing_of_it,
     admins_end_sessions_and_mail_reset_codes,
+    an_unlock_lifts_the_brute_force_delays_of_every_address,
 );
 
 /// A new client that may have `scopes`, and its id and secret.
@@ -138,6 +139,12 @@ fn admin_routes(id: &str) -> Vec<(reqwest::Method, String, Option<Value>)> {
     vec![
         (Method::GET, "/admin/users".into(), None),
         (Method::GET, "/admin/events".into(), None),
+        (Method::GET, "/admin/webhooks".into(), None),
+        (
+            Method::POST,
+            "/admin/webhooks".into(),
+            Some(json!({"url": "http://127.0.0.1:9/never"})),
+        ),
         (Method::GET, format!("/admin/users/{id}"), None),
         (
             Method::PATCH,
@@ -145,6 +152,7 @@ fn admin_routes(id: &str) -> Vec<(reqwest::Method, String, Option<Value>)> {
             Some(json!({"disabled": true})),
         ),
         (Method::DELETE, format!("/admin/users/{id}/sessions"), None),
+        (Method::POST, format!("/admin/users/{id}/unlock"), None),
         (Method::POST, format!("/admin/users/{id}/password-reset"), None),
         (Method::DELETE, format!("/admin/users/{id}"), None),
     ]
@@ -487,4 +495,39 @@ async fn admins_end_sessions_and_mail_reset_codes(app: &TestApp) {
         .await;
     assert_eq!(r.status(), 204);
     assert_eq!(app.login(&email, new_password).await.status(), 200);
+}
+
+async fn an_unlock_lifts_the_brute_force_delays_of_every_address(app: &TestApp) {
+    let admin = admin_token(app).await;
+    let email = unique_email("admin-unlock");
+    let pair = app.register_verified(&email, PASSWORD).await;
+    let id = user_id(app, &pair).await;
+    // Wrong passwords until this address must wait: then even the right
+    // one is refused for now.
+    let mut refused = false;
+    for _ in 0..8 {
+        if app.login(&email, "a wrong password here").await.status() == 429 {
+            refused = true;
+            break;
+        }
+    }
+    assert!(refused, "the brute-force rules never delayed this address");
+    assert_eq!(app.login(&email, PASSWORD).await.status(), 429);
+    let r = call(
+        app,
+        reqwest::Method::POST,
+        &format!("/admin/users/{id}/unlock"),
+        Some(&admin),
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), 204);
+    assert_eq!(app.login(&email, PASSWORD).await.status(), 200);
+    let trail: Value = app
+        .get_bearer(&format!("/admin/events?user_id={id}&kind=user.unlocked"), &admin)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(trail["events"].as_array().unwrap().len(), 1);
 }

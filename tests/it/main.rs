@@ -19,3 +19,4 @@ mod observability;
 mod ops;
 mod sessions;
 mod tokens;
+mod webhooks;

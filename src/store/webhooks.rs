@@ -1,0 +1,223 @@
+//! Webhooks: endpoints with their sealed signing secrets and event filters,
+//! and their deliveries (queued with each event by `record_event!`, claimed
+//! by the delivery worker with a lease, as the mail outbox is).
+
+use super::{db_op, Store, StoreResult};
+
+#[derive(Clone, Debug)]
+pub struct WebhookRecord {
+    pub id: String,
+    pub url: String,
+    /// The signing secret, sealed.
+    pub secret: Vec<u8>,
+    /// Space-separated kinds or families; empty: every event.
+    pub kinds: String,
+    pub created_at: i64,
+}
+
+type WebhookRow = (String, String, Vec<u8>, String, i64);
+
+fn webhook(r: WebhookRow) -> WebhookRecord {
+    WebhookRecord {
+        id: r.0,
+        url: r.1,
+        secret: r.2,
+        kinds: r.3,
+        created_at: r.4,
+    }
+}
+
+/// A claimed delivery: which event goes to which webhook, the how-many-th time.
+#[derive(Clone, Debug)]
+pub struct DeliveryRow {
+    pub id: i64,
+    pub webhook_id: String,
+    pub event_id: i64,
+    pub attempts: i32,
+}
+
+/// A delivery as its history shows it.
+#[derive(Clone, Debug)]
+pub struct DeliveryRecord {
+    pub id: i64,
+    pub event_id: i64,
+    pub created_at: i64,
+    pub attempts: i32,
+    pub next_attempt_at: i64,
+    pub delivered_at: Option<i64>,
+    pub dead_at: Option<i64>,
+    pub last_status: Option<i32>,
+    pub last_error: Option<String>,
+}
+
+impl Store {
+    pub async fn add_webhook(&self, w: &WebhookRecord) -> StoreResult<()> {
+        db_op!(self, "add_webhook", conn => {
+            sqlx::query("INSERT INTO webhooks (id, url, secret, kinds, created_at) VALUES ($1, $2, $3, $4, $5)")
+                .bind(&w.id)
+                .bind(&w.url)
+                .bind(&w.secret)
+                .bind(&w.kinds)
+                .bind(w.created_at)
+                .execute(&mut *conn)
+                .await?;
+            Ok(())
+        })
+    }
+
+    pub async fn webhooks(&self) -> StoreResult<Vec<WebhookRecord>> {
+        let rows: Vec<WebhookRow> = db_op!(self, "webhooks", conn => Ok(sqlx::query_as(
+            "SELECT id, url, secret, kinds, created_at FROM webhooks ORDER BY created_at, id",
+        )
+        .fetch_all(&mut *conn)
+        .await?))?;
+        Ok(rows.into_iter().map(webhook).collect())
+    }
+
+    pub async fn webhook(&self, id: &str) -> StoreResult<Option<WebhookRecord>> {
+        let row: Option<WebhookRow> = db_op!(self, "webhook", conn => Ok(sqlx::query_as(
+            "SELECT id, url, secret, kinds, created_at FROM webhooks WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(&mut *conn)
+        .await?))?;
+        Ok(row.map(webhook))
+    }
+
+    /// Removes a webhook and its deliveries; `false` if there is none.
+    pub async fn remove_webhook(&self, id: &str) -> StoreResult<bool> {
+        let n = db_op!(self, "remove_webhook", conn => Ok(sqlx::query("DELETE FROM webhooks WHERE id = $1")
+            .bind(id)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected()))?;
+        Ok(n == 1)
+    }
+
+    /// Claims up to `limit` due deliveries for `lease_ms` (PostgreSQL skips
+    /// rows other instances hold; SQLite has one writer).
+    pub async fn claim_deliveries(
+        &self,
+        now: i64,
+        lease_ms: i64,
+        limit: i64,
+    ) -> StoreResult<Vec<DeliveryRow>> {
+        const DUE: &str = "SELECT id FROM webhook_deliveries WHERE delivered_at IS NULL AND dead_at IS NULL \
+             AND next_attempt_at <= $1 AND (claimed_until IS NULL OR claimed_until < $1) ORDER BY id LIMIT $3";
+        let rows: Vec<(i64, String, i64, i32)> = db_op!(self, "claim_deliveries",
+            sqlite conn => Ok(sqlx::query_as(&format!(
+                "UPDATE webhook_deliveries SET claimed_until = $2, attempts = attempts + 1 WHERE id IN ({DUE}) \
+                 RETURNING id, webhook_id, event_id, attempts"
+            ))
+            .bind(now)
+            .bind(now + lease_ms)
+            .bind(limit)
+            .fetch_all(&mut *conn)
+            .await?),
+            postgres conn => Ok(sqlx::query_as(&format!(
+                "UPDATE webhook_deliveries SET claimed_until = $2, attempts = attempts + 1 WHERE id IN ({DUE} \
+                 FOR UPDATE SKIP LOCKED) RETURNING id, webhook_id, event_id, attempts"
+            ))
+            .bind(now)
+            .bind(now + lease_ms)
+            .bind(limit)
+            .fetch_all(&mut *conn)
+            .await?),
+        )?;
+        let mut rows: Vec<DeliveryRow> = rows
+            .into_iter()
+            .map(|r| DeliveryRow {
+                id: r.0,
+                webhook_id: r.1,
+                event_id: r.2,
+                attempts: r.3,
+            })
+            .collect();
+        rows.sort_by_key(|r| r.id);
+        Ok(rows)
+    }
+
+    /// Records the outcome of an attempt: delivered (`next` None, `dead`
+    /// false), to be retried at `next`, or given up (`dead`).
+    pub async fn delivery_attempted(
+        &self,
+        id: i64,
+        now: i64,
+        status: Option<i32>,
+        error: Option<&str>,
+        next: Option<i64>,
+        dead: bool,
+    ) -> StoreResult<()> {
+        db_op!(self, "delivery_attempted", conn => {
+            sqlx::query(
+                "UPDATE webhook_deliveries SET claimed_until = NULL, last_status = $3, last_error = $4, \
+                 delivered_at = CASE WHEN $4 IS NULL THEN $2 ELSE NULL END, \
+                 next_attempt_at = COALESCE($5, next_attempt_at), \
+                 dead_at = CASE WHEN $6 THEN $2 ELSE NULL END WHERE id = $1",
+            )
+            .bind(id)
+            .bind(now)
+            .bind(status)
+            .bind(error)
+            .bind(next)
+            .bind(dead)
+            .execute(&mut *conn)
+            .await?;
+            Ok(())
+        })
+    }
+
+    /// A webhook's deliveries, newest first, before delivery `before`.
+    pub async fn deliveries(
+        &self,
+        webhook_id: &str,
+        before: Option<i64>,
+        limit: i64,
+    ) -> StoreResult<Vec<DeliveryRecord>> {
+        type Row = (
+            i64,
+            i64,
+            i64,
+            i32,
+            i64,
+            Option<i64>,
+            Option<i64>,
+            Option<i32>,
+            Option<String>,
+        );
+        let rows: Vec<Row> = db_op!(self, "deliveries", conn => Ok(sqlx::query_as(
+            "SELECT id, event_id, created_at, attempts, next_attempt_at, delivered_at, dead_at, last_status, last_error \
+             FROM webhook_deliveries WHERE webhook_id = $1 AND ($2 IS NULL OR id < $2) ORDER BY id DESC LIMIT $3",
+        )
+        .bind(webhook_id)
+        .bind(before)
+        .bind(limit)
+        .fetch_all(&mut *conn)
+        .await?))?;
+        Ok(rows
+            .into_iter()
+            .map(|r| DeliveryRecord {
+                id: r.0,
+                event_id: r.1,
+                created_at: r.2,
+                attempts: r.3,
+                next_attempt_at: r.4,
+                delivered_at: r.5,
+                dead_at: r.6,
+                last_status: r.7,
+                last_error: r.8,
+            })
+            .collect())
+    }
+
+    /// Deletes the history of deliveries that ended before `before`.
+    pub async fn purge_deliveries(&self, before: i64) -> StoreResult<u64> {
+        db_op!(self, "purge_deliveries", conn => Ok(sqlx::query(
+            "DELETE FROM webhook_deliveries WHERE COALESCE(delivered_at, dead_at) < $1",
+        )
+        .bind(before)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected()))
+    }
+}

@@ -1,0 +1,283 @@
+//! Webhooks: audit events delivered to other services, signed per the
+//! Standard Webhooks specification so that its verifier libraries work.
+//!
+//! ```text
+//!  change + event + one delivery row per webhook that asks  (one transaction)
+//!        |
+//!  DeliveryWorker: claim due rows with a lease --> POST url, signed
+//!        2xx: delivered (kept as history)
+//!        else: attempts < max ? retry at base * 2^(attempts-1) (at most 1 h)
+//!                             : dead (kept, counted)
+//! ```
+//!
+//! At-least-once: a crash between the POST and the bookkeeping sends the
+//! event again after the lease; `webhook-id` (`msg_<event id>`) is the same
+//! on every attempt, for the receiver to drop duplicates. Headers:
+//! `webhook-id`, `webhook-timestamp` (Unix seconds of the attempt),
+//! `webhook-signature` (`v1,` and the base64 HMAC-SHA256, under the secret's
+//! bytes, of `id.timestamp.body`). The body is
+//! `{"type": kind, "timestamp": RFC 3339, "data": {the event}}`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use crate::clock::{now_ms, rfc3339};
+use crate::crypto::{random_bytes, Sealer};
+use crate::lifecycle::Shutdown;
+use crate::settings::{millis, number, ConfigError, Source};
+use crate::store::{DeliveryRow, EventRecord, Store};
+
+const LEASE_MS: i64 = 60_000;
+const BATCH: i64 = 20;
+const POLL: Duration = Duration::from_secs(1);
+const TIMEOUT: Duration = Duration::from_secs(10);
+const MAX_BACKOFF_MS: i64 = 3_600_000;
+const AAD: &[u8] = b"latchkey/webhook";
+
+/// Retries of webhook deliveries.
+#[derive(Clone, Debug)]
+pub struct WebhookSettings {
+    /// The wait before the first retry; each next one doubles (to an hour).
+    pub retry_base: Duration,
+    /// Attempts before a delivery is given up (dead).
+    pub max_attempts: i32,
+}
+
+impl WebhookSettings {
+    pub fn read(src: &impl Source) -> Result<WebhookSettings, ConfigError> {
+        Ok(WebhookSettings {
+            retry_base: src.get(
+                "webhook_retry_base_ms",
+                Duration::from_secs(5),
+                millis(100, 600_000),
+            )?,
+            max_attempts: src.get("webhook_max_attempts", 12, number(1, 30))?,
+        })
+    }
+}
+
+/// A new signing secret, as Standard Webhooks writes it: `whsec_` and the
+/// base64 of 32 random bytes.
+pub fn new_secret() -> String {
+    format!("whsec_{}", STANDARD.encode(random_bytes::<32>()))
+}
+
+pub fn seal_secret(secret: &str, sealer: &Sealer) -> Vec<u8> {
+    sealer.seal(secret.as_bytes(), AAD)
+}
+
+fn open_secret(sealed: &[u8], sealer: &Sealer) -> Option<String> {
+    String::from_utf8(sealer.open(sealed, AAD)?).ok()
+}
+
+/// `v1,` and the base64 HMAC-SHA256 of `id.timestamp.body` under the
+/// secret's bytes (the base64 after `whsec_`).
+pub fn signature(secret: &str, id: &str, timestamp: i64, body: &[u8]) -> Option<String> {
+    let key = STANDARD
+        .decode(secret.strip_prefix("whsec_").unwrap_or(secret))
+        .ok()?;
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &key);
+    let mut ctx = ring::hmac::Context::with_key(&key);
+    ctx.update(id.as_bytes());
+    ctx.update(b".");
+    ctx.update(timestamp.to_string().as_bytes());
+    ctx.update(b".");
+    ctx.update(body);
+    Some(format!("v1,{}", STANDARD.encode(ctx.sign().as_ref())))
+}
+
+/// The body of an event's delivery.
+pub fn payload(e: &EventRecord) -> Vec<u8> {
+    let body = serde_json::json!({
+        "type": e.kind,
+        "timestamp": rfc3339(e.at),
+        "data": {
+            "id": e.id,
+            "kind": e.kind,
+            "at_ms": e.at,
+            "user_id": e.user_id,
+            "session_id": e.session_id,
+            "actor": e.actor,
+            "ip": e.ip,
+            "reason": e.reason,
+        },
+    });
+    serde_json::to_vec(&body).expect("an event serialises")
+}
+
+type HttpsClient =
+    Client<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, Full<Bytes>>;
+
+pub struct DeliveryWorker {
+    store: Store,
+    sealer: Arc<Sealer>,
+    settings: WebhookSettings,
+    client: HttpsClient,
+}
+
+/// What one attempt came to.
+enum Attempt {
+    Delivered(u16),
+    Failed { status: Option<u16>, error: String },
+}
+
+impl DeliveryWorker {
+    pub fn new(store: Store, sealer: Arc<Sealer>, settings: WebhookSettings) -> DeliveryWorker {
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .build();
+        DeliveryWorker {
+            store,
+            sealer,
+            settings,
+            client: Client::builder(TokioExecutor::new()).build(https),
+        }
+    }
+
+    pub async fn run(self, mut shutdown: Shutdown) {
+        metrics::counter!("latchkey_webhook_deliveries_total", "result" => "delivered").increment(0);
+        metrics::counter!("latchkey_webhook_deliveries_total", "result" => "failed").increment(0);
+        metrics::counter!("latchkey_webhook_deliveries_total", "result" => "dead").increment(0);
+        loop {
+            let claimed = match self.deliver_batch().await {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::warn!(error = %e, "webhooks: claiming deliveries failed");
+                    0
+                }
+            };
+            if claimed as i64 == BATCH {
+                continue; // more may be waiting
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(POLL) => {}
+                _ = shutdown.wait() => return,
+            }
+        }
+    }
+
+    /// Delivers one batch; returns how many were claimed.
+    pub async fn deliver_batch(&self) -> anyhow::Result<usize> {
+        let rows = self.store.claim_deliveries(now_ms(), LEASE_MS, BATCH).await?;
+        let n = rows.len();
+        for row in rows {
+            let outcome = self.attempt(&row).await;
+            let now = now_ms();
+            match outcome {
+                Attempt::Delivered(status) => {
+                    metrics::counter!("latchkey_webhook_deliveries_total", "result" => "delivered")
+                        .increment(1);
+                    self.store
+                        .delivery_attempted(row.id, now, Some(status.into()), None, None, false)
+                        .await?;
+                }
+                Attempt::Failed { status, error } => {
+                    let dead = row.attempts >= self.settings.max_attempts;
+                    let result = if dead { "dead" } else { "failed" };
+                    metrics::counter!("latchkey_webhook_deliveries_total", "result" => result).increment(1);
+                    tracing::warn!(
+                        delivery = row.id,
+                        webhook = %row.webhook_id,
+                        attempts = row.attempts,
+                        error = %error,
+                        dead,
+                        "webhook delivery failed"
+                    );
+                    let base = self.settings.retry_base.as_millis() as i64;
+                    let backoff = (base << (row.attempts - 1).clamp(0, 30)).min(MAX_BACKOFF_MS);
+                    let next = (!dead).then_some(now + backoff);
+                    self.store
+                        .delivery_attempted(row.id, now, status.map(i32::from), Some(&error), next, dead)
+                        .await?;
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    async fn attempt(&self, row: &DeliveryRow) -> Attempt {
+        let failed = |error: String| Attempt::Failed { status: None, error };
+        let webhook = match self.store.webhook(&row.webhook_id).await {
+            Ok(Some(w)) => w,
+            Ok(None) => return failed("the webhook was removed".into()),
+            Err(e) => return failed(format!("database: {e}")),
+        };
+        let event = match self.store.event(row.event_id).await {
+            Ok(Some(e)) => e,
+            Ok(None) => return failed("the event is gone (retention)".into()),
+            Err(e) => return failed(format!("database: {e}")),
+        };
+        let Some(secret) = open_secret(&webhook.secret, &self.sealer) else {
+            return failed("the secret cannot be unsealed (secret key changed?)".into());
+        };
+        let body = payload(&event);
+        let id = format!("msg_{}", event.id);
+        let timestamp = now_ms() / 1000;
+        let Some(sig) = signature(&secret, &id, timestamp, &body) else {
+            return failed("the secret is not base64".into());
+        };
+        let request = hyper::Request::post(webhook.url.as_str())
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .header(
+                hyper::header::USER_AGENT,
+                concat!("latchkey/", env!("CARGO_PKG_VERSION")),
+            )
+            .header("webhook-id", &id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header("webhook-signature", sig)
+            .body(Full::new(Bytes::from(body)));
+        let request = match request {
+            Ok(r) => r,
+            Err(e) => return failed(format!("request: {e}")),
+        };
+        let exchange = async {
+            let response = self.client.request(request).await.map_err(|e| e.to_string())?;
+            let status = response.status().as_u16();
+            // Read (a bounded part of) the answer, so that the connection is reused.
+            let _ = http_body_util::Limited::new(response.into_body(), 64 * 1024)
+                .collect()
+                .await;
+            Ok::<u16, String>(status)
+        };
+        match tokio::time::timeout(TIMEOUT, exchange).await {
+            Ok(Ok(status)) if (200..300).contains(&status) => Attempt::Delivered(status),
+            Ok(Ok(status)) => Attempt::Failed {
+                status: Some(status),
+                error: format!("the receiver answered {status}"),
+            },
+            Ok(Err(e)) => failed(e),
+            Err(_) => failed("timed out".into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signatures_follow_the_standard_webhooks_example() {
+        // The example of the Standard Webhooks specification
+        // (spec/standard-webhooks.md, "Signature scheme").
+        let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+        let body = br#"{"test": 2432232314}"#;
+        let sig = signature(secret, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body).unwrap();
+        assert_eq!(sig, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
+    }
+
+    #[test]
+    fn new_secrets_are_distinct_whsec_strings() {
+        let (a, b) = (new_secret(), new_secret());
+        assert!(a.starts_with("whsec_") && a != b);
+        assert_eq!(STANDARD.decode(&a[6..]).unwrap().len(), 32);
+    }
+}

@@ -1,0 +1,255 @@
+//! Webhooks: audit events reach a real receiver that verifies them with the
+//! Standard Webhooks reference implementation (tests/support/
+//! webhook_receiver.py); a receiver that is down loses nothing; a receiver
+//! with another secret refuses every delivery.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::common::{free_port, unique_email, SupportServer, TestApp, PASSWORD};
+use crate::oauth::form;
+
+// Retries 200 ms apart at first, so that a short outage heals quickly.
+crate::on_every_backend!(
+    settings = &[("webhook_retry_base_ms", "200")];
+    signed_events_reach_the_receiver_after_its_outage_and_none_is_lost,
+);
+
+async fn admin_token(app: &TestApp) -> String {
+    let id = format!("hooks-{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
+    let secret = latchkey::domain::clients::add(&app.services.store, &id, None, &["latchkey:admin".into()])
+        .await
+        .unwrap()
+        .unwrap();
+    let r = form(
+        app,
+        "/oauth/token",
+        Some((&id, &secret)),
+        &[("grant_type", "client_credentials")],
+    )
+    .await;
+    r.json::<Value>().await.unwrap()["access_token"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+fn receiver(out: &std::path::Path, port: u16, secret: &str) -> SupportServer {
+    SupportServer::start(
+        "webhook_receiver.py",
+        &[out.as_os_str(), port.to_string().as_ref(), secret.as_ref()],
+        "pip install standardwebhooks",
+    )
+}
+
+fn received(out: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(out)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+async fn signed_events_reach_the_receiver_after_its_outage_and_none_is_lost(app: &TestApp) {
+    let admin = admin_token(app).await;
+    let dir = tempfile::tempdir().unwrap();
+    let add = |url: String, kinds: Value| {
+        let admin = admin.clone();
+        async move {
+            let r = app
+                .http
+                .post(app.url("/admin/webhooks"))
+                .bearer_auth(&admin)
+                .json(&json!({"url": url, "kinds": kinds}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 201);
+            r.json::<Value>().await.unwrap()
+        }
+    };
+    // The receiver is down when the events happen: nothing listens yet.
+    let port = free_port();
+    let hook = add(
+        format!("http://127.0.0.1:{port}/hook"),
+        json!(["session.", "user.deleted"]),
+    )
+    .await;
+    let secret = hook["secret"].as_str().unwrap().to_string();
+    assert!(secret.starts_with("whsec_"));
+    // A second endpoint whose receiver holds another secret: it must refuse.
+    let wrong_port = free_port();
+    let wrong = add(
+        format!("http://127.0.0.1:{wrong_port}/hook"),
+        json!(["session.created"]),
+    )
+    .await;
+    let wrong_out = dir.path().join("wrong.jsonl");
+    let _wrong_receiver = receiver(&wrong_out, wrong_port, &latchkey::webhooks::new_secret());
+
+    let email = unique_email("hooks");
+    let pair = app.register_verified(&email, PASSWORD).await;
+    let user = app
+        .get_bearer("/auth/me", pair["access_token"].as_str().unwrap())
+        .await
+        .json::<Value>()
+        .await
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let second: Value = app.login(&email, PASSWORD).await.json().await.unwrap();
+    app.post("/auth/logout", json!({"refresh_token": second["refresh_token"]}))
+        .await;
+    let r = app
+        .http
+        .delete(app.url(&format!("/admin/users/{user}")))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    // What the trail holds for the kinds the endpoint asked for.
+    let trail: Value = app
+        .get_bearer(&format!("/admin/events?user_id={user}"), &admin)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let wanted: Vec<i64> = trail["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| {
+            let k = e["kind"].as_str().unwrap();
+            k.starts_with("session.") || k == "user.deleted"
+        })
+        .map(|e| e["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(
+        wanted.len(),
+        4,
+        "two sessions created, one ended, the erasure: {trail:#}"
+    );
+
+    // Down for a while: every delivery fails at least once and waits.
+    let id = hook["id"].as_str().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let history: Value = app
+            .get_bearer(&format!("/admin/webhooks/{id}/deliveries"), &admin)
+            .await
+            .json()
+            .await
+            .unwrap();
+        let list = history["deliveries"].as_array().unwrap();
+        assert!(list.iter().all(|d| d["state"] == "pending"), "{history:#}");
+        if list.len() == wanted.len() && list.iter().all(|d| d["last_error"].is_string()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{history:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Up again: every event arrives, verified by the reference implementation.
+    let out = dir.path().join("hook.jsonl");
+    let _receiver = receiver(&out, port, &secret);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let got = loop {
+        let got = received(&out);
+        if got.len() >= wanted.len() {
+            break got;
+        }
+        assert!(Instant::now() < deadline, "delivered: {got:#?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for g in &got {
+        assert_eq!(g["ok"], true, "{g}");
+        assert_eq!(g["id"], format!("msg_{}", g["payload"]["data"]["id"]));
+        assert_eq!(g["payload"]["type"], g["payload"]["data"]["kind"]);
+        assert_eq!(g["payload"]["data"]["user_id"], user.as_str());
+    }
+    let mut delivered: Vec<i64> = got
+        .iter()
+        .map(|g| g["payload"]["data"]["id"].as_i64().unwrap())
+        .collect();
+    delivered.sort_unstable();
+    delivered.dedup();
+    assert_eq!(
+        delivered, wanted,
+        "every event the endpoint asked for, and only those"
+    );
+    // Nothing personal or secret went out.
+    let text = std::fs::read_to_string(&out).unwrap();
+    for s in [email.as_str(), PASSWORD, pair["refresh_token"].as_str().unwrap()] {
+        assert!(!text.contains(s));
+    }
+    // The history says delivered, after more than one attempt.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let history: Value = app
+            .get_bearer(&format!("/admin/webhooks/{id}/deliveries"), &admin)
+            .await
+            .json()
+            .await
+            .unwrap();
+        let list = history["deliveries"].as_array().unwrap();
+        if list.iter().all(|d| d["state"] == "delivered") {
+            assert!(list
+                .iter()
+                .all(|d| d["attempts"].as_i64() > Some(1) && d["last_status"] == 204));
+            break;
+        }
+        assert!(Instant::now() < deadline, "{history:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The receiver with another secret refused what it got.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while received(&wrong_out).is_empty() {
+        assert!(Instant::now() < deadline, "the second endpoint got nothing");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(received(&wrong_out).iter().all(|g| g["ok"] == false));
+    // Listing and removing.
+    let list: Value = app
+        .get_bearer("/admin/webhooks", &admin)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(list["webhooks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|w| w.get("secret").is_none()));
+    let wid = wrong["id"].as_str().unwrap();
+    let r = app
+        .http
+        .delete(app.url(&format!("/admin/webhooks/{wid}")))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let r = app
+        .get_bearer(&format!("/admin/webhooks/{wid}/deliveries"), &admin)
+        .await;
+    assert_eq!(r.status(), 404);
+    // Bad registrations: 400, nothing stored.
+    for bad in [
+        json!({"url": "ftp://x/"}),
+        json!({"url": "http://127.0.0.1:1/", "kinds": ["session.nope"]}),
+        json!({"url": "http://127.0.0.1:1/", "secret": "mine"}),
+    ] {
+        let r = app
+            .http
+            .post(app.url("/admin/webhooks"))
+            .bearer_auth(&admin)
+            .json(&bad)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{bad}");
+    }
+}
