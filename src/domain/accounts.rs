@@ -434,13 +434,19 @@ impl Accounts {
             }
         }
         match self.verify_password(email, password).await {
-            Ok(Some(u)) => {
+            Ok((Some(u), true)) => {
                 let verified = u.email_verified_at.is_some();
                 self.brute_force.success(account, client, attempt, verified).await;
                 Ok(u)
             }
-            Ok(None) => {
-                self.login_failed(None, ip, "invalid_credentials").await;
+            Ok((user, _)) => {
+                // The same records (and work) whether or not the account
+                // exists: only the user id differs, and only admins see it.
+                let id = user.as_ref().map(|u| u.id.as_str());
+                self.login_failed(id, ip, "invalid_credentials").await;
+                if attempt.locks() {
+                    self.login_failed(id, ip, "locked_for_address").await;
+                }
                 Err(AuthError::InvalidCredentials)
             }
             Err(e) => {
@@ -450,14 +456,17 @@ impl Accounts {
         }
     }
 
-    /// Records a refused login (`reason`: why). A wrong password records no
-    /// account, known or not, so that the trail and the work done are the
-    /// same for every email. A failure to record is logged, not answered.
+    /// Records a refused login (`reason`: why), or (`locked_for_address`) the
+    /// failure that locked the account for its address (`user.locked`). A
+    /// failure to record is logged, not answered.
     async fn login_failed(&self, user_id: Option<&str>, ip: IpAddr, reason: &str) {
         let address = ip.to_string();
-        let mut e = Event::new("login.failed", now_ms())
-            .ip(Some(&address))
-            .reason(reason);
+        let kind = if reason == "locked_for_address" {
+            "user.locked"
+        } else {
+            "login.failed"
+        };
+        let mut e = Event::new(kind, now_ms()).ip(Some(&address)).reason(reason);
         if let Some(id) = user_id {
             e = e.user(id);
         }
@@ -475,12 +484,13 @@ impl Accounts {
         Ok(())
     }
 
-    /// The account, if it exists and `password` is its password.
+    /// The account of `email` if there is one, and whether `password` is its
+    /// password (never for no account).
     async fn verify_password(
         &self,
         email: &Email,
         password: &Password,
-    ) -> Result<Option<Arc<UserRecord>>, AuthError> {
+    ) -> Result<(Option<Arc<UserRecord>>, bool), AuthError> {
         let user = self.find_user(email).await?;
         let ok = match &user {
             // No account, or one verified while contested (no password yet):
@@ -515,7 +525,7 @@ impl Accounts {
                 }
             }
         };
-        Ok(user.filter(|_| ok))
+        Ok((user, ok))
     }
 
     pub async fn login(

@@ -173,6 +173,10 @@ pub struct UserPatch {
     name: Option<Option<String>>,
     /// `true` disables the account and ends every session at once.
     disabled: Option<bool>,
+    /// A new email: every session ends, the old address is told, and the
+    /// account is unverified until the code mailed to the new one is entered
+    /// (`POST /auth/verify-otp`).
+    email: Option<String>,
 }
 
 /// A field that is present (even as `null`) is `Some`.
@@ -184,7 +188,8 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<Strin
     params(("id" = String, Path, description = "An account id")), request_body = UserPatch,
     responses((status = 200, body = AdminUser, description = "The account after the change"), (status = 400, body = ErrorBody),
               (status = 401, body = ErrorBody, description = "INVALID_TOKEN"), (status = 403, body = ErrorBody, description = "INSUFFICIENT_SCOPE"),
-              (status = 404, body = ErrorBody, description = "NOT_FOUND")))]
+              (status = 404, body = ErrorBody, description = "NOT_FOUND"),
+              (status = 409, body = ErrorBody, description = "EMAIL_TAKEN: another account has the new email")))]
 pub async fn update_user(
     State(st): State<AppState>,
     AdminToken(admin): AdminToken,
@@ -197,9 +202,15 @@ pub async fn update_user(
         Some(None) => Some(None),
         None => None,
     };
+    let email = patch
+        .email
+        .as_deref()
+        .map(|e| crate::domain::input::Email::parse("email", e))
+        .transpose()?;
     let change = UserChange {
         name,
         disabled: patch.disabled,
+        email,
     };
     Ok(Json(
         st.accounts

@@ -396,9 +396,17 @@ pub const KNOWN_ADDRESS_MS: i64 = 30 * 86_400_000;
 #[derive(Clone, Copy, Debug)]
 pub struct Attempt {
     account_counted: bool,
+    /// This attempt, if it fails, locks the account for its address.
+    locks: bool,
 }
 
 impl Attempt {
+    /// Whether this attempt, should it fail, is the one that locks the
+    /// account for its address.
+    pub fn locks(&self) -> bool {
+        self.locks
+    }
+
     /// Whether it counted on the account-wide level (it did not for a known
     /// address while that level was delaying).
     pub fn counted_for_account(&self) -> bool {
@@ -456,7 +464,8 @@ impl BruteForce {
         let secs = |ms: i64| (ms.max(0) as u64).div_ceil(1000).max(1);
         let pair = Self::pair_key(account, client);
         let failures = self.states.begin(&pair, &self.rules).await.map_err(secs)?;
-        if failures == self.rules.lock_at {
+        let locks = failures == self.rules.lock_at;
+        if locks {
             metrics::counter!("latchkey_bruteforce_locks_total").increment(1);
             tracing::warn!("account locked for one address after repeated failed logins");
         }
@@ -467,9 +476,11 @@ impl BruteForce {
         {
             Ok(_) => Ok(Attempt {
                 account_counted: true,
+                locks,
             }),
             Err(_) if self.is_known(account, client).await => Ok(Attempt {
                 account_counted: false,
+                locks,
             }),
             Err(ms) => {
                 metrics::counter!("latchkey_bruteforce_account_delays_total").increment(1);

@@ -54,6 +54,18 @@ impl Message {
         }
     }
 
+    /// To the old address, when an administrator changed the account's email.
+    pub fn email_changed(to: &str) -> Message {
+        Message {
+            to: to.to_string(),
+            subject: "Your account's email address was changed".into(),
+            body: "An administrator changed the email address of your account; this address no \
+                   longer signs in to it, and your sessions have ended.\n\
+                   If you did not ask for this, contact the service's support.\n"
+                .into(),
+        }
+    }
+
     pub fn password_reset(to: &str, code: &str) -> Message {
         Message {
             to: to.to_string(),

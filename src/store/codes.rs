@@ -150,7 +150,12 @@ impl Store {
                 .await?
                 .rows_affected();
             if let (1, Some(message)) = (n, message) {
-                sqlx::query(INSERT_OUTBOX).bind(message).bind(now).execute(&mut *tx).await?;
+                sqlx::query(INSERT_OUTBOX)
+                    .bind(message)
+                    .bind(now)
+                    .bind(&super::outbox::recipient(email)[..])
+                    .execute(&mut *tx)
+                    .await?;
             }
             tx.commit().await?;
             Ok(n == 1)

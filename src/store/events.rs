@@ -79,6 +79,7 @@ pub const KINDS: &[&str] = &[
     "user.disabled",
     "user.enabled",
     "user.deleted",
+    "user.locked",
     "user.unlocked",
     "session.created",
     "session.ended",

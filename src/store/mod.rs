@@ -25,7 +25,9 @@ pub use keys::KeyRecord;
 pub use outbox::OutboxRow;
 pub use sessions::{KeepSessions, NewSession, RefreshRecord, SessionRecord, MAX_LISTED_SESSIONS};
 pub use settings::{DatabaseConfig, DatabaseUrl};
-pub use users::{CodeMail, ImportOutcome, ImportedUser, NewUser, RegisterOutcome, UserFilter, UserRecord};
+pub use users::{
+    CodeMail, EmailChange, ImportOutcome, ImportedUser, NewUser, RegisterOutcome, UserFilter, UserRecord,
+};
 pub use webhooks::{DeliveryRecord, DeliveryRow, WebhookRecord};
 
 use std::future::Future;

@@ -4,9 +4,16 @@
 
 use super::{db_op, Store, StoreResult};
 
-/// `$1 sealed payload, $2 now`.
+/// `$1 sealed payload, $2 now, $3 the recipient's digest ([`recipient`])`.
 pub(super) const INSERT_OUTBOX: &str =
-    "INSERT INTO outbox (payload, created_at, next_attempt_at) VALUES ($1, $2, $2)";
+    "INSERT INTO outbox (payload, created_at, next_attempt_at, recipient) VALUES ($1, $2, $2, $3)";
+
+/// How queued mail names its recipient: SHA-256 of the normalised address
+/// (the payload itself is sealed), so that erasing an account can erase the
+/// mail still waiting for it.
+pub(super) fn recipient(email: &str) -> [u8; 32] {
+    crate::crypto::sha256(email.as_bytes())
+}
 
 #[derive(Debug)]
 pub struct OutboxRow {

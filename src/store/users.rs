@@ -51,6 +51,18 @@ macro_rules! select_user {
     };
 }
 
+/// What [`Store::change_email`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum EmailChange {
+    Changed {
+        old: String,
+        ended: Vec<String>,
+    },
+    NoUser,
+    /// Another account has the new email.
+    Taken,
+}
+
 /// Which accounts an administrator lists (every field narrows the list).
 #[derive(Clone, Debug, Default)]
 pub struct UserFilter {
@@ -200,6 +212,61 @@ impl Store {
         })
     }
 
+    /// Changes an account's email (an administrator's change): the account
+    /// becomes unverified until the new address proves itself, every session
+    /// ends, the old address's codes go, and `notice` (sealed, for the old
+    /// address) is queued, in one transaction. Nothing changes when the new
+    /// email has an account ([`EmailChange::Taken`]).
+    pub async fn change_email(
+        &self,
+        id: &str,
+        new_email: &str,
+        notice: &[u8],
+        now: i64,
+        actor: &str,
+    ) -> StoreResult<EmailChange> {
+        db_op!(self, "change_email", conn => {
+            let mut tx = conn.begin().await?;
+            let old: Option<(String,)> = sqlx::query_as("SELECT email FROM users WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let Some((old,)) = old else {
+                return Ok(EmailChange::NoUser);
+            };
+            let taken: Option<(String,)> = sqlx::query_as("SELECT id FROM users WHERE email = $1")
+                .bind(new_email)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if taken.is_some() {
+                return Ok(EmailChange::Taken);
+            }
+            sqlx::query(
+                "UPDATE users SET email = $2, email_verified_at = NULL, email_changed_at = $3, updated_at = $3 \
+                 WHERE id = $1",
+            )
+            .bind(id)
+            .bind(new_email)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query("DELETE FROM codes WHERE email = $1")
+                .bind(&old)
+                .execute(&mut *tx)
+                .await?;
+            let ended = revoke_user_sessions!(tx, id, None, "email_changed", now);
+            sqlx::query(INSERT_OUTBOX)
+                .bind(notice)
+                .bind(now)
+                .bind(&super::outbox::recipient(&old)[..])
+                .execute(&mut *tx)
+                .await?;
+            record_event!(tx, &Event::new("user.updated", now).user(id).actor(actor).reason("email"));
+            tx.commit().await?;
+            Ok(EmailChange::Changed { old, ended })
+        })
+    }
+
     /// Erases an account: the user, its sessions and refresh tokens (by
     /// cascade) and its codes, in one transaction. Returns the sessions that
     /// were live (to revoke their access tokens), or `None` if there is no
@@ -223,6 +290,11 @@ impl Store {
             .await?;
             sqlx::query("DELETE FROM codes WHERE email = $1")
                 .bind(&email)
+                .execute(&mut *tx)
+                .await?;
+            // Mail still waiting for it (a code, a notice) goes too.
+            sqlx::query("DELETE FROM outbox WHERE recipient = $1")
+                .bind(&super::outbox::recipient(&email)[..])
                 .execute(&mut *tx)
                 .await?;
             sqlx::query("DELETE FROM users WHERE id = $1")
@@ -292,7 +364,12 @@ impl Store {
                 .bind(pending.and(new.name))
                 .execute(&mut *tx)
                 .await?;
-            sqlx::query(INSERT_OUTBOX).bind(message).bind(new.now).execute(&mut *tx).await?;
+            sqlx::query(INSERT_OUTBOX)
+                .bind(message)
+                .bind(new.now)
+                .bind(&super::outbox::recipient(new.email)[..])
+                .execute(&mut *tx)
+                .await?;
             if inserted {
                 record_event!(tx, &Event::new("user.registered", new.now).user(new.id).ip(new.ip));
             }
@@ -309,7 +386,7 @@ impl Store {
     /// `before` (their sessions and codes go with them).
     pub async fn purge_unverified_users(&self, before: i64) -> StoreResult<u64> {
         db_op!(self, "purge_unverified_users", conn => Ok(sqlx::query(
-            "DELETE FROM users WHERE email_verified_at IS NULL AND updated_at < $1",
+            "DELETE FROM users WHERE email_verified_at IS NULL AND email_changed_at IS NULL AND updated_at < $1",
         )
         .bind(before)
         .execute(&mut *conn)

@@ -95,7 +95,9 @@ impl Store {
     }
 
     /// Claims up to `limit` due deliveries for `lease_ms` (PostgreSQL skips
-    /// rows other instances hold; SQLite has one writer).
+    /// rows other instances hold; SQLite has one writer). Deliberately the
+    /// lease of the mail outbox (`store/outbox.rs`) on another table: the
+    /// two queues keep different columns and are read by different workers.
     pub async fn claim_deliveries(
         &self,
         now: i64,

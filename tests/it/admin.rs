@@ -16,6 +16,7 @@ crate::on_every_backend!(
     erasing_an_account_leaves_nothing_of_it,
     admins_end_sessions_and_mail_reset_codes,
     an_unlock_lifts_the_brute_force_delays_of_every_address,
+    a_new_email_must_be_verified_and_ends_every_session,
 );
 
 /// A new client that may have `scopes`, and its id and secret.
@@ -380,7 +381,7 @@ async fn a_disabled_account_cannot_log_in_and_its_sessions_end_at_once(app: &Tes
     // Unknown fields and wrong types are refused, nothing changes.
     for bad in [
         json!({"disabled": "yes"}),
-        json!({"email": "x@example.test"}),
+        json!({"role": "admin"}),
         json!({"name": "x".repeat(1000)}),
     ] {
         let r = patch(bad.clone()).await;
@@ -530,4 +531,57 @@ async fn an_unlock_lifts_the_brute_force_delays_of_every_address(app: &TestApp) 
         .await
         .unwrap();
     assert_eq!(trail["events"].as_array().unwrap().len(), 1);
+}
+
+async fn a_new_email_must_be_verified_and_ends_every_session(app: &TestApp) {
+    let admin = admin_token(app).await;
+    let old = unique_email("admin-old");
+    let new = unique_email("admin-new");
+    let pair = app.register_verified(&old, PASSWORD).await;
+    let id = user_id(app, &pair).await;
+    let patch = |body: Value| {
+        let (admin, id) = (admin.clone(), id.clone());
+        async move {
+            call(
+                app,
+                reqwest::Method::PATCH,
+                &format!("/admin/users/{id}"),
+                Some(&admin),
+                Some(body),
+            )
+            .await
+        }
+    };
+    // Another account's email: taken, nothing changes.
+    let other = unique_email("admin-other");
+    app.register_verified(&other, PASSWORD).await;
+    let r = patch(json!({"email": other})).await;
+    assert_eq!(r.status(), 409);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"], "EMAIL_TAKEN");
+    assert_eq!(app.validate(pair["access_token"].as_str().unwrap()).await, 200);
+    // The change: sessions end, the old address is told, the new one gets a code.
+    let r = patch(json!({"email": new.to_uppercase()})).await;
+    assert_eq!(r.status(), 200);
+    let u: Value = r.json().await.unwrap();
+    assert_eq!(u["email"], new.as_str(), "normalised");
+    assert_eq!(u["email_verified"], false);
+    assert_eq!(app.validate(pair["access_token"].as_str().unwrap()).await, 401);
+    let (subject, _) = app.wait_for_mail(&old, 2).await;
+    assert!(subject.contains("email address was changed"), "{subject}");
+    let code = app.wait_for_code(&new, 1).await;
+    // Not before the new address is proven; the old one no longer signs in.
+    assert_eq!(app.login(&new, PASSWORD).await.status(), 401);
+    assert_eq!(app.login(&old, PASSWORD).await.status(), 401);
+    // Never purged as an unfinished sign-up, however long it waits.
+    app.services.store.purge_unverified_users(i64::MAX).await.unwrap();
+    assert!(app.services.store.user_by_id(&id).await.unwrap().is_some());
+    let r = app
+        .post("/auth/verify-otp", json!({"email": new, "code": code}))
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        app.login(&new, PASSWORD).await.status(),
+        200,
+        "same password, new email"
+    );
 }

@@ -113,6 +113,7 @@ async fn every_security_change_of_an_account_leaves_one_event(app: &TestApp) {
             "user.registered",
             "user.verified",
             "session.created:latchkey",
+            "login.failed:invalid_credentials",
             "session.created:latchkey",
             "session.reuse_detected:refresh_reuse",
             "session.created:latchkey",
@@ -138,7 +139,13 @@ async fn every_security_change_of_an_account_leaves_one_event(app: &TestApp) {
     let created = list.iter().find(|e| e["kind"] == "session.created").unwrap();
     assert_eq!(created["ip"], "127.0.0.1");
     assert!(created["session_id"].is_string());
-    // The failed login is there too, with its reason and no account.
+    // A failed login of an unknown email is recorded alike, without an account.
+    assert_eq!(
+        app.login(&unique_email("audit-nobody"), "wrong but secret 8")
+            .await
+            .status(),
+        401
+    );
     let failed = events(app, &admin, "kind=login.failed").await;
     assert!(
         failed["events"]
