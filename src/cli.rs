@@ -202,7 +202,7 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
             let st = Services::build(config).await?;
             match command {
                 WebhooksCommand::Add { url, kinds } => {
-                    let w = st.accounts.add_webhook(&url, &kinds).await?;
+                    let w = st.accounts.add_webhook("cli", &url, &kinds).await?;
                     println!(
                         "id:     {}\nsecret: {}\n(the secret is shown only now)",
                         w.webhook.id, w.secret
@@ -219,7 +219,7 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
                     }
                 }
                 WebhooksCommand::Remove { id } => {
-                    st.accounts.remove_webhook(&id).await?;
+                    st.accounts.remove_webhook("cli", &id).await?;
                     println!("removed {id}");
                 }
             }

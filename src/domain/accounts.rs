@@ -757,7 +757,7 @@ impl Accounts {
         let keep = others.then_some(token.claims.sid.as_str());
         let ended = self
             .store
-            .revoke_user_sessions(&token.claims.sub, keep, "ended_by_user", now_ms())
+            .revoke_user_sessions(&token.claims.sub, keep, "ended_by_user", now_ms(), None)
             .await?;
         self.revocations.revoke(&ended).await;
         Ok(())

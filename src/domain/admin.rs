@@ -231,7 +231,7 @@ impl Accounts {
         let user = self.user(id).await?;
         let ended = self
             .store
-            .revoke_user_sessions(&user.id, None, "ended_by_admin", now_ms())
+            .revoke_user_sessions(&user.id, None, "ended_by_admin", now_ms(), Some(actor))
             .await?;
         self.revocations.revoke(&ended).await;
         tracing::info!(user_id = %id, client_id = %actor, "sessions ended by an administrator");

@@ -129,7 +129,12 @@ fn check_kinds(kinds: &[String]) -> Result<String, AuthError> {
 impl Accounts {
     /// Registers a webhook for `kinds` (empty: every event); its secret is
     /// in the answer only.
-    pub async fn add_webhook(&self, url: &str, kinds: &[String]) -> Result<NewWebhook, AuthError> {
+    pub async fn add_webhook(
+        &self,
+        actor: &str,
+        url: &str,
+        kinds: &[String],
+    ) -> Result<NewWebhook, AuthError> {
         let url = check_url(url)?;
         let kinds = check_kinds(kinds)?;
         let secret = crate::webhooks::new_secret();
@@ -140,7 +145,7 @@ impl Accounts {
             kinds,
             created_at: now_ms(),
         };
-        self.store.add_webhook(&rec).await?;
+        self.store.add_webhook(&rec, actor).await?;
         tracing::info!(webhook = %rec.id, "webhook registered");
         Ok(NewWebhook {
             webhook: rec.into(),
@@ -159,8 +164,8 @@ impl Accounts {
     }
 
     /// Removes a webhook; its pending deliveries are dropped.
-    pub async fn remove_webhook(&self, id: &str) -> Result<(), AuthError> {
-        if !self.store.remove_webhook(id).await? {
+    pub async fn remove_webhook(&self, actor: &str, id: &str) -> Result<(), AuthError> {
+        if !self.store.remove_webhook(id, now_ms(), actor).await? {
             return Err(NO_WEBHOOK);
         }
         tracing::info!(webhook = %id, "webhook removed");

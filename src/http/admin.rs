@@ -302,10 +302,13 @@ pub struct WebhookRequest {
               (status = 403, body = ErrorBody, description = "INSUFFICIENT_SCOPE")))]
 pub async fn add_webhook(
     State(st): State<AppState>,
-    _: AdminToken,
+    AdminToken(admin): AdminToken,
     JsonBody(req): JsonBody<WebhookRequest>,
 ) -> Result<(StatusCode, Json<NewWebhook>), ApiError> {
-    let created = st.accounts.add_webhook(&req.url, &req.kinds).await?;
+    let created = st
+        .accounts
+        .add_webhook(&admin.claims.client_id, &req.url, &req.kinds)
+        .await?;
     Ok((StatusCode::CREATED, Json(created)))
 }
 
@@ -330,13 +333,13 @@ pub async fn webhooks(State(st): State<AppState>, _: AdminToken) -> Result<Json<
               (status = 404, body = ErrorBody, description = "NOT_FOUND")))]
 pub async fn remove_webhook(
     State(st): State<AppState>,
-    _: AdminToken,
+    AdminToken(admin): AdminToken,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<StatusCode, ApiError> {
     let Ok(Path(id)) = id else {
         return Err(AuthError::NotFound("webhook").into());
     };
-    st.accounts.remove_webhook(&id).await?;
+    st.accounts.remove_webhook(&admin.claims.client_id, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -79,6 +79,7 @@ pub const KINDS: &[&str] = &[
     "user.disabled",
     "user.enabled",
     "user.deleted",
+    "user.sessions_ended",
     "user.locked",
     "user.unlocked",
     "session.created",
@@ -89,6 +90,8 @@ pub const KINDS: &[&str] = &[
     "password.reset",
     "password.reset_requested",
     "key.activated",
+    "webhook.added",
+    "webhook.removed",
 ];
 
 /// The family of a kind: up to its first dot, the dot included (`session.`).

@@ -358,17 +358,22 @@ impl Store {
     }
 
     /// Revokes every live session of the user but `keep` (if any); returns
-    /// the revoked ids.
+    /// the revoked ids. `actor`: the admin client that asked, recorded as
+    /// `user.sessions_ended`.
     pub async fn revoke_user_sessions(
         &self,
         user_id: &str,
         keep: Option<&str>,
         reason: &str,
         now: i64,
+        actor: Option<&str>,
     ) -> StoreResult<Vec<String>> {
         db_op!(self, "revoke_user_sessions", conn => {
             let mut tx = conn.begin().await?;
             let ids = revoke_user_sessions!(tx, user_id, keep, reason, now);
+            if let Some(actor) = actor {
+                record_event!(tx, &super::Event::new("user.sessions_ended", now).user(user_id).actor(actor));
+            }
             tx.commit().await?;
             Ok(ids)
         })

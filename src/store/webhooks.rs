@@ -2,7 +2,10 @@
 //! and their deliveries (queued with each event by `record_event!`, claimed
 //! by the delivery worker with a lease, as the mail outbox is).
 
-use super::{db_op, Store, StoreResult};
+use sqlx::Connection;
+
+use super::events::record_event;
+use super::{db_op, Event, Store, StoreResult};
 
 #[derive(Clone, Debug)]
 pub struct WebhookRecord {
@@ -51,16 +54,20 @@ pub struct DeliveryRecord {
 }
 
 impl Store {
-    pub async fn add_webhook(&self, w: &WebhookRecord) -> StoreResult<()> {
+    /// Adds a webhook (`actor`: who asked), with its `webhook.added` event.
+    pub async fn add_webhook(&self, w: &WebhookRecord, actor: &str) -> StoreResult<()> {
         db_op!(self, "add_webhook", conn => {
+            let mut tx = conn.begin().await?;
             sqlx::query("INSERT INTO webhooks (id, url, secret, kinds, created_at) VALUES ($1, $2, $3, $4, $5)")
                 .bind(&w.id)
                 .bind(&w.url)
                 .bind(&w.secret)
                 .bind(&w.kinds)
                 .bind(w.created_at)
-                .execute(&mut *conn)
+                .execute(&mut *tx)
                 .await?;
+            record_event!(tx, &Event::new("webhook.added", w.created_at).actor(actor).reason(&w.id));
+            tx.commit().await?;
             Ok(())
         })
     }
@@ -84,14 +91,23 @@ impl Store {
         Ok(row.map(webhook))
     }
 
-    /// Removes a webhook and its deliveries; `false` if there is none.
-    pub async fn remove_webhook(&self, id: &str) -> StoreResult<bool> {
-        let n = db_op!(self, "remove_webhook", conn => Ok(sqlx::query("DELETE FROM webhooks WHERE id = $1")
-            .bind(id)
-            .execute(&mut *conn)
-            .await?
-            .rows_affected()))?;
-        Ok(n == 1)
+    /// Removes a webhook and its deliveries, with its `webhook.removed`
+    /// event; `false` if there is none.
+    pub async fn remove_webhook(&self, id: &str, now: i64, actor: &str) -> StoreResult<bool> {
+        db_op!(self, "remove_webhook", conn => {
+            let mut tx = conn.begin().await?;
+            let n = sqlx::query("DELETE FROM webhooks WHERE id = $1")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if n != 1 {
+                return Ok(false);
+            }
+            record_event!(tx, &Event::new("webhook.removed", now).actor(actor).reason(id));
+            tx.commit().await?;
+            Ok(true)
+        })
     }
 
     /// Claims up to `limit` due deliveries for `lease_ms` (PostgreSQL skips

@@ -134,11 +134,19 @@ async fn the_client_credentials_grant_gives_a_scoped_token_and_no_refresh_token(
     assert_eq!(r.status(), 401);
 }
 
-/// Every admin route, with a body where it takes one.
-fn admin_routes(id: &str) -> Vec<(reqwest::Method, String, Option<Value>)> {
+/// Every admin route (`id` an account, `hook` a webhook), with a body where
+/// it takes one; the erasing calls last.
+fn admin_routes(id: &str, hook: &str) -> Vec<(reqwest::Method, String, Option<Value>)> {
     use reqwest::Method;
     vec![
         (Method::GET, "/admin/users".into(), None),
+        (
+            Method::POST,
+            "/admin/users".into(),
+            Some(json!({"email": unique_email("admin-route"), "password": "a long enough password"})),
+        ),
+        (Method::GET, format!("/admin/webhooks/{hook}/deliveries"), None),
+        (Method::DELETE, format!("/admin/webhooks/{hook}"), None),
         (Method::GET, "/admin/events".into(), None),
         (Method::GET, "/admin/webhooks".into(), None),
         (
@@ -160,6 +168,14 @@ fn admin_routes(id: &str) -> Vec<(reqwest::Method, String, Option<Value>)> {
 }
 
 async fn every_admin_route_refuses_users_scopeless_clients_and_no_token(app: &TestApp) {
+    let hook = app
+        .services
+        .accounts
+        .add_webhook("test", "http://127.0.0.1:9/never", &[])
+        .await
+        .unwrap()
+        .webhook
+        .id;
     let email = unique_email("admin-authz");
     let pair = app.register_verified(&email, PASSWORD).await;
     let id = user_id(app, &pair).await;
@@ -174,7 +190,7 @@ async fn every_admin_route_refuses_users_scopeless_clients_and_no_token(app: &Te
     .await;
     let scopeless: Value = r.json().await.unwrap();
     let scopeless = scopeless["access_token"].as_str().unwrap().to_string();
-    for (method, path, body) in admin_routes(&id) {
+    for (method, path, body) in admin_routes(&id, &hook) {
         let r = call(app, method.clone(), &path, None, body.clone()).await;
         assert_eq!(r.status(), 401, "no token: {method} {path}");
         let r = call(app, method.clone(), &path, Some("not.a.token"), body.clone()).await;
@@ -207,13 +223,13 @@ async fn every_admin_route_refuses_users_scopeless_clients_and_no_token(app: &Te
     let gone_token: Value = r.json().await.unwrap();
     let gone_token = gone_token["access_token"].as_str().unwrap().to_string();
     assert!(app.services.store.remove_client(&gone).await.unwrap());
-    for (method, path, body) in admin_routes(&id) {
+    for (method, path, body) in admin_routes(&id, &hook) {
         let r = call(app, method.clone(), &path, Some(&gone_token), body).await;
         assert_eq!(r.status(), 401, "a removed client: {method} {path}");
     }
     // With the scope, every route answers.
     let admin = admin_token(app).await;
-    for (method, path, body) in admin_routes(&id) {
+    for (method, path, body) in admin_routes(&id, &hook) {
         let r = call(app, method.clone(), &path, Some(&admin), body).await;
         assert!(r.status().is_success(), "{method} {path}: {}", r.status());
     }

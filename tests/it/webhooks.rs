@@ -16,6 +16,75 @@ crate::on_every_backend!(
     signed_events_reach_the_receiver_after_its_outage_and_none_is_lost,
 );
 
+mod dead {
+    // Two attempts 100 ms apart, then dead.
+    crate::on_every_backend!(
+        settings = &[("webhook_retry_base_ms", "100"), ("webhook_max_attempts", "2")];
+        a_delivery_that_never_succeeds_ends_dead_and_stays_in_the_history,
+    );
+
+    async fn a_delivery_that_never_succeeds_ends_dead_and_stays_in_the_history(app: &crate::common::TestApp) {
+        super::dead_letters(app).await;
+    }
+}
+
+/// A receiver that is never there: the delivery is dead after the last
+/// attempt, and the history keeps it with its error.
+async fn dead_letters(app: &TestApp) {
+    let admin = admin_token(app).await;
+    let r = app
+        .http
+        .post(app.url("/admin/webhooks"))
+        .bearer_auth(&admin)
+        .json(
+            &json!({"url": format!("http://127.0.0.1:{}/never", free_port()), "kinds": ["user.registered"]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let hook: Value = r.json().await.unwrap();
+    app.register(&unique_email("hooks-dead"), PASSWORD).await;
+    let id = hook["id"].as_str().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let history: Value = app
+            .get_bearer(&format!("/admin/webhooks/{id}/deliveries"), &admin)
+            .await
+            .json()
+            .await
+            .unwrap();
+        let list = history["deliveries"].as_array().unwrap();
+        if list.len() == 1 && list[0]["state"] == "dead" {
+            assert_eq!(list[0]["attempts"], 2, "{history:#}");
+            assert!(list[0]["last_error"].is_string() && list[0]["dead_at"].is_string());
+            break;
+        }
+        assert!(Instant::now() < deadline, "{history:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Dead stays dead: no further attempt.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let history: Value = app
+        .get_bearer(&format!("/admin/webhooks/{id}/deliveries"), &admin)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(history["deliveries"][0]["attempts"], 2);
+    // The admin's registration is in the trail, with its client.
+    let trail: Value = app
+        .get_bearer("/admin/events?kind=webhook.added", &admin)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(trail["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["reason"] == id));
+}
+
 async fn admin_token(app: &TestApp) -> String {
     let id = format!("hooks-{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
     let secret = latchkey::domain::clients::add(&app.services.store, &id, None, &["latchkey:admin".into()])
