@@ -41,13 +41,16 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_BACKOFF_MS: i64 = 3_600_000;
 const AAD: &[u8] = b"latchkey/webhook";
 
-/// Retries of webhook deliveries.
+/// Retries of webhook deliveries, and where they may go.
 #[derive(Clone, Debug)]
 pub struct WebhookSettings {
     /// The wait before the first retry; each next one doubles (to an hour).
     pub retry_base: Duration,
     /// Attempts before a delivery is given up (dead).
     pub max_attempts: i32,
+    /// Whether receivers may be at loopback, private, link-local and other
+    /// non-public addresses (off by default: see [`is_public`]).
+    pub allow_private: bool,
 }
 
 impl WebhookSettings {
@@ -59,6 +62,110 @@ impl WebhookSettings {
                 millis(100, 600_000),
             )?,
             max_attempts: src.get("webhook_max_attempts", 12, number(1, 30))?,
+            allow_private: src.get("webhook_allow_private_addresses", false, crate::settings::switch)?,
+        })
+    }
+}
+
+/// Whether `ip` is an address of the public internet. Webhook receivers
+/// must be (unless `webhook_allow_private_addresses` is set): otherwise
+/// whoever may register one could make the service call its own loopback
+/// listeners, the cloud's metadata address or the private network, and
+/// read the status each answered in the delivery history.
+pub fn is_public(ip: std::net::IpAddr) -> bool {
+    use std::net::IpAddr;
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
+            !(v4.is_unspecified()
+                || v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_broadcast()
+                || v4.is_multicast()
+                || v4.is_documentation()
+                || a == 0
+                || (a == 100 && (64..128).contains(&b)) // shared address space (RFC 6598)
+                || (a == 192 && b == 0 && v4.octets()[2] == 0) // IETF protocol assignments
+                || a >= 240) // reserved
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_public(IpAddr::V4(v4));
+            }
+            let first = v6.segments()[0];
+            !(v6.is_unspecified()
+                || v6.is_loopback()
+                || v6.is_multicast()
+                || (first & 0xfe00) == 0xfc00 // unique local
+                || (first & 0xffc0) == 0xfe80 // link-local
+                || (first == 0x2001 && v6.segments()[1] == 0xdb8) // documentation
+                || (first == 0x64 && v6.segments()[1] == 0xff9b)) // NAT64: an IPv4 inside
+        }
+    }
+}
+
+/// The refusal of a receiver's host that is a non-public address, or a
+/// name that can only be one (`localhost`): checked when a webhook is
+/// registered, and again before each delivery (names are checked on every
+/// resolution, by the worker's resolver, so DNS cannot swap in an address
+/// after registration).
+pub fn refuse_private_host(url: &url::Url, allow_private: bool) -> Result<(), String> {
+    if allow_private {
+        return Ok(());
+    }
+    let private = match url.host() {
+        Some(url::Host::Ipv4(ip)) => !is_public(ip.into()),
+        Some(url::Host::Ipv6(ip)) => !is_public(ip.into()),
+        Some(url::Host::Domain(d)) => {
+            let d = d.trim_end_matches('.').to_ascii_lowercase();
+            d == "localhost" || d.ends_with(".localhost")
+        }
+        None => true,
+    };
+    if private {
+        Err(
+            "the receiver's address is not a public one (set webhook_allow_private_addresses to allow it)"
+                .into(),
+        )
+    } else {
+        Ok(())
+    }
+}
+
+/// Resolves receivers' names to their public addresses only (all of them,
+/// when private ones are allowed); a name with none fails to connect.
+#[derive(Clone)]
+struct PublicResolver {
+    inner: hyper_util::client::legacy::connect::dns::GaiResolver,
+    allow_private: bool,
+}
+
+impl tower::Service<hyper_util::client::legacy::connect::dns::Name> for PublicResolver {
+    type Response = std::vec::IntoIter<std::net::SocketAddr>;
+    type Error = std::io::Error;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, name: hyper_util::client::legacy::connect::dns::Name) -> Self::Future {
+        let allow_private = self.allow_private;
+        let resolving = self.inner.call(name.clone());
+        Box::pin(async move {
+            let addrs: Vec<std::net::SocketAddr> = resolving
+                .await?
+                .filter(|a| allow_private || is_public(a.ip()))
+                .collect();
+            if addrs.is_empty() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    format!("{} has no public address", name.as_str()),
+                ));
+            }
+            Ok(addrs.into_iter())
         })
     }
 }
@@ -112,8 +219,10 @@ pub fn payload(e: &EventRecord) -> Vec<u8> {
     serde_json::to_vec(&body).expect("an event serialises")
 }
 
-type HttpsClient =
-    Client<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, Full<Bytes>>;
+type HttpsClient = Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector<PublicResolver>>,
+    Full<Bytes>,
+>;
 
 pub struct DeliveryWorker {
     store: Store,
@@ -130,11 +239,17 @@ enum Attempt {
 
 impl DeliveryWorker {
     pub fn new(store: Store, sealer: Arc<Sealer>, settings: WebhookSettings) -> DeliveryWorker {
+        let mut http =
+            hyper_util::client::legacy::connect::HttpConnector::new_with_resolver(PublicResolver {
+                inner: hyper_util::client::legacy::connect::dns::GaiResolver::new(),
+                allow_private: settings.allow_private,
+            });
+        http.enforce_http(false);
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_webpki_roots()
             .https_or_http()
             .enable_http1()
-            .build();
+            .wrap_connector(http);
         DeliveryWorker {
             store,
             sealer,
@@ -219,6 +334,15 @@ impl DeliveryWorker {
         let Some(secret) = open_secret(&webhook.secret, &self.sealer) else {
             return failed("the secret cannot be unsealed (secret key changed?)".into());
         };
+        // An address literal never reaches the resolver: checked here.
+        match url::Url::parse(&webhook.url) {
+            Ok(u) => {
+                if let Err(why) = refuse_private_host(&u, self.settings.allow_private) {
+                    return failed(why);
+                }
+            }
+            Err(e) => return failed(format!("url: {e}")),
+        }
         let body = payload(&event);
         let id = format!("msg_{}", event.id);
         let timestamp = now_ms() / 1000;
@@ -240,7 +364,7 @@ impl DeliveryWorker {
             Err(e) => return failed(format!("request: {e}")),
         };
         let exchange = async {
-            let response = self.client.request(request).await.map_err(|e| e.to_string())?;
+            let response = self.client.request(request).await.map_err(|e| error_chain(&e))?;
             let status = response.status().as_u16();
             // Read (a bounded part of) the answer, so that the connection is reused.
             let _ = http_body_util::Limited::new(response.into_body(), 64 * 1024)
@@ -260,6 +384,19 @@ impl DeliveryWorker {
     }
 }
 
+/// An error and its causes, `: `-separated (the client's own message is
+/// only "client error (Connect)").
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,6 +409,54 @@ mod tests {
         let body = br#"{"test": 2432232314}"#;
         let sig = signature(secret, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body).unwrap();
         assert_eq!(sig, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
+    }
+
+    #[test]
+    fn only_public_addresses_receive_webhooks() {
+        for private in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "100.64.0.1",
+            "255.255.255.255",
+            "224.0.0.1",
+            "::1",
+            "::",
+            "fe80::1",
+            "fd00::1",
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+            "64:ff9b::a9fe:a9fe",
+            "2001:db8::1",
+        ] {
+            assert!(!is_public(private.parse().unwrap()), "{private}");
+        }
+        for public in [
+            "1.1.1.1",
+            "93.184.215.14",
+            "2606:4700:4700::1111",
+            "::ffff:8.8.8.8",
+        ] {
+            assert!(is_public(public.parse().unwrap()), "{public}");
+        }
+        let url = |s: &str| url::Url::parse(s).unwrap();
+        for refused in [
+            "http://127.0.0.1:8080/x",
+            "http://[::1]/x",
+            "https://localhost/x",
+            "http://LOCALHOST./x",
+            "http://a.localhost/x",
+            "http://2130706433/x",
+            "http://0x7f000001/x",
+            "http://[::ffff:10.0.0.1]/",
+        ] {
+            assert!(refuse_private_host(&url(refused), false).is_err(), "{refused}");
+            assert!(refuse_private_host(&url(refused), true).is_ok(), "{refused}");
+        }
+        assert!(refuse_private_host(&url("https://hooks.example.com/in"), false).is_ok());
     }
 
     #[test]

@@ -114,6 +114,7 @@ impl Services {
             mail_wake: mail_wake.clone(),
             refresh_ttl: config.accounts.refresh_ttl,
             refresh_grace: config.accounts.refresh_grace,
+            webhook_allow_private: config.webhooks.allow_private,
         });
         let ops = Arc::new(Operations {
             store: store.clone(),

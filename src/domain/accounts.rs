@@ -161,6 +161,8 @@ pub struct Accounts {
     pub mail_wake: Arc<Notify>,
     pub refresh_ttl: Duration,
     pub refresh_grace: Duration,
+    /// Whether webhooks may be registered at non-public addresses.
+    pub webhook_allow_private: bool,
 }
 
 impl Accounts {
@@ -261,6 +263,18 @@ impl Accounts {
         purpose: Purpose,
         real: bool,
     ) -> Result<(), AuthError> {
+        self.issue_code_with(email, purpose, real, None).await
+    }
+
+    /// [`Self::issue_code`], recording `event` in the same transaction
+    /// when a code is issued.
+    pub(super) async fn issue_code_with(
+        &self,
+        email: &Email,
+        purpose: Purpose,
+        real: bool,
+        event: Option<Event<'_>>,
+    ) -> Result<(), AuthError> {
         let code = random_code();
         let mac = self.code_hash(purpose, email, &code);
         let hash = if real { mac } else { random_bytes::<32>() };
@@ -280,6 +294,7 @@ impl Accounts {
                 expires_at: now + CODE_TTL_MS,
                 quiet_ms: RESEND_QUIET_MS,
                 message: real.then_some(&sealed[..]),
+                event,
             })
             .await?;
         if sent && real {
@@ -551,7 +566,11 @@ impl Accounts {
         }
         self.upgrade_hash_later(&user, password);
         let (session, refresh) = self.new_session(client_id, origin);
-        self.store.create_session(&session.as_new(&user.id)).await?;
+        if !self.store.create_session(&session.as_new(&user.id)).await? {
+            // Disabled after the account was read (a cached copy, or a race).
+            self.login_failed(Some(&user.id), ip, "account_disabled").await;
+            return Err(AuthError::AccountDisabled);
+        }
         self.pair(
             &user.id,
             &user.email,

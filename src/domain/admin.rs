@@ -156,23 +156,24 @@ impl Accounts {
     ) -> Result<AdminUser, AuthError> {
         let user = self.user(id).await?;
         let now = now_ms();
-        if let Some(name) = &change.name {
+        // The one change that can be refused (the email is taken) goes
+        // first, so that a refused request changes nothing; a field that
+        // already has its value is left alone (no write, no event).
+        if let Some(email) = change.email.as_ref().filter(|e| e.as_str() != user.email) {
+            self.change_email(actor, &user, email).await?;
+        }
+        if let Some(name) = change.name.filter(|n| *n != user.name) {
             if !self.store.set_user_name(id, name.as_deref(), now, actor).await? {
                 return Err(NO_USER);
             }
         }
-        if let Some(disabled) = change.disabled {
+        if let Some(disabled) = change.disabled.filter(|d| *d != user.disabled_at.is_some()) {
             let ended = self
                 .store
                 .set_user_disabled(id, disabled, now, actor)
                 .await?
                 .ok_or(NO_USER)?;
             self.revocations.revoke(&ended).await;
-        }
-        if let Some(email) = &change.email {
-            if email.as_str() != user.email {
-                self.change_email(actor, &user, email).await?;
-            }
         }
         self.user_changed(&user).await;
         self.admin_user(id).await
@@ -217,7 +218,8 @@ impl Accounts {
     }
 
     /// Lifts the brute-force locks and delays of an account, for every
-    /// client address.
+    /// client address. (Those live in Redis or in memory, not in the
+    /// database: the event is the only row written.)
     pub async fn admin_unlock(&self, actor: &str, id: &str) -> Result<(), AuthError> {
         let user = self.user(id).await?;
         self.brute_force.unlock(&user.email).await;
@@ -243,12 +245,11 @@ impl Accounts {
     pub async fn admin_password_reset(&self, actor: &str, id: &str) -> Result<(), AuthError> {
         let user = self.user(id).await?;
         let email = Email::parse("email", &user.email)?;
-        self.issue_code(&email, Purpose::ResetPassword, true).await?;
         let e = Event::new("password.reset_requested", now_ms())
             .user(id)
             .actor(actor);
-        self.store.record_event(&e).await?;
-        Ok(())
+        self.issue_code_with(&email, Purpose::ResetPassword, true, Some(e))
+            .await
     }
 
     /// Caches of the account (here and, through Redis, on other instances)

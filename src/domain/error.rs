@@ -35,6 +35,9 @@ pub enum AuthError {
     /// A valid token without the scope the call needs.
     #[error("insufficient scope: {0} needed")]
     InsufficientScope(&'static str),
+    /// Account management with a token an OAuth client holds for the user.
+    #[error("first-party token needed")]
+    FirstPartyOnly,
     /// The right password of an account an administrator has disabled.
     #[error("account disabled")]
     AccountDisabled,

@@ -91,8 +91,9 @@ pub struct DeliveryPage {
 
 const NO_WEBHOOK: AuthError = AuthError::NotFound("webhook");
 
-/// `http(s)://host[:port]/path`, without credentials or a fragment.
-fn check_url(url: &str) -> Result<String, AuthError> {
+/// `http(s)://host[:port]/path`, without credentials or a fragment, at a
+/// public address unless private ones are allowed.
+fn check_url(url: &str, allow_private: bool) -> Result<String, AuthError> {
     let bad = |why: &str| AuthError::BadRequest(format!("url: {why}"));
     if url.len() > 2048 {
         return Err(bad("at most 2048 characters"));
@@ -107,6 +108,7 @@ fn check_url(url: &str) -> Result<String, AuthError> {
     if u.fragment().is_some() {
         return Err(bad("no fragment"));
     }
+    crate::webhooks::refuse_private_host(&u, allow_private).map_err(|why| bad(&why))?;
     Ok(u.to_string())
 }
 
@@ -135,7 +137,7 @@ impl Accounts {
         url: &str,
         kinds: &[String],
     ) -> Result<NewWebhook, AuthError> {
-        let url = check_url(url)?;
+        let url = check_url(url, self.webhook_allow_private)?;
         let kinds = check_kinds(kinds)?;
         let secret = crate::webhooks::new_secret();
         let rec = WebhookRecord {
@@ -203,10 +205,11 @@ mod tests {
 
     #[test]
     fn urls_and_kinds_are_checked() {
-        assert!(check_url("https://hooks.example.com/latchkey?x=1").is_ok());
-        assert!(check_url("http://127.0.0.1:9000/").is_ok());
+        assert!(check_url("https://hooks.example.com/latchkey?x=1", false).is_ok());
+        assert!(check_url("http://127.0.0.1:9000/", false).is_err());
+        assert!(check_url("http://127.0.0.1:9000/", true).is_ok());
         for bad in ["ftp://x/", "https://u:p@x/", "not a url", "https://x/#frag"] {
-            assert!(check_url(bad).is_err(), "{bad}");
+            assert!(check_url(bad, true).is_err(), "{bad}");
         }
         let k = |v: &[&str]| check_kinds(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
         assert_eq!(

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
-use super::extract::{query_bool, Bearer, ClientIp, ClientOrigin, JsonBody};
+use super::extract::{query_bool, AccountBearer, Bearer, ClientIp, ClientOrigin, JsonBody};
 use super::schema;
 use super::AppState;
 use crate::domain::accounts::{Profile, SessionInfo, TokenPair};
@@ -244,8 +244,12 @@ pub struct SessionList {
 
 #[utoipa::path(get, path = "/auth/sessions", tag = "sessions", security(("bearer" = [])),
     responses((status = 200, body = SessionList, description = "The caller's live sessions, newest first"),
-              (status = 401, body = ErrorBody, description = "INVALID_TOKEN")))]
-pub async fn sessions(State(st): State<AppState>, Bearer(token): Bearer) -> Result<Response, ApiError> {
+              (status = 401, body = ErrorBody, description = "INVALID_TOKEN"),
+              (status = 403, body = ErrorBody, description = "FIRST_PARTY_ONLY: a token an OAuth client holds")))]
+pub async fn sessions(
+    State(st): State<AppState>,
+    AccountBearer(token): AccountBearer,
+) -> Result<Response, ApiError> {
     let sessions = st.accounts.sessions(&token).await?;
     let mut r = Json(SessionList { sessions }).into_response();
     r.headers_mut().insert(
@@ -259,10 +263,11 @@ pub async fn sessions(State(st): State<AppState>, Bearer(token): Bearer) -> Resu
     params(("id" = String, Path, description = "A session id, as listed by GET /auth/sessions")),
     responses((status = 204, description = "Ended: its refresh token and access tokens are refused from now on"),
               (status = 401, body = ErrorBody, description = "INVALID_TOKEN"),
+              (status = 403, body = ErrorBody, description = "FIRST_PARTY_ONLY: a token an OAuth client holds"),
               (status = 404, body = ErrorBody, description = "NOT_FOUND: not a live session of the caller")))]
 pub async fn end_session(
     State(st): State<AppState>,
-    Bearer(token): Bearer,
+    AccountBearer(token): AccountBearer,
     id: Result<Path<String>, axum::extract::rejection::PathRejection>,
 ) -> Result<StatusCode, ApiError> {
     // A path segment that does not decode names no session either.
@@ -277,10 +282,11 @@ pub async fn end_session(
     params(("others" = Option<bool>, Query, description = "true: end every session but the caller's; false or absent: every session, the caller's too")),
     responses((status = 204, description = "Ended"),
               (status = 400, body = ErrorBody, description = "INVALID_REQUEST: others is not true or false"),
-              (status = 401, body = ErrorBody, description = "INVALID_TOKEN")))]
+              (status = 401, body = ErrorBody, description = "INVALID_TOKEN"),
+              (status = 403, body = ErrorBody, description = "FIRST_PARTY_ONLY: a token an OAuth client holds")))]
 pub async fn end_sessions(
     State(st): State<AppState>,
-    Bearer(token): Bearer,
+    AccountBearer(token): AccountBearer,
     RawQuery(query): RawQuery,
 ) -> Result<StatusCode, ApiError> {
     let mut others = false;

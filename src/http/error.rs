@@ -173,6 +173,11 @@ impl IntoResponse for ApiError {
                     "EMAIL_TAKEN",
                     "an account with this email exists",
                 ),
+                AuthError::FirstPartyOnly => error_response(
+                    StatusCode::FORBIDDEN,
+                    "FIRST_PARTY_ONLY",
+                    "this call needs a token from latchkey's own login, not one an OAuth client holds",
+                ),
                 AuthError::AccountDisabled => error_response(
                     StatusCode::FORBIDDEN,
                     "ACCOUNT_DISABLED",

@@ -221,6 +221,24 @@ impl FromRequestParts<AppState> for Bearer {
     }
 }
 
+/// A user's token from latchkey's own login (`/auth/*`), not one an OAuth
+/// client holds for the user: the authentication of account management
+/// (sessions, factors), which a third-party client must not reach with
+/// the token it was given to call its own APIs.
+pub struct AccountBearer(pub Arc<Verified>);
+
+impl FromRequestParts<AppState> for AccountBearer {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let Bearer(v) = Bearer::from_request_parts(parts, state).await?;
+        if v.claims.client_id != crate::domain::accounts::FIRST_PARTY_CLIENT {
+            return Err(ApiError::Auth(AuthError::FirstPartyOnly));
+        }
+        Ok(AccountBearer(v))
+    }
+}
+
 /// The request's bearer token, verified (signature, claims, revocation).
 async fn verified_bearer(parts: &Parts, state: &AppState) -> Result<Arc<Verified>, ApiError> {
     let token = parts

@@ -73,6 +73,7 @@ impl From<AuthError> for OAuthError {
             | AuthError::EmailTaken
             | AuthError::InvalidToken
             | AuthError::NotFound(_)
+            | AuthError::FirstPartyOnly
             | AuthError::InsufficientScope(_) => OAuthError::new(
                 StatusCode::BAD_REQUEST,
                 "invalid_grant",

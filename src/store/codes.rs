@@ -47,6 +47,8 @@ pub struct NewCode<'a> {
     /// No new code if the last one is younger than this.
     pub quiet_ms: i64,
     pub message: Option<&'a [u8]>,
+    /// Recorded with the code, when one is issued (an admin's request).
+    pub event: Option<super::Event<'a>>,
 }
 
 /// Insert or replace the code of (email, purpose) with its pending
@@ -129,6 +131,7 @@ impl Store {
             expires_at,
             quiet_ms,
             message,
+            event,
         } = c;
         let sql = "INSERT INTO codes \
              (email, purpose, code_hash, created_at, expires_at, failed_attempts, consumed_at) \
@@ -156,6 +159,9 @@ impl Store {
                     .bind(&super::outbox::recipient(email)[..])
                     .execute(&mut *tx)
                     .await?;
+            }
+            if let (1, Some(e)) = (n, &event) {
+                super::events::record_event!(tx, e);
             }
             tx.commit().await?;
             Ok(n == 1)
@@ -227,7 +233,9 @@ impl Store {
                 return Ok(false);
             }
             super::events::record_event!(tx, &super::Event::new("user.verified", session.now).user(session.user_id).ip(session.ip));
-            insert_session!(tx, session);
+            if !insert_session!(tx, session) {
+                return Ok(false); // disabled meanwhile
+            }
             tx.commit().await?;
             Ok(true)
         })

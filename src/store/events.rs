@@ -223,9 +223,14 @@ impl Store {
         Ok(self.events_page(&f, 1).await?.into_iter().find(|e| e.id == id))
     }
 
-    /// Deletes events recorded before `before` (the retention setting).
+    /// Deletes events recorded before `before` (the retention setting),
+    /// but not one a webhook has still to receive: retries may outlast
+    /// the retention, and an event is delivered or dead before it goes.
     pub async fn purge_events(&self, before: i64) -> StoreResult<u64> {
-        db_op!(self, "purge_events", conn => Ok(sqlx::query("DELETE FROM events WHERE at < $1")
+        db_op!(self, "purge_events", conn => Ok(sqlx::query(
+            "DELETE FROM events WHERE at < $1 AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d \
+             WHERE d.event_id = events.id AND d.delivered_at IS NULL AND d.dead_at IS NULL)",
+        )
             .bind(before)
             .execute(&mut *conn)
             .await?

@@ -73,13 +73,16 @@ pub(super) const INSERT_REFRESH: &str =
     "INSERT INTO refresh_tokens (token_hash, session_id, created_at) VALUES ($1, $2, $3)";
 
 /// Inserts a session and its first refresh token in the open transaction
-/// `$tx` (either backend: the statements are the same).
+/// `$tx` (either backend: the statements are the same), unless its account
+/// is disabled; evaluates to whether it did. The check is part of the
+/// insert, so a disable committed before it cannot be missed.
 macro_rules! insert_session {
     ($tx:expr, $s:expr) => {{
         let s: &$crate::store::NewSession<'_> = $s;
-        sqlx::query(
+        let n = sqlx::query(
             "INSERT INTO sessions (id, user_id, client_id, created_at, expires_at, user_agent, ip) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+             SELECT $1, $2, $3, $4, $5, $6, $7 WHERE EXISTS \
+             (SELECT 1 FROM users WHERE id = $2 AND disabled_at IS NULL)",
         )
         .bind(s.id)
         .bind(s.user_id)
@@ -89,14 +92,18 @@ macro_rules! insert_session {
         .bind(s.user_agent)
         .bind(s.ip)
         .execute(&mut *$tx)
-        .await?;
-        sqlx::query($crate::store::sessions::INSERT_REFRESH)
-            .bind(s.token_hash)
-            .bind(s.id)
-            .bind(s.now)
-            .execute(&mut *$tx)
-            .await?;
-        $crate::store::events::record_event!($tx, &s.event());
+        .await?
+        .rows_affected();
+        if n == 1 {
+            sqlx::query($crate::store::sessions::INSERT_REFRESH)
+                .bind(s.token_hash)
+                .bind(s.id)
+                .bind(s.now)
+                .execute(&mut *$tx)
+                .await?;
+            $crate::store::events::record_event!($tx, &s.event());
+        }
+        n == 1
     }};
 }
 pub(super) use insert_session;
@@ -132,29 +139,34 @@ pub(super) use revoke_user_sessions;
 impl Store {
     /// Starts a session: one round trip on PostgreSQL (a data-modifying CTE),
     /// one local transaction on SQLite.
-    pub async fn create_session(&self, s: &NewSession<'_>) -> StoreResult<()> {
+    /// Starts a session unless its account is disabled (`false`).
+    pub async fn create_session(&self, s: &NewSession<'_>) -> StoreResult<bool> {
         db_op!(self, "create_session",
             sqlite conn => {
                 let mut tx = conn.begin().await?;
-                insert_session!(tx, s);
+                let created = insert_session!(tx, s);
                 tx.commit().await?;
-                Ok(())
+                Ok(created)
             },
             postgres conn => {
                 // The session, its first refresh token and its event in one
                 // statement (data-modifying CTEs all run, in one transaction).
                 // The webhook deliveries of the event too: the same filter as
-                // ENQUEUE_DELIVERIES.
+                // ENQUEUE_DELIVERIES. The account's row is read FOR SHARE:
+                // a disable in flight either commits first (no session) or
+                // waits for this one and then ends it with the others.
                 let e = s.event();
-                sqlx::query(
+                let (created,): (i64,) = sqlx::query_as(
                     "WITH s AS (INSERT INTO sessions (id, user_id, client_id, created_at, expires_at, user_agent, ip) \
-                     VALUES ($1, $2, $3, $4, $5, $7, $8) RETURNING id, user_id), \
+                     SELECT $1, u.id, $3, $4, $5, $7, $8 FROM users u WHERE u.id = $2 AND u.disabled_at IS NULL \
+                     FOR SHARE RETURNING id, user_id), \
                      r AS (INSERT INTO refresh_tokens (token_hash, session_id, created_at) SELECT $6, id, $4 FROM s), \
                      e AS (INSERT INTO events (at, kind, user_id, session_id, ip, reason) \
-                     SELECT $4, $9, user_id, id, $8, $10 FROM s RETURNING id) \
-                     INSERT INTO webhook_deliveries (webhook_id, event_id, created_at, next_attempt_at) \
+                     SELECT $4, $9, user_id, id, $8, $10 FROM s RETURNING id), \
+                     d AS (INSERT INTO webhook_deliveries (webhook_id, event_id, created_at, next_attempt_at) \
                      SELECT w.id, e.id, $4, $4 FROM webhooks w, e WHERE w.kinds = '' \
-                     OR (' ' || w.kinds || ' ') LIKE ('% ' || $9 || ' %') OR (' ' || w.kinds || ' ') LIKE ('% ' || $11 || ' %')",
+                     OR (' ' || w.kinds || ' ') LIKE ('% ' || $9 || ' %') OR (' ' || w.kinds || ' ') LIKE ('% ' || $11 || ' %')) \
+                     SELECT count(*) FROM s",
                 )
                 .bind(s.id)
                 .bind(s.user_id)
@@ -167,9 +179,9 @@ impl Store {
                 .bind(e.kind)
                 .bind(e.reason)
                 .bind(super::events::family(e.kind))
-                .execute(&mut *conn)
+                .fetch_one(&mut *conn)
                 .await?;
-                Ok(())
+                Ok(created == 1)
             },
         )
     }
@@ -186,7 +198,10 @@ impl Store {
             Option<Vec<u8>>,
         );
         let row: Option<Row> = db_op!(self, "refresh_token", conn => Ok(sqlx::query_as(
-            "SELECT s.id, s.user_id, u.email, s.client_id, s.expires_at, s.revoked_at, r.rotated_at, r.successor \
+            // A disabled account's sessions count as revoked when it was
+            // disabled, whatever a login racing the disable left behind.
+            "SELECT s.id, s.user_id, u.email, s.client_id, s.expires_at, COALESCE(s.revoked_at, u.disabled_at), \
+             r.rotated_at, r.successor \
              FROM refresh_tokens r JOIN sessions s ON s.id = r.session_id JOIN users u ON u.id = s.user_id \
              WHERE r.token_hash = $1",
         )

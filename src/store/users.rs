@@ -301,7 +301,12 @@ impl Store {
                 .bind(id)
                 .execute(&mut *tx)
                 .await?;
-            // The trail keeps the id only: its events never held more.
+            // The trail keeps the id only: its events hold no email or
+            // name, and the client addresses they recorded go now.
+            sqlx::query("UPDATE events SET ip = NULL WHERE user_id = $1")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
             record_event!(tx, &Event::new("user.deleted", now).user(id).actor(actor));
             tx.commit().await?;
             Ok(Some(live.into_iter().map(|r| r.0).collect()))

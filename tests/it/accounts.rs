@@ -258,11 +258,7 @@ async fn expired_and_used_codes_are_refused(app: &TestApp) {
     app.register(&email, PASSWORD).await;
     let code = app.wait_for_code(&email, 1).await;
     // Age the code past its 10 minutes.
-    let sql = "UPDATE codes SET expires_at = expires_at - 600001";
-    match &app.services.store.db {
-        latchkey::store::Db::Sqlite(p) => sqlx::query(sql).execute(p).await.map(|_| ()).unwrap(),
-        latchkey::store::Db::Postgres(p) => sqlx::query(sql).execute(p).await.map(|_| ()).unwrap(),
-    }
+    app.sql("UPDATE codes SET expires_at = expires_at - 600001").await;
     let r = app
         .post("/auth/verify-otp", json!({"email": email, "code": code}))
         .await;
@@ -284,11 +280,7 @@ async fn resend_sends_at_most_one_mail_per_minute(app: &TestApp) {
     // Pretend the last code was sent two minutes ago: the next resend sends.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(app.mails_to(&email).len(), 1, "resend within 60 s sent nothing");
-    let sql = "UPDATE codes SET created_at = created_at - 120000";
-    match &app.services.store.db {
-        latchkey::store::Db::Sqlite(p) => sqlx::query(sql).execute(p).await.map(|_| ()).unwrap(),
-        latchkey::store::Db::Postgres(p) => sqlx::query(sql).execute(p).await.map(|_| ()).unwrap(),
-    }
+    app.sql("UPDATE codes SET created_at = created_at - 120000").await;
     let r = app.post("/auth/resend-otp", json!({"email": email})).await;
     assert_eq!(r.status(), 202);
     let code = app.wait_for_code(&email, 2).await;
@@ -376,11 +368,8 @@ async fn refresh_rotates_and_the_grace_window_returns_the_same_token(app: &TestA
     // After the window: reuse revokes the whole session.
     let short = TestApp::config(&app.settings); // the app's own settings, grace shortened below
     assert_eq!(short.accounts.refresh_grace, Duration::from_secs(10));
-    let sql = "UPDATE refresh_tokens SET rotated_at = rotated_at - 11000 WHERE rotated_at IS NOT NULL";
-    match &app.services.store.db {
-        latchkey::store::Db::Sqlite(p) => sqlx::query(sql).execute(p).await.map(|_| ()).unwrap(),
-        latchkey::store::Db::Postgres(p) => sqlx::query(sql).execute(p).await.map(|_| ()).unwrap(),
-    }
+    app.sql("UPDATE refresh_tokens SET rotated_at = rotated_at - 11000 WHERE rotated_at IS NOT NULL")
+        .await;
     let access = p1["access_token"].as_str().unwrap();
     assert_eq!(app.validate(access).await, 200);
     let r = app.post("/auth/refresh", json!({"refresh_token": t0})).await;

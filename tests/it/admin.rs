@@ -17,6 +17,8 @@ crate::on_every_backend!(
     admins_end_sessions_and_mail_reset_codes,
     an_unlock_lifts_the_brute_force_delays_of_every_address,
     a_new_email_must_be_verified_and_ends_every_session,
+    a_login_or_refresh_that_raced_a_disable_gets_no_session,
+    a_refused_change_changes_nothing,
 );
 
 /// A new client that may have `scopes`, and its id and secret.
@@ -152,7 +154,7 @@ fn admin_routes(id: &str, hook: &str) -> Vec<(reqwest::Method, String, Option<Va
         (
             Method::POST,
             "/admin/webhooks".into(),
-            Some(json!({"url": "http://127.0.0.1:9/never"})),
+            Some(json!({"url": "https://hooks.example.com/never"})),
         ),
         (Method::GET, format!("/admin/users/{id}"), None),
         (
@@ -171,7 +173,7 @@ async fn every_admin_route_refuses_users_scopeless_clients_and_no_token(app: &Te
     let hook = app
         .services
         .accounts
-        .add_webhook("test", "http://127.0.0.1:9/never", &[])
+        .add_webhook("test", "https://hooks.example.com/never", &[])
         .await
         .unwrap()
         .webhook
@@ -459,6 +461,21 @@ async fn erasing_an_account_leaves_nothing_of_it(app: &TestApp) {
         .await;
     assert_eq!(r.status(), 401, "the reset code went with the account");
     assert_eq!(app.login(&email, PASSWORD).await.status(), 401);
+    // The trail keeps the id, and no client address of the account.
+    let trail: Value = call(
+        app,
+        reqwest::Method::GET,
+        &format!("/admin/events?user_id={id}"),
+        Some(&admin),
+        None,
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let trail = trail["events"].as_array().unwrap();
+    assert!(trail.iter().any(|e| e["kind"] == "user.deleted"));
+    assert!(trail.iter().all(|e| e["ip"].is_null()), "{trail:?}");
     // Erasing again: nothing to erase.
     let r = call(
         app,
@@ -600,4 +617,70 @@ async fn a_new_email_must_be_verified_and_ends_every_session(app: &TestApp) {
         200,
         "same password, new email"
     );
+}
+
+/// The outcome of a disable that raced a login: the account is disabled in
+/// the database, but this instance still holds its enabled copy in its
+/// caches, and a session of it was never ended. Neither a login (reading
+/// the cached copy) nor that session's refresh token gets a session.
+async fn a_login_or_refresh_that_raced_a_disable_gets_no_session(app: &TestApp) {
+    let email = unique_email("admin-race");
+    let pair = app.register_verified(&email, PASSWORD).await;
+    assert_eq!(app.login(&email, PASSWORD).await.status(), 200); // caches warm
+    app.sql(&format!(
+        "UPDATE users SET disabled_at = 1 WHERE email = '{email}'"
+    ))
+    .await;
+    let r = app.login(&email, PASSWORD).await;
+    assert_eq!(r.status(), 403);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"], "ACCOUNT_DISABLED");
+    let r = app
+        .post("/auth/refresh", json!({"refresh_token": pair["refresh_token"]}))
+        .await;
+    assert_eq!(r.status(), 401);
+    let admin = admin_token(app).await;
+    let id = user_id(app, &pair).await;
+    let sessions = call(
+        app,
+        reqwest::Method::GET,
+        &format!("/admin/events?user_id={id}&kind=session.created"),
+        Some(&admin),
+        None,
+    )
+    .await
+    .json::<Value>()
+    .await
+    .unwrap();
+    assert_eq!(sessions["events"].as_array().unwrap().len(), 2, "{sessions}");
+}
+
+/// A change refused for one field (the new email is taken) leaves the
+/// others as they were.
+async fn a_refused_change_changes_nothing(app: &TestApp) {
+    let admin = admin_token(app).await;
+    let (email, other) = (unique_email("admin-atomic"), unique_email("admin-taken"));
+    let pair = app.register_verified(&email, PASSWORD).await;
+    app.register_verified(&other, PASSWORD).await;
+    let id = user_id(app, &pair).await;
+    let path = format!("/admin/users/{id}");
+    let r = call(
+        app,
+        reqwest::Method::PATCH,
+        &path,
+        Some(&admin),
+        Some(json!({"name": "Changed", "disabled": true, "email": other})),
+    )
+    .await;
+    assert_eq!(r.status(), 409);
+    let u: Value = call(app, reqwest::Method::GET, &path, Some(&admin), None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (u["email"].as_str().unwrap(), u["disabled"].as_bool().unwrap()),
+        (email.as_str(), false)
+    );
+    assert!(u["name"].is_null(), "{u}");
+    assert_eq!(app.validate(pair["access_token"].as_str().unwrap()).await, 200);
 }

@@ -19,6 +19,7 @@ crate::on_every_backend!(
     a_flood_from_one_address_does_not_spend_the_owners_allowance,
     an_unverified_login_earns_no_known_address,
     logout_does_not_end_an_oauth_clients_session,
+    an_oauth_clients_user_token_cannot_see_or_end_the_users_sessions,
     one_address_cannot_lock_the_owner_out,
     distributed_guessing_is_capped_but_the_owner_keeps_their_usual_address,
     code_endpoints_answer_unknown_emails_like_known_ones,
@@ -74,25 +75,15 @@ async fn answer(r: reqwest::Response) -> (u16, String) {
     (status, body["error"].as_str().unwrap_or("").to_string())
 }
 
-async fn sql(app: &TestApp, statement: &str) {
-    match &app.services.store.db {
-        latchkey::store::Db::Sqlite(p) => sqlx::query(statement).execute(p).await.map(|_| ()).unwrap(),
-        latchkey::store::Db::Postgres(p) => sqlx::query(statement).execute(p).await.map(|_| ()).unwrap(),
-    }
-}
-
 /// Every code as if issued two minutes ago: past the one-minute resend pause.
 async fn past_resend_pause(app: &TestApp) {
-    sql(app, "UPDATE codes SET created_at = created_at - 120000").await;
+    app.sql("UPDATE codes SET created_at = created_at - 120000").await;
 }
 
 /// Every code as if issued well over ten minutes ago: expired.
 async fn expire_codes(app: &TestApp) {
-    sql(
-        app,
-        "UPDATE codes SET created_at = created_at - 700000, expires_at = expires_at - 700000",
-    )
-    .await;
+    app.sql("UPDATE codes SET created_at = created_at - 700000, expires_at = expires_at - 700000")
+        .await;
 }
 
 /// An attacker registers the victim's email first, with the attacker's
@@ -285,6 +276,29 @@ async fn logout_does_not_end_an_oauth_clients_session(app: &TestApp) {
     )
     .await;
     assert_eq!(r.status(), 200);
+}
+
+/// A third-party client holds a user's access token to call its own APIs;
+/// with it, it may not list the user's devices (addresses, user agents) or
+/// end the user's other sessions.
+async fn an_oauth_clients_user_token_cannot_see_or_end_the_users_sessions(app: &TestApp) {
+    let (_, pair) = client_session(app, "nosy-app", "oauthsessions").await;
+    let token = pair["access_token"].as_str().unwrap();
+    let r = app.get_bearer("/auth/sessions", token).await;
+    assert_eq!(r.status(), 403);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"], "FIRST_PARTY_ONLY");
+    for path in ["/auth/sessions", "/auth/sessions?others=true"] {
+        let r = app
+            .http
+            .delete(app.url(path))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 403, "{path}");
+    }
+    // Its own session is untouched, and still works.
+    assert_eq!(app.validate(token).await, 200);
 }
 
 /// Failed logins from one address delay and lock that address, not the
@@ -644,11 +658,8 @@ async fn cross_site_simple_requests_are_refused(app: &TestApp) {
 async fn undeliverable_mail_becomes_a_dead_letter(app: &TestApp) {
     let before = dead_total(&app.metrics().await);
     // A row nobody can open (sealed under another key).
-    sql(
-        app,
-        "INSERT INTO outbox (payload, created_at, next_attempt_at) VALUES ('garbage', 1, 1)",
-    )
-    .await;
+    app.sql("INSERT INTO outbox (payload, created_at, next_attempt_at) VALUES ('garbage', 1, 1)")
+        .await;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let (backlog, _, dead) = app.services.store.outbox_backlog().await.unwrap();
@@ -957,7 +968,7 @@ async fn tokens_of_a_key_sealed_under_another_secret_still_verify() {
         a.services.store.add_signing_key(&k).await.unwrap();
     }
     elsewhere.stop().await;
-    sql(&a, "DELETE FROM installation").await;
+    a.sql("DELETE FROM installation").await;
     let b = a.twin_with(&[("secret_key", OTHER)]).await;
     assert_eq!(
         b.validate(token).await,
@@ -975,7 +986,7 @@ async fn tokens_of_a_key_sealed_under_another_secret_still_verify() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_start_under_a_foreign_secret_does_not_claim_the_database() {
     let a = TestApp::embedded(&[]).await;
-    sql(&a, "DELETE FROM installation").await;
+    a.sql("DELETE FROM installation").await;
     let mut settings = a.settings.clone();
     settings.push((
         "secret_key".into(),

@@ -176,6 +176,15 @@ impl TestApp {
         Self::launch(self.tmp.clone(), settings).await
     }
 
+    /// Runs one SQL statement on the app's database, behind the service's
+    /// back: for ageing codes and tokens, or setting up a race's outcome.
+    pub async fn sql(&self, statement: &str) {
+        match &self.services.store.db {
+            latchkey::store::Db::Sqlite(p) => sqlx::query(statement).execute(p).await.map(|_| ()).unwrap(),
+            latchkey::store::Db::Postgres(p) => sqlx::query(statement).execute(p).await.map(|_| ()).unwrap(),
+        }
+    }
+
     pub fn is_postgres(&self) -> bool {
         self.services.store.backend_name() == "postgres"
     }

@@ -12,14 +12,26 @@ use crate::oauth::form;
 
 // Retries 200 ms apart at first, so that a short outage heals quickly.
 crate::on_every_backend!(
-    settings = &[("webhook_retry_base_ms", "200")];
+    settings = &[("webhook_retry_base_ms", "200"), ("webhook_allow_private_addresses", "true")];
     signed_events_reach_the_receiver_after_its_outage_and_none_is_lost,
 );
+
+mod ssrf {
+    // The defaults: receivers at public addresses only. One attempt.
+    crate::on_every_backend!(
+        settings = &[("webhook_max_attempts", "1")];
+        webhooks_cannot_be_pointed_at_loopback_or_private_addresses,
+    );
+
+    async fn webhooks_cannot_be_pointed_at_loopback_or_private_addresses(app: &crate::common::TestApp) {
+        super::ssrf(app).await;
+    }
+}
 
 mod dead {
     // Two attempts 100 ms apart, then dead.
     crate::on_every_backend!(
-        settings = &[("webhook_retry_base_ms", "100"), ("webhook_max_attempts", "2")];
+        settings = &[("webhook_retry_base_ms", "100"), ("webhook_max_attempts", "2"), ("webhook_allow_private_addresses", "true")];
         a_delivery_that_never_succeeds_ends_dead_and_stays_in_the_history,
     );
 
@@ -83,6 +95,102 @@ async fn dead_letters(app: &TestApp) {
         .unwrap()
         .iter()
         .any(|e| e["reason"] == id));
+}
+
+/// A name other than `localhost` that resolves to non-public addresses
+/// only: this machine's host name (Debian and containers map it to a
+/// loopback or private address), as a DNS name an attacker controls would.
+async fn a_name_of_a_private_address() -> String {
+    let name = std::fs::read_to_string("/etc/hostname")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    let addrs: Vec<_> = tokio::net::lookup_host((name.as_str(), 80))
+        .await
+        .map(|a| a.collect())
+        .unwrap_or_default();
+    assert!(
+        !name.is_empty() && !addrs.is_empty() && addrs.iter().all(|a| !latchkey::webhooks::is_public(a.ip())),
+        "this test needs the host name ({name:?}) to resolve to private addresses only: {addrs:?}"
+    );
+    name
+}
+
+/// Whoever may register a webhook could make the service call its own
+/// loopback listeners, the cloud's metadata address or the private network
+/// (and read each answer's status in the history). Refused when registered
+/// by address or `localhost`; a name that resolves to such an address (or
+/// one changed behind the service's back) fails at delivery without a
+/// connection.
+async fn ssrf(app: &TestApp) {
+    let admin = admin_token(app).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = connections.clone();
+    let accepting = tokio::spawn(async move {
+        while listener.accept().await.is_ok() {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    let add = |url: String| {
+        let admin = admin.clone();
+        async move {
+            app.http
+                .post(app.url("/admin/webhooks"))
+                .bearer_auth(&admin)
+                .json(&json!({"url": url}))
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    for url in [
+        format!("http://127.0.0.1:{port}/in"),
+        format!("http://localhost:{port}/in"),
+        format!("http://[::ffff:127.0.0.1]:{port}/in"),
+        "http://169.254.169.254/latest/meta-data/".to_string(),
+        "http://10.0.0.1/in".to_string(),
+    ] {
+        let r = add(url.clone()).await;
+        assert_eq!(r.status(), 400, "{url}");
+    }
+    let r = add("https://hooks.example.com/in".into()).await;
+    assert_eq!(r.status(), 201);
+    let hook: Value = r.json().await.unwrap();
+    let id = hook["id"].as_str().unwrap();
+    let name = a_name_of_a_private_address().await;
+    app.sql(&format!(
+        "UPDATE webhooks SET url = 'http://{name}:{port}/in' WHERE id = '{id}'"
+    ))
+    .await;
+    app.register(&unique_email("hooks-ssrf"), PASSWORD).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let delivery = loop {
+        let history: Value = app
+            .get_bearer(&format!("/admin/webhooks/{id}/deliveries"), &admin)
+            .await
+            .json()
+            .await
+            .unwrap();
+        let list = history["deliveries"].as_array().unwrap();
+        // (A delivery attempted before the change of address fails on the
+        // name hooks.example.com instead.)
+        let refused = |d: &&Value| {
+            d["state"] == "dead"
+                && d["last_error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("no public address"))
+        };
+        if let Some(d) = list.iter().find(refused) {
+            break d.clone();
+        }
+        assert!(Instant::now() < deadline, "{history:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(delivery["last_status"].is_null(), "{delivery}");
+    assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 0);
+    accepting.abort();
 }
 
 async fn admin_token(app: &TestApp) -> String {
