@@ -61,12 +61,13 @@ fn token_benches(c: &mut Criterion) {
         ("ES256", SigningAlgorithm::Es256),
     ] {
         let t = rt.block_on(tokens(alg));
+        let authn = latchkey::domain::tokens::Authn::new("pwd", 1_700_000_000_000);
         let token = t
-            .issue("user-1", "user@example.com", "session-1", "latchkey")
+            .issue("user-1", "user@example.com", "session-1", "latchkey", &authn)
             .unwrap();
         c.bench_function(&format!("sign {name}"), |b| {
             b.iter(|| {
-                t.issue("user-1", "user@example.com", "session-1", "latchkey")
+                t.issue("user-1", "user@example.com", "session-1", "latchkey", &authn)
                     .unwrap()
             })
         });

@@ -133,6 +133,8 @@ pub struct ServerKeys {
     pub outbox: Sealer,
     /// Sealing of private signing keys at rest.
     pub signing_keys: Sealer,
+    /// Sealing of TOTP secrets at rest.
+    pub factors: Sealer,
     /// A value that names the master secret without revealing it: stored in
     /// the database by the first instance, compared by every later one.
     pub secret_check: [u8; 32],
@@ -145,6 +147,7 @@ impl ServerKeys {
             codes: MacKey::new(&root.mac(&[b"latchkey/codes/v1"])),
             outbox: Sealer::new(&root.mac(&[b"latchkey/outbox/v1"])),
             signing_keys: Sealer::new(&root.mac(&[b"latchkey/signing-keys/v1"])),
+            factors: Sealer::new(&root.mac(&[b"latchkey/factors/v1"])),
             secret_check: root.mac(&[b"latchkey/secret-check/v1"]),
         }
     }

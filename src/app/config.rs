@@ -13,6 +13,7 @@ use std::time::Duration;
 use crate::cache::RedisConfig;
 use crate::domain::accounts::AccountSettings;
 use crate::domain::hashing::HashSettings;
+use crate::domain::mfa::MfaSettings;
 use crate::domain::tokens::TokenSettings;
 use crate::http::HttpSettings;
 use crate::limits::LimitSettings;
@@ -39,6 +40,7 @@ pub struct Config {
     pub accounts: AccountSettings,
     pub telemetry: TelemetrySettings,
     pub webhooks: WebhookSettings,
+    pub mfa: MfaSettings,
 }
 
 fn parse_secret_key(s: &str) -> Result<Secret<Vec<u8>>, String> {
@@ -63,7 +65,9 @@ impl Config {
         let data_dir = src.get("data_dir", PathBuf::from("./data"), |s| Ok(PathBuf::from(s)))?;
         let http = HttpSettings::read(src)?;
         let default_issuer = format!("http://{}", http.listen);
+        let tokens = TokenSettings::read(src, default_issuer)?;
         Ok(Config {
+            mfa: MfaSettings::read(src, &tokens.issuer)?,
             database: DatabaseConfig::read(src, &data_dir)?,
             // Not `optional`: an empty value (a secret that rendered empty) is
             // an error, never a silent fallback to `<data_dir>/secret.key`.
@@ -73,7 +77,7 @@ impl Config {
             mail: MailSettings::read(src)?,
             limits: LimitSettings::read(src)?,
             hashing: HashSettings::read(src)?,
-            tokens: TokenSettings::read(src, default_issuer)?,
+            tokens,
             accounts: AccountSettings::read(src)?,
             telemetry: TelemetrySettings::read(src)?,
             webhooks: WebhookSettings::read(src)?,

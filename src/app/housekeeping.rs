@@ -81,6 +81,11 @@ pub(super) async fn run(st: Arc<Services>, shutdown: Shutdown) {
             if let Err(e) = st.store.purge_deliveries(now - keep).await {
                 tracing::warn!(error = %e, "purging webhook deliveries failed");
             }
+            // Logins that never passed their second factor, ceremonies never
+            // finished, TOTP enrolments never confirmed.
+            if let Err(e) = st.accounts.purge_mfa().await {
+                tracing::warn!(error = %e, "purging second-factor challenges failed");
+            }
             let ttl = st.config.mail.dead_letter_ttl.as_millis() as i64;
             if let Err(e) = st.store.purge_dead_letters(now - ttl).await {
                 tracing::warn!(error = %e, "purging dead letters failed");

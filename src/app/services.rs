@@ -13,6 +13,7 @@ use crate::crypto::{load_master_secret, ServerKeys};
 use crate::domain::accounts::Accounts;
 use crate::domain::credcache::CredentialCache;
 use crate::domain::hashing::HashPool;
+use crate::domain::mfa::Mfa;
 use crate::domain::ops::Operations;
 use crate::domain::tokens::{Issuer, LEEWAY_SECS};
 use crate::http::{ApiState, AppState};
@@ -64,6 +65,7 @@ impl Services {
             codes,
             outbox,
             signing_keys,
+            factors,
             secret_check,
         } = ServerKeys::derive(&master);
         check_master_secret(&store, &secret_check, &signing_keys).await?;
@@ -115,6 +117,7 @@ impl Services {
             refresh_ttl: config.accounts.refresh_ttl,
             refresh_grace: config.accounts.refresh_grace,
             webhook_allow_private: config.webhooks.allow_private,
+            mfa: Mfa::new(config.mfa.clone(), factors)?,
         });
         let ops = Arc::new(Operations {
             store: store.clone(),

@@ -15,7 +15,7 @@ use super::credcache::{CredentialCache, CredentialCacheSettings};
 use super::hashing::HashPool;
 use super::input::{Code, Email, Password};
 use super::refresh::{self, RefreshDecision, RefreshState};
-use super::tokens::{Issuer, Verified};
+use super::tokens::{Authn, Issuer, Verified};
 use super::AuthError;
 use crate::cache::{Revocations, UserCache};
 use crate::clock::now_ms;
@@ -25,8 +25,8 @@ use crate::limits::{BruteForce, BruteForceRules, Limiter, PolicyName, Softlocks}
 use crate::mail::Message;
 use crate::settings::{secs, ConfigError, Source};
 use crate::store::{
-    ClientRecord, Event, KeepSessions, NewCode, NewSession, Purpose, RegisterOutcome, SessionRecord, Store,
-    UserRecord, UNUSABLE_PASSWORD,
+    ClientRecord, Event, KeepSessions, NewCode, NewSession, Purpose, RegisterOutcome, SessionRecord,
+    SessionStart, Store, UserRecord, UNUSABLE_PASSWORD,
 };
 
 /// The `client_id` claim of tokens issued through the first-party endpoints.
@@ -83,6 +83,8 @@ pub struct SessionInfo {
     pub ip: Option<String>,
     /// Whether the access token of this request belongs to it.
     pub current: bool,
+    /// How it was authenticated (RFC 8176 methods: `pwd`, `otp`, `mfa`, ...).
+    pub amr: Vec<String>,
 }
 
 impl SessionInfo {
@@ -96,6 +98,12 @@ impl SessionInfo {
             expires_at: rfc3339(s.expires_at),
             user_agent: s.user_agent,
             ip: s.ip,
+            amr: s
+                .amr
+                .split(' ')
+                .filter(|m| !m.is_empty())
+                .map(String::from)
+                .collect(),
         }
     }
 }
@@ -163,6 +171,8 @@ pub struct Accounts {
     pub refresh_grace: Duration,
     /// Whether webhooks may be registered at non-public addresses.
     pub webhook_allow_private: bool,
+    /// Second factors: the WebAuthn relying party, TOTP secrets' sealing.
+    pub mfa: super::mfa::Mfa,
 }
 
 impl Accounts {
@@ -383,13 +393,15 @@ impl Accounts {
         if user.disabled_at.is_some() {
             return Err(AuthError::AccountDisabled);
         }
-        let (session, refresh) = self.new_session(None, origin);
-        let stored = self
+        let (session, refresh) = self.new_session(None, origin, Authn::new("email", now_ms()), false);
+        let started = self
             .store
             .verify_email(email.as_str(), code_id, MAX_FAILURES, &session.as_new(&user.id))
             .await?;
-        if !stored {
-            return Err(AuthError::InvalidOtp); // used concurrently, or verified by a reset
+        match started {
+            // Used concurrently, or verified by a reset; or disabled meanwhile.
+            None | Some(SessionStart::Disabled) => return Err(AuthError::InvalidOtp),
+            Some(_) => {}
         }
         self.right_code(ip).await;
         // The mailbox's owner starts with no address known from before.
@@ -398,14 +410,12 @@ impl Accounts {
             c.forget(&user.id);
         }
         self.revocations.user_changed(email.as_str()).await;
-        self.pair(
-            &user.id,
-            &user.email,
-            &session.id,
-            FIRST_PARTY_CLIENT,
-            refresh,
-            session.expires_at,
-        )
+        if started == Some(SessionStart::FactorRequired) {
+            // The email is verified; the login goes on with a second factor
+            // (an account that had factors before an email change).
+            return Err(self.step_up(&user, &session.authn, None, origin).await);
+        }
+        self.pair(&user.id, &user.email, &session, FIRST_PARTY_CLIENT, refresh)
     }
 
     async fn find_user(&self, email: &Email) -> Result<Option<Arc<UserRecord>>, AuthError> {
@@ -565,20 +575,38 @@ impl Accounts {
             return Err(AuthError::AccountDisabled);
         }
         self.upgrade_hash_later(&user, password);
-        let (session, refresh) = self.new_session(client_id, origin);
-        if !self.store.create_session(&session.as_new(&user.id)).await? {
-            // Disabled after the account was read (a cached copy, or a race).
-            self.login_failed(Some(&user.id), ip, "account_disabled").await;
-            return Err(AuthError::AccountDisabled);
+        self.start_session(&user, client_id, origin, Authn::new("pwd", now_ms()), false)
+            .await
+    }
+
+    /// Starts a session of `user` authenticated as `authn` (`second_factor`:
+    /// that included one), or, when the account has a factor the
+    /// authentication did not pass, answers with the step up to it.
+    pub(super) async fn start_session(
+        &self,
+        user: &UserRecord,
+        client_id: Option<&str>,
+        origin: &Origin,
+        authn: Authn,
+        second_factor: bool,
+    ) -> Result<TokenPair, AuthError> {
+        let (session, refresh) = self.new_session(client_id, origin, authn, second_factor);
+        match self.store.create_session(&session.as_new(&user.id)).await? {
+            SessionStart::Started => self.pair(
+                &user.id,
+                &user.email,
+                &session,
+                client_id.unwrap_or(FIRST_PARTY_CLIENT),
+                refresh,
+            ),
+            SessionStart::Disabled => {
+                // Disabled after the account was read (a cached copy, or a race).
+                self.login_failed(Some(&user.id), origin.ip, "account_disabled")
+                    .await;
+                Err(AuthError::AccountDisabled)
+            }
+            SessionStart::FactorRequired => Err(self.step_up(user, &session.authn, client_id, origin).await),
         }
-        self.pair(
-            &user.id,
-            &user.email,
-            &session.id,
-            client_id.unwrap_or(FIRST_PARTY_CLIENT),
-            refresh,
-            session.expires_at,
-        )
     }
 
     /// Rehashes a password made with older parameters, after the answer.
@@ -664,14 +692,7 @@ impl Accounts {
                 .rotate_refresh(&hash, &sha256(next.as_bytes()), &successor, now_ms())
                 .await?
             {
-                return self.pair(
-                    &rec.user_id,
-                    &rec.email,
-                    &rec.session_id,
-                    &client,
-                    next,
-                    rec.session_expires_at,
-                );
+                return self.refreshed_pair(&rec, &client, next);
             }
             // Another request rotated it first: answer as it did.
             rec = self
@@ -689,14 +710,7 @@ impl Accounts {
                     .and_then(|s| Sealer::from_token(token, "successor").open(s, &hash))
                     .and_then(|b| String::from_utf8(b).ok())
                     .ok_or(AuthError::InvalidToken)?;
-                self.pair(
-                    &rec.user_id,
-                    &rec.email,
-                    &rec.session_id,
-                    &client,
-                    next,
-                    rec.session_expires_at,
-                )
+                self.refreshed_pair(&rec, &client, next)
             }
             RefreshDecision::Reuse => {
                 tracing::warn!(session_id = %rec.session_id, "refresh token reused after rotation: session revoked");
@@ -916,7 +930,13 @@ impl Accounts {
         .await;
     }
 
-    fn new_session(&self, client_id: Option<&str>, origin: &Origin) -> (SessionDraft, String) {
+    fn new_session(
+        &self,
+        client_id: Option<&str>,
+        origin: &Origin,
+        authn: Authn,
+        second_factor: bool,
+    ) -> (SessionDraft, String) {
         let token = random_token();
         let now = now_ms();
         let draft = SessionDraft {
@@ -927,6 +947,8 @@ impl Accounts {
             token_hash: sha256(token.as_bytes()),
             user_agent: origin.user_agent.clone(),
             ip: origin.ip.to_string(),
+            authn,
+            second_factor,
         };
         (draft, token)
     }
@@ -935,12 +957,52 @@ impl Accounts {
         &self,
         user_id: &str,
         email: &str,
+        session: &SessionDraft,
+        client_id: &str,
+        refresh_token: String,
+    ) -> Result<TokenPair, AuthError> {
+        self.token_pair(
+            user_id,
+            email,
+            &session.id,
+            client_id,
+            &session.authn,
+            refresh_token,
+            session.expires_at,
+        )
+    }
+
+    /// The pair of a refresh: the session's own authentication carries on.
+    fn refreshed_pair(
+        &self,
+        rec: &crate::store::RefreshRecord,
+        client_id: &str,
+        refresh_token: String,
+    ) -> Result<TokenPair, AuthError> {
+        let authn = Authn::new(&rec.amr, rec.auth_time);
+        self.token_pair(
+            &rec.user_id,
+            &rec.email,
+            &rec.session_id,
+            client_id,
+            &authn,
+            refresh_token,
+            rec.session_expires_at,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn token_pair(
+        &self,
+        user_id: &str,
+        email: &str,
         session_id: &str,
         client_id: &str,
+        authn: &Authn,
         refresh_token: String,
         session_expires_at: i64,
     ) -> Result<TokenPair, AuthError> {
-        let access_token = self.tokens.issue(user_id, email, session_id, client_id)?;
+        let access_token = self.tokens.issue(user_id, email, session_id, client_id, authn)?;
         Ok(TokenPair {
             access_token,
             token_type: "Bearer",
@@ -960,6 +1022,8 @@ struct SessionDraft {
     token_hash: [u8; 32],
     user_agent: Option<String>,
     ip: String,
+    authn: Authn,
+    second_factor: bool,
 }
 
 impl SessionDraft {
@@ -973,6 +1037,9 @@ impl SessionDraft {
             token_hash: &self.token_hash,
             user_agent: self.user_agent.as_deref(),
             ip: Some(&self.ip),
+            amr: &self.authn.amr,
+            auth_time: self.authn.at_ms,
+            second_factor: self.second_factor,
         }
     }
 }

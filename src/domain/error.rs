@@ -35,6 +35,19 @@ pub enum AuthError {
     /// A valid token without the scope the call needs.
     #[error("insufficient scope: {0} needed")]
     InsufficientScope(&'static str),
+    /// A right first factor of an account with a second: the login goes on
+    /// at `/auth/mfa/verify` with the step up (`None` for an OAuth client's
+    /// password grant, which cannot pass one).
+    #[error("second factor required")]
+    SecondFactorRequired(Option<Box<super::mfa::StepUp>>),
+    /// A wrong second factor; the login's token survives `tries_left` more
+    /// (negative: no token involved).
+    #[error("second factor not accepted")]
+    InvalidFactor { tries_left: i32 },
+    /// The call needs an authentication at most `max_age` seconds old, with
+    /// a second factor when `mfa` (RFC 9470).
+    #[error("a recent authentication is needed")]
+    ReauthenticationRequired { max_age: u64, mfa: bool },
     /// Account management with a token an OAuth client holds for the user.
     #[error("first-party token needed")]
     FirstPartyOnly,

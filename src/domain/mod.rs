@@ -11,6 +11,7 @@ pub mod hashing;
 pub mod import;
 pub mod input;
 pub mod legacy;
+pub mod mfa;
 pub mod ops;
 pub mod refresh;
 pub mod tokens;

@@ -128,7 +128,9 @@ pub async fn register(
 
 #[utoipa::path(post, path = "/auth/verify-otp", tag = "accounts", request_body = VerifyRequest,
     responses((status = 200, body = TokenPair), (status = 400, body = ErrorBody),
-              (status = 401, body = ErrorBody, description = "INVALID_OTP"), (status = 429, body = ErrorBody, description = "TOO_MANY_ATTEMPTS or RATE_LIMITED")))]
+              (status = 401, body = ErrorBody, description = "INVALID_OTP, or MFA_REQUIRED (an account with a second factor whose new email was just verified: the body adds a StepUp)"),
+              (status = 403, body = ErrorBody, description = "ACCOUNT_DISABLED"),
+              (status = 429, body = ErrorBody, description = "TOO_MANY_ATTEMPTS or RATE_LIMITED")))]
 pub async fn verify_otp(
     State(st): State<AppState>,
     ClientOrigin(origin): ClientOrigin,
@@ -166,7 +168,8 @@ fn sent() -> Response {
 
 #[utoipa::path(post, path = "/auth/login", tag = "accounts", request_body = LoginRequest,
     responses((status = 200, body = TokenPair), (status = 400, body = ErrorBody),
-              (status = 401, body = ErrorBody, description = "INVALID_CREDENTIALS or VERIFICATION_PENDING"),
+              (status = 401, body = ErrorBody, description = "INVALID_CREDENTIALS, VERIFICATION_PENDING, or MFA_REQUIRED: the account has a second factor; the body adds a StepUp (mfa_token, factors, webauthn) for POST /auth/mfa/verify"),
+              (status = 403, body = ErrorBody, description = "ACCOUNT_DISABLED"),
               (status = 429, body = ErrorBody, description = "TOO_MANY_ATTEMPTS or RATE_LIMITED"),
               (status = 503, body = ErrorBody, description = "OVERLOADED, with Retry-After")))]
 pub async fn login(

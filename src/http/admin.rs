@@ -251,6 +251,22 @@ pub async fn end_sessions(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(delete, path = "/admin/users/{id}/factors", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
+    params(("id" = String, Path, description = "An account id")),
+    responses((status = 204, description = "Every second factor and recovery code of the account removed: it logs in with its password alone until it enrols again"),
+              (status = 401, body = ErrorBody, description = "INVALID_TOKEN"), (status = 403, body = ErrorBody, description = "INSUFFICIENT_SCOPE"),
+              (status = 404, body = ErrorBody, description = "NOT_FOUND")))]
+pub async fn reset_factors(
+    State(st): State<AppState>,
+    AdminToken(admin): AdminToken,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    st.accounts
+        .admin_reset_factors(&admin.claims.client_id, &user_id(id)?)
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 #[utoipa::path(post, path = "/admin/users/{id}/unlock", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
     params(("id" = String, Path, description = "An account id")),
     responses((status = 204, description = "Every brute-force lock and delay of the account lifted, for every address"),

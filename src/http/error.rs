@@ -173,6 +173,56 @@ impl IntoResponse for ApiError {
                     "EMAIL_TAKEN",
                     "an account with this email exists",
                 ),
+                AuthError::SecondFactorRequired(step_up) => {
+                    let mut body = serde_json::json!({
+                        "error": "MFA_REQUIRED",
+                        "message": "the account has a second factor: complete the login at /auth/mfa/verify",
+                    });
+                    match step_up {
+                        Some(s) => {
+                            if let (Some(b), Ok(serde_json::Value::Object(extra))) =
+                                (body.as_object_mut(), serde_json::to_value(&*s))
+                            {
+                                b.extend(extra);
+                            }
+                        }
+                        None => {
+                            body["message"] =
+                                "the account has a second factor: log in through /auth/login".into();
+                        }
+                    }
+                    let mut r = (StatusCode::UNAUTHORIZED, axum::Json(body)).into_response();
+                    r.headers_mut()
+                        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+                    r
+                }
+                AuthError::InvalidFactor { tries_left } => {
+                    let mut body = serde_json::json!({
+                        "error": "INVALID_FACTOR",
+                        "message": "the second factor was not accepted",
+                    });
+                    if tries_left >= 0 {
+                        body["tries_left"] = tries_left.into();
+                    }
+                    (StatusCode::UNAUTHORIZED, axum::Json(body)).into_response()
+                }
+                AuthError::ReauthenticationRequired { max_age, mfa } => {
+                    let r = error_response(
+                        StatusCode::UNAUTHORIZED,
+                        "REAUTHENTICATION_REQUIRED",
+                        if mfa {
+                            "log in again, with your second factor, to change factors"
+                        } else {
+                            "log in again to change factors"
+                        },
+                    );
+                    let acr = if mfa { ", acr_values=\"2\"" } else { "" };
+                    with_header(
+                        r,
+                        header::WWW_AUTHENTICATE,
+                        format!("Bearer error=\"insufficient_user_authentication\", max_age={max_age}{acr}"),
+                    )
+                }
                 AuthError::FirstPartyOnly => error_response(
                     StatusCode::FORBIDDEN,
                     "FIRST_PARTY_ONLY",

@@ -4,6 +4,7 @@ pub mod accounts;
 pub mod admin;
 pub mod error;
 pub mod extract;
+pub mod mfa;
 pub mod middleware;
 pub mod oauth;
 pub mod ops;
@@ -66,9 +67,12 @@ pub type AppState = Arc<ApiState>;
         accounts::password_reset_confirm, accounts::sessions, accounts::end_session, accounts::end_sessions,
         admin::users, admin::create_user, admin::user, admin::events, admin::add_webhook, admin::webhooks,
         admin::remove_webhook, admin::webhook_deliveries, admin::unlock, admin::update_user, admin::delete_user, admin::end_sessions,
-        admin::password_reset, tokens::validate, tokens::jwks, tokens::discovery,
+        admin::password_reset, admin::reset_factors, mfa::verify, mfa::passkey_login, mfa::passkey_login_finish,
+        mfa::factors, mfa::start_totp, mfa::confirm_totp, mfa::start_passkey, mfa::finish_passkey,
+        mfa::rename_factor, mfa::remove_factor, mfa::recovery_codes, tokens::validate, tokens::jwks, tokens::discovery,
         oauth::token, oauth::introspect, oauth::revoke, ops::live, ops::ready, ops::openapi,
     ),
+    components(schemas(crate::domain::mfa::StepUp)),
     modifiers(&BearerAuth, &CommonResponses)
 )]
 pub struct ApiDoc;
@@ -175,6 +179,19 @@ pub fn router(state: AppState) -> Router {
             get(accounts::sessions).delete(accounts::end_sessions),
         )
         .route("/auth/sessions/{id}", delete(accounts::end_session))
+        .route("/auth/mfa/verify", post(mfa::verify))
+        .route("/auth/mfa/factors", get(mfa::factors))
+        .route(
+            "/auth/mfa/factors/{id}",
+            axum::routing::patch(mfa::rename_factor).delete(mfa::remove_factor),
+        )
+        .route("/auth/mfa/totp", post(mfa::start_totp))
+        .route("/auth/mfa/totp/{id}/confirm", post(mfa::confirm_totp))
+        .route("/auth/mfa/passkeys", post(mfa::start_passkey))
+        .route("/auth/mfa/passkeys/finish", post(mfa::finish_passkey))
+        .route("/auth/mfa/recovery-codes", post(mfa::recovery_codes))
+        .route("/auth/passkeys/login", post(mfa::passkey_login))
+        .route("/auth/passkeys/login/finish", post(mfa::passkey_login_finish))
         .route("/admin/users", get(admin::users).post(admin::create_user))
         .route("/admin/events", get(admin::events))
         .route("/admin/webhooks", get(admin::webhooks).post(admin::add_webhook))
@@ -188,6 +205,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/admin/users/{id}/sessions", delete(admin::end_sessions))
         .route("/admin/users/{id}/unlock", post(admin::unlock))
+        .route("/admin/users/{id}/factors", delete(admin::reset_factors))
         .route("/admin/users/{id}/password-reset", post(admin::password_reset))
         .route("/auth/password-reset", post(accounts::password_reset))
         .route(

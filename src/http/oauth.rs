@@ -64,6 +64,11 @@ impl From<AuthError> for OAuthError {
                 "invalid_scope",
                 "the client may not have the scope asked for, or has none",
             ),
+            AuthError::SecondFactorRequired(_) => OAuthError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_grant",
+                "the account has a second factor: the password grant cannot pass it",
+            ),
             AuthError::AccountDisabled => OAuthError::new(
                 StatusCode::BAD_REQUEST,
                 "invalid_grant",
@@ -74,6 +79,8 @@ impl From<AuthError> for OAuthError {
             | AuthError::InvalidToken
             | AuthError::NotFound(_)
             | AuthError::FirstPartyOnly
+            | AuthError::InvalidFactor { .. }
+            | AuthError::ReauthenticationRequired { .. }
             | AuthError::InsufficientScope(_) => OAuthError::new(
                 StatusCode::BAD_REQUEST,
                 "invalid_grant",

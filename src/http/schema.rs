@@ -64,3 +64,37 @@ pub fn refresh_token() -> Object {
 pub fn any_token() -> Object {
     string(Some(1), None, None, "A refresh token")
 }
+
+/// A token this service issued (an `mfa_token`, a `ceremony_token`).
+pub fn opaque_token() -> Object {
+    string(None, None, Some(OPAQUE_PATTERN), "A token as issued")
+}
+
+pub fn totp_code() -> Object {
+    string(
+        None,
+        None,
+        Some(CODE_PATTERN),
+        "The 6-digit code the authenticator app shows",
+    )
+}
+
+pub fn recovery_code() -> Object {
+    string(
+        Some(1),
+        Some(64),
+        None,
+        "One of the recovery codes (case, spaces and dashes do not matter)",
+    )
+}
+
+pub fn factor_name() -> Object {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
+        .max_length(Some(64))
+        .pattern(Some(NAME_PATTERN))
+        .description(Some(
+            "A name for the factor, at most 64 characters, no control characters",
+        ))
+        .build()
+}

@@ -195,16 +195,18 @@ impl Store {
     /// Activates the credentials of the registration the verification code
     /// was issued for (none if the email was contested), marks the email
     /// verified, consumes the code and starts a session, in one transaction.
-    /// `false` when the code was used concurrently, is no longer usable, or
-    /// the account is already verified. Rows are locked users first, then
-    /// codes, as registration does, so that the two cannot deadlock.
+    /// `None` when the code was used concurrently, is no longer usable, or
+    /// the account is already verified; `Some(Disabled)` changes nothing;
+    /// `Some(FactorRequired)` verifies without a session (the login goes on
+    /// with the second factor). Rows are locked users first, then codes, as
+    /// registration does, so that the two cannot deadlock.
     pub async fn verify_email(
         &self,
         email: &str,
         code_created_at: i64,
         max_failures: i32,
         session: &NewSession<'_>,
-    ) -> StoreResult<bool> {
+    ) -> StoreResult<Option<super::SessionStart>> {
         db_op!(self, "verify_email", conn => {
             let mut tx = conn.begin().await?;
             let n = sqlx::query(
@@ -227,17 +229,19 @@ impl Store {
             .await?
             .rows_affected();
             if n != 1 {
-                return Ok(false); // verified meanwhile (a reset), or the code changed
+                return Ok(None); // verified meanwhile (a reset), or the code changed
             }
             if !consume_code!(tx, email, Purpose::VerifyEmail, code_created_at, session.now, max_failures) {
-                return Ok(false);
+                return Ok(None);
             }
             super::events::record_event!(tx, &super::Event::new("user.verified", session.now).user(session.user_id).ip(session.ip));
-            if !insert_session!(tx, session) {
-                return Ok(false); // disabled meanwhile
+            let started = insert_session!(tx, session);
+            if started == super::SessionStart::Disabled {
+                return Ok(Some(started)); // disabled meanwhile: nothing changes
             }
+            // With a factor to pass, the email is verified all the same.
             tx.commit().await?;
-            Ok(true)
+            Ok(Some(started))
         })
     }
 

@@ -92,6 +92,13 @@ pub const KINDS: &[&str] = &[
     "key.activated",
     "webhook.added",
     "webhook.removed",
+    "factor.added",
+    "factor.renamed",
+    "factor.removed",
+    "factors.reset",
+    "recovery_codes.generated",
+    "recovery_code.used",
+    "mfa.failed",
 ];
 
 /// The family of a kind: up to its first dot, the dot included (`session.`).

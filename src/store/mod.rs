@@ -11,6 +11,7 @@
 mod clients;
 mod codes;
 mod events;
+mod factors;
 mod keys;
 mod outbox;
 mod sessions;
@@ -21,9 +22,12 @@ mod webhooks;
 pub use clients::ClientRecord;
 pub use codes::{CodeRecord, NewCode, Purpose, UNUSABLE_PASSWORD};
 pub use events::{family, Event, EventFilter, EventRecord, KINDS};
+pub use factors::{ChallengeRecord, FactorRecord};
 pub use keys::KeyRecord;
 pub use outbox::OutboxRow;
-pub use sessions::{KeepSessions, NewSession, RefreshRecord, SessionRecord, MAX_LISTED_SESSIONS};
+pub use sessions::{
+    KeepSessions, NewSession, RefreshRecord, SessionRecord, SessionStart, MAX_LISTED_SESSIONS,
+};
 pub use settings::{DatabaseConfig, DatabaseUrl};
 pub use users::{
     CodeMail, EmailChange, ImportOutcome, ImportedUser, NewUser, RegisterOutcome, UserFilter, UserRecord,

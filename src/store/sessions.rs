@@ -16,6 +16,24 @@ pub struct NewSession<'a> {
     /// Where it started: the client's `User-Agent` and address.
     pub user_agent: Option<&'a str>,
     pub ip: Option<&'a str>,
+    /// How the user authenticated (RFC 8176 methods, space-separated), and
+    /// when (Unix milliseconds).
+    pub amr: &'a str,
+    pub auth_time: i64,
+    /// Whether that included a second factor. Without one, the session
+    /// starts only if the account has no factor: the check is part of the
+    /// insert, so a factor confirmed meanwhile is never skipped.
+    pub second_factor: bool,
+}
+
+/// Whether a session started, and why not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionStart {
+    Started,
+    /// The account is disabled (or gone).
+    Disabled,
+    /// The account has a second factor the login has not passed.
+    FactorRequired,
 }
 
 impl NewSession<'_> {
@@ -40,6 +58,8 @@ pub struct SessionRecord {
     pub last_used_at: i64,
     pub user_agent: Option<String>,
     pub ip: Option<String>,
+    /// How it was authenticated (RFC 8176 methods, space-separated).
+    pub amr: String,
 }
 
 /// Which of a user's sessions a password change leaves live.
@@ -67,23 +87,32 @@ pub struct RefreshRecord {
     pub session_revoked_at: Option<i64>,
     pub rotated_at: Option<i64>,
     pub successor: Option<Vec<u8>>,
+    /// How and when the session was authenticated: every token of it says so.
+    pub amr: String,
+    pub auth_time: i64,
 }
 
 pub(super) const INSERT_REFRESH: &str =
     "INSERT INTO refresh_tokens (token_hash, session_id, created_at) VALUES ($1, $2, $3)";
 
+/// The condition for a session of `$2` to start (`$9`: a second factor was
+/// passed): an account that is not disabled, and either a second factor or
+/// none to pass.
+pub(super) const MAY_START: &str = "EXISTS (SELECT 1 FROM users WHERE id = $2 AND disabled_at IS NULL) \
+     AND ($9 OR NOT EXISTS (SELECT 1 FROM factors WHERE user_id = $2 AND confirmed_at IS NOT NULL))";
+
 /// Inserts a session and its first refresh token in the open transaction
-/// `$tx` (either backend: the statements are the same), unless its account
-/// is disabled; evaluates to whether it did. The check is part of the
-/// insert, so a disable committed before it cannot be missed.
+/// `$tx` (either backend: the statements are the same), if it may start
+/// ([`MAY_START`]); evaluates to a [`SessionStart`]. The check is part of
+/// the insert, so a disable or a factor committed before it cannot be missed.
 macro_rules! insert_session {
     ($tx:expr, $s:expr) => {{
         let s: &$crate::store::NewSession<'_> = $s;
-        let n = sqlx::query(
-            "INSERT INTO sessions (id, user_id, client_id, created_at, expires_at, user_agent, ip) \
-             SELECT $1, $2, $3, $4, $5, $6, $7 WHERE EXISTS \
-             (SELECT 1 FROM users WHERE id = $2 AND disabled_at IS NULL)",
-        )
+        let n = sqlx::query(&format!(
+            "INSERT INTO sessions (id, user_id, client_id, created_at, expires_at, user_agent, ip, amr, auth_time) \
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $10 WHERE {}",
+            $crate::store::sessions::MAY_START
+        ))
         .bind(s.id)
         .bind(s.user_id)
         .bind(s.client_id)
@@ -91,6 +120,9 @@ macro_rules! insert_session {
         .bind(s.expires_at)
         .bind(s.user_agent)
         .bind(s.ip)
+        .bind(s.amr)
+        .bind(s.second_factor)
+        .bind(s.auth_time)
         .execute(&mut *$tx)
         .await?
         .rows_affected();
@@ -102,11 +134,29 @@ macro_rules! insert_session {
                 .execute(&mut *$tx)
                 .await?;
             $crate::store::events::record_event!($tx, &s.event());
+            $crate::store::SessionStart::Started
+        } else {
+            $crate::store::sessions::why_not_started!($tx, s.user_id)
         }
-        n == 1
     }};
 }
 pub(super) use insert_session;
+
+/// Why a session of `$user` did not start (on `$conn`): its account is
+/// disabled or gone, or it has a factor to pass.
+macro_rules! why_not_started {
+    ($conn:expr, $user:expr) => {{
+        let enabled: Option<(bool,)> = sqlx::query_as("SELECT disabled_at IS NULL FROM users WHERE id = $1")
+            .bind($user)
+            .fetch_optional(&mut *$conn)
+            .await?;
+        match enabled {
+            Some((true,)) => $crate::store::SessionStart::FactorRequired,
+            _ => $crate::store::SessionStart::Disabled,
+        }
+    }};
+}
+pub(super) use why_not_started;
 /// Revokes every live session of user `$user` but `$keep` (`Option<&str>`)
 /// on `$conn` (a connection or an open transaction, either backend), for
 /// `$reason`; evaluates to the revoked session ids.
@@ -139,14 +189,14 @@ pub(super) use revoke_user_sessions;
 impl Store {
     /// Starts a session: one round trip on PostgreSQL (a data-modifying CTE),
     /// one local transaction on SQLite.
-    /// Starts a session unless its account is disabled (`false`).
-    pub async fn create_session(&self, s: &NewSession<'_>) -> StoreResult<bool> {
+    /// Starts a session if it may ([`SessionStart`] says why not).
+    pub async fn create_session(&self, s: &NewSession<'_>) -> StoreResult<SessionStart> {
         db_op!(self, "create_session",
             sqlite conn => {
                 let mut tx = conn.begin().await?;
-                let created = insert_session!(tx, s);
+                let started = insert_session!(tx, s);
                 tx.commit().await?;
-                Ok(created)
+                Ok(started)
             },
             postgres conn => {
                 // The session, its first refresh token and its event in one
@@ -157,9 +207,10 @@ impl Store {
                 // waits for this one and then ends it with the others.
                 let e = s.event();
                 let (created,): (i64,) = sqlx::query_as(
-                    "WITH s AS (INSERT INTO sessions (id, user_id, client_id, created_at, expires_at, user_agent, ip) \
-                     SELECT $1, u.id, $3, $4, $5, $7, $8 FROM users u WHERE u.id = $2 AND u.disabled_at IS NULL \
-                     FOR SHARE RETURNING id, user_id), \
+                    "WITH s AS (INSERT INTO sessions (id, user_id, client_id, created_at, expires_at, user_agent, ip, amr, auth_time) \
+                     SELECT $1, u.id, $3, $4, $5, $7, $8, $12, $14 FROM users u WHERE u.id = $2 AND u.disabled_at IS NULL \
+                     AND ($13 OR NOT EXISTS (SELECT 1 FROM factors f WHERE f.user_id = u.id AND f.confirmed_at IS NOT NULL)) \
+                     FOR SHARE OF u RETURNING id, user_id), \
                      r AS (INSERT INTO refresh_tokens (token_hash, session_id, created_at) SELECT $6, id, $4 FROM s), \
                      e AS (INSERT INTO events (at, kind, user_id, session_id, ip, reason) \
                      SELECT $4, $9, user_id, id, $8, $10 FROM s RETURNING id), \
@@ -179,9 +230,16 @@ impl Store {
                 .bind(e.kind)
                 .bind(e.reason)
                 .bind(super::events::family(e.kind))
+                .bind(s.amr)
+                .bind(s.second_factor)
+                .bind(s.auth_time)
                 .fetch_one(&mut *conn)
                 .await?;
-                Ok(created == 1)
+                if created == 1 {
+                    Ok(SessionStart::Started)
+                } else {
+                    Ok(why_not_started!(conn, s.user_id))
+                }
             },
         )
     }
@@ -196,12 +254,14 @@ impl Store {
             Option<i64>,
             Option<i64>,
             Option<Vec<u8>>,
+            String,
+            i64,
         );
         let row: Option<Row> = db_op!(self, "refresh_token", conn => Ok(sqlx::query_as(
             // A disabled account's sessions count as revoked when it was
             // disabled, whatever a login racing the disable left behind.
             "SELECT s.id, s.user_id, u.email, s.client_id, s.expires_at, COALESCE(s.revoked_at, u.disabled_at), \
-             r.rotated_at, r.successor \
+             r.rotated_at, r.successor, s.amr, COALESCE(s.auth_time, s.created_at) \
              FROM refresh_tokens r JOIN sessions s ON s.id = r.session_id JOIN users u ON u.id = s.user_id \
              WHERE r.token_hash = $1",
         )
@@ -217,6 +277,8 @@ impl Store {
             session_revoked_at: r.5,
             rotated_at: r.6,
             successor: r.7,
+            amr: r.8,
+            auth_time: r.9,
         }))
     }
 
@@ -314,10 +376,11 @@ impl Store {
             Option<i64>,
             Option<String>,
             Option<String>,
+            String,
         );
         let rows: Vec<Row> = db_op!(self, "live_sessions", conn => Ok(sqlx::query_as(
             "SELECT s.id, s.client_id, s.created_at, s.expires_at, \
-             (SELECT MAX(r.created_at) FROM refresh_tokens r WHERE r.session_id = s.id), s.user_agent, s.ip \
+             (SELECT MAX(r.created_at) FROM refresh_tokens r WHERE r.session_id = s.id), s.user_agent, s.ip, s.amr \
              FROM sessions s WHERE s.user_id = $1 AND s.revoked_at IS NULL AND s.expires_at > $2 \
              ORDER BY s.created_at DESC, s.id LIMIT $3",
         )
@@ -336,6 +399,7 @@ impl Store {
                 last_used_at: r.4.unwrap_or(r.2),
                 user_agent: r.5,
                 ip: r.6,
+                amr: r.7,
             })
             .collect())
     }

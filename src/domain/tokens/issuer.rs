@@ -9,7 +9,7 @@ use jsonwebtoken::Header;
 
 use super::keys::{generate_key, open_key, Key};
 use super::verifier::Verifier;
-use super::{AccessClaims, TokenSettings};
+use super::{AccessClaims, Authn, TokenSettings, ACR_MFA, ACR_SINGLE};
 use crate::cache::Revocations;
 use crate::clock::now_ms;
 use crate::crypto::Sealer;
@@ -129,15 +129,16 @@ impl Issuer {
             .await?)
     }
 
-    /// Signs an access token for a session.
+    /// Signs an access token for a session authenticated as `authn` says.
     pub fn issue(
         &self,
         user_id: &str,
         email: &str,
         session_id: &str,
         client_id: &str,
+        authn: &Authn,
     ) -> anyhow::Result<String> {
-        self.sign(user_id, email, session_id, client_id, None)
+        self.sign(user_id, email, session_id, client_id, None, Some(authn))
     }
 
     /// A client's own access token (the client_credentials grant): the
@@ -145,7 +146,7 @@ impl Issuer {
     /// client id, and it carries the granted `scope`.
     pub fn issue_for_client(&self, client_id: &str, scope: &str) -> anyhow::Result<String> {
         let sid = format!("{}{client_id}", super::CLIENT_SID_PREFIX);
-        self.sign(client_id, "", &sid, client_id, Some(scope.to_string()))
+        self.sign(client_id, "", &sid, client_id, Some(scope.to_string()), None)
     }
 
     fn sign(
@@ -155,6 +156,7 @@ impl Issuer {
         sid: &str,
         client_id: &str,
         scope: Option<String>,
+        authn: Option<&Authn>,
     ) -> anyhow::Result<String> {
         let signer = self.signer.current();
         let key = signer.as_ref().ok_or_else(|| anyhow::anyhow!("no signing key"))?;
@@ -171,6 +173,15 @@ impl Issuer {
             email: email.to_string(),
             client_id: client_id.to_string(),
             scope,
+            amr: authn.map(|a| {
+                a.amr
+                    .split(' ')
+                    .filter(|m| !m.is_empty())
+                    .map(String::from)
+                    .collect()
+            }),
+            acr: authn.map(|a| (if a.is_mfa() { ACR_MFA } else { ACR_SINGLE }).to_string()),
+            auth_time: authn.map(|a| a.at_ms / 1000),
         };
         let mut header = Header::new(key.alg);
         header.typ = Some("at+jwt".into());

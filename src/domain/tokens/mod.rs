@@ -52,6 +52,44 @@ pub struct AccessClaims {
     /// client_credentials grant), never on a user's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<String>,
+    /// How the user authenticated for this session (RFC 8176 values: `pwd`,
+    /// `otp`, `hwk`, `swk`, `mfa`; `email` for a code sent by mail); user
+    /// tokens only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amr: Option<Vec<String>>,
+    /// `"2"` when that took more than one factor (`mfa` in `amr`), else `"1"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acr: Option<String>,
+    /// When the user authenticated (Unix seconds; OpenID Connect Core §2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_time: Option<i64>,
+}
+
+/// How and when a user authenticated for a session: every access token of
+/// the session carries it (`amr`, `acr`, `auth_time`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Authn {
+    /// RFC 8176 method values, space-separated (`pwd otp mfa`).
+    pub amr: String,
+    /// Unix milliseconds.
+    pub at_ms: i64,
+}
+
+/// The `acr` of a multi-factor authentication, and of a single-factor one.
+pub const ACR_MFA: &str = "2";
+pub const ACR_SINGLE: &str = "1";
+
+impl Authn {
+    pub fn new(amr: &str, at_ms: i64) -> Authn {
+        Authn {
+            amr: amr.to_string(),
+            at_ms,
+        }
+    }
+
+    pub fn is_mfa(&self) -> bool {
+        self.amr.split(' ').any(|m| m == "mfa")
+    }
 }
 
 /// The `sid` of a client's own token: this prefix and the client id. User
@@ -63,6 +101,11 @@ impl AccessClaims {
     /// Whether the token is a client's own (client_credentials), not a user's.
     pub fn is_client(&self) -> bool {
         self.sid.starts_with(CLIENT_SID_PREFIX) && self.sub == self.client_id
+    }
+
+    /// Whether the user passed more than one factor for this session.
+    pub fn is_mfa(&self) -> bool {
+        self.amr.as_ref().is_some_and(|a| a.iter().any(|m| m == "mfa"))
     }
 
     /// Whether the token carries `scope` (a client's token only).

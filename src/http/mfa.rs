@@ -1,0 +1,284 @@
+//! Handlers of second factors (docs/api.md, "Second factors"; docs/mfa.md):
+//! the login's second step, passwordless login with a passkey, and the
+//! factors a user manages. Parse, call the domain, answer.
+
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use utoipa::ToSchema;
+use webauthn_rs::prelude::{PublicKeyCredential, RegisterPublicKeyCredential};
+
+use super::accounts::token_response;
+use super::error::{ApiError, ErrorBody};
+use super::extract::{AccountBearer, ClientOrigin, JsonBody};
+use super::schema;
+use super::AppState;
+use crate::domain::accounts::TokenPair;
+use crate::domain::input::{parse_opaque, FieldError};
+use crate::domain::mfa::{Ceremony, Enrolled, FactorInfo, FactorList, Proof, RecoveryCodes, TotpEnrolment};
+use crate::domain::AuthError;
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MfaVerifyRequest {
+    /// From the `401 MFA_REQUIRED` answer of the login.
+    #[schema(schema_with = schema::opaque_token)]
+    mfa_token: String,
+    /// Exactly one of `code`, `recovery_code` and `webauthn`.
+    #[serde(default)]
+    #[schema(schema_with = schema::totp_code)]
+    code: Option<String>,
+    #[serde(default)]
+    #[schema(schema_with = schema::recovery_code)]
+    recovery_code: Option<String>,
+    /// The `PublicKeyCredential` of `navigator.credentials.get()` with the
+    /// `webauthn` options of the answer, binary fields in base64url.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    webauthn: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NameRequest {
+    /// At most 64 characters, no control characters.
+    #[serde(default)]
+    #[schema(schema_with = schema::factor_name)]
+    name: Option<String>,
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PasskeyRequest {
+    #[serde(default)]
+    #[schema(schema_with = schema::factor_name)]
+    name: Option<String>,
+    /// Whether this passkey may log in without the password (it is then
+    /// created discoverable). Default false: a second factor only.
+    #[serde(default)]
+    passwordless: bool,
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CodeRequest {
+    #[schema(schema_with = schema::totp_code)]
+    code: String,
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CeremonyFinish {
+    #[schema(schema_with = schema::opaque_token)]
+    ceremony_token: String,
+    /// The `PublicKeyCredential` the browser gave, binary fields in base64url.
+    #[schema(value_type = Object)]
+    credential: serde_json::Value,
+}
+
+/// A `PublicKeyCredential` in its JSON form, or a client mistake.
+fn credential<T: serde::de::DeserializeOwned>(
+    field: &'static str,
+    v: serde_json::Value,
+) -> Result<T, ApiError> {
+    serde_json::from_value(v)
+        .map_err(|_| FieldError::new(field, "must be a PublicKeyCredential in its JSON form").into())
+}
+
+/// A factor id from the path; anything that is not one names no factor.
+fn factor_id(id: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    match id {
+        Ok(Path(id)) if id.starts_with("fac_") && id.len() <= 64 => Ok(id),
+        _ => Err(AuthError::NotFound("factor").into()),
+    }
+}
+
+fn created<T: serde::Serialize>(body: T) -> Response {
+    let mut r = (StatusCode::CREATED, Json(body)).into_response();
+    r.headers_mut().insert(
+        axum::http::header::CACHE_CONTROL,
+        axum::http::HeaderValue::from_static("no-store"),
+    );
+    r
+}
+
+#[utoipa::path(post, path = "/auth/mfa/verify", tag = "second factors", request_body = MfaVerifyRequest,
+    responses((status = 200, body = TokenPair, description = "The login is complete: amr says which factors"),
+              (status = 400, body = ErrorBody, description = "INVALID_REQUEST: not exactly one factor"),
+              (status = 401, body = ErrorBody, description = "INVALID_FACTOR (with tries_left), or INVALID_TOKEN: the mfa_token is unknown, used, expired or dead after 5 wrong factors"),
+              (status = 403, body = ErrorBody, description = "ACCOUNT_DISABLED")))]
+pub async fn verify(
+    State(st): State<AppState>,
+    ClientOrigin(origin): ClientOrigin,
+    JsonBody(req): JsonBody<MfaVerifyRequest>,
+) -> Result<Response, ApiError> {
+    let token = parse_opaque("mfa_token", &req.mfa_token)?;
+    let proof = match (req.code, req.recovery_code, req.webauthn) {
+        (Some(code), None, None) => Proof::Totp(code.trim().to_string()),
+        (None, Some(code), None) => {
+            if code.chars().count() > 64 {
+                return Err(FieldError::new("recovery_code", "at most 64 characters").into());
+            }
+            Proof::RecoveryCode(code)
+        }
+        (None, None, Some(w)) => Proof::WebAuthn(Box::new(credential("webauthn", w)?)),
+        _ => {
+            return Err(
+                AuthError::BadRequest("give exactly one of code, recovery_code and webauthn".into()).into(),
+            )
+        }
+    };
+    Ok(token_response(
+        st.accounts.verify_second_factor(&origin, &token, proof).await?,
+    ))
+}
+
+#[utoipa::path(post, path = "/auth/passkeys/login", tag = "second factors",
+    responses((status = 200, body = Ceremony, description = "Options for navigator.credentials.get(), naming no account")))]
+pub async fn passkey_login(
+    State(st): State<AppState>,
+    ClientOrigin(origin): ClientOrigin,
+) -> Result<Response, ApiError> {
+    Ok(Json(st.accounts.start_passkey_login(&origin).await?).into_response())
+}
+
+#[utoipa::path(post, path = "/auth/passkeys/login/finish", tag = "second factors", request_body = CeremonyFinish,
+    responses((status = 200, body = TokenPair, description = "Logged in: amr [hwk or swk, mfa]"),
+              (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody, description = "INVALID_FACTOR (no passwordless passkey, or the assertion failed), INVALID_TOKEN (the ceremony is unknown, used or expired), VERIFICATION_PENDING"),
+              (status = 403, body = ErrorBody, description = "ACCOUNT_DISABLED")))]
+pub async fn passkey_login_finish(
+    State(st): State<AppState>,
+    ClientOrigin(origin): ClientOrigin,
+    JsonBody(req): JsonBody<CeremonyFinish>,
+) -> Result<Response, ApiError> {
+    let token = parse_opaque("ceremony_token", &req.ceremony_token)?;
+    let cred: PublicKeyCredential = credential("credential", req.credential)?;
+    Ok(token_response(
+        st.accounts.finish_passkey_login(&origin, &token, &cred).await?,
+    ))
+}
+
+#[utoipa::path(get, path = "/auth/mfa/factors", tag = "second factors", security(("bearer" = [])),
+    responses((status = 200, body = FactorList),
+              (status = 401, body = ErrorBody, description = "INVALID_TOKEN"),
+              (status = 403, body = ErrorBody, description = "FIRST_PARTY_ONLY")))]
+pub async fn factors(
+    State(st): State<AppState>,
+    AccountBearer(token): AccountBearer,
+) -> Result<Response, ApiError> {
+    Ok(Json(st.accounts.factors(&token).await?).into_response())
+}
+
+#[utoipa::path(post, path = "/auth/mfa/totp", tag = "second factors", security(("bearer" = [])), request_body = NameRequest,
+    responses((status = 201, body = TotpEnrolment, description = "Shown once; confirm it with a first code"),
+              (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody, description = "INVALID_TOKEN, or REAUTHENTICATION_REQUIRED (RFC 9470): a login more recent, with the second factor if the account has one"),
+              (status = 403, body = ErrorBody, description = "FIRST_PARTY_ONLY")))]
+pub async fn start_totp(
+    State(st): State<AppState>,
+    AccountBearer(token): AccountBearer,
+    JsonBody(req): JsonBody<NameRequest>,
+) -> Result<Response, ApiError> {
+    let name = req.name.unwrap_or_default();
+    Ok(created(st.accounts.start_totp(&token, &name).await?))
+}
+
+#[utoipa::path(post, path = "/auth/mfa/totp/{id}/confirm", tag = "second factors", security(("bearer" = [])), request_body = CodeRequest,
+    params(("id" = String, Path, description = "The enrolment's factor id")),
+    responses((status = 201, body = Enrolled, description = "Confirmed; the first factor of an account comes with its recovery codes"),
+              (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody, description = "INVALID_FACTOR (a wrong code), INVALID_TOKEN or REAUTHENTICATION_REQUIRED"),
+              (status = 403, body = ErrorBody, description = "FIRST_PARTY_ONLY"),
+              (status = 404, body = ErrorBody, description = "NOT_FOUND: no such enrolment waiting")))]
+pub async fn confirm_totp(
+    State(st): State<AppState>,
+    AccountBearer(token): AccountBearer,
+    id: Result<Path<String>, PathRejection>,
+    JsonBody(req): JsonBody<CodeRequest>,
+) -> Result<Response, ApiError> {
+    let id = factor_id(id)?;
+    Ok(created(
+        st.accounts.confirm_totp(&token, &id, req.code.trim()).await?,
+    ))
+}
+
+#[utoipa::path(post, path = "/auth/mfa/passkeys", tag = "second factors", security(("bearer" = [])), request_body = PasskeyRequest,
+    responses((status = 200, body = Ceremony, description = "Options for navigator.credentials.create()"),
+              (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody, description = "INVALID_TOKEN or REAUTHENTICATION_REQUIRED"),
+              (status = 403, body = ErrorBody, description = "FIRST_PARTY_ONLY")))]
+pub async fn start_passkey(
+    State(st): State<AppState>,
+    AccountBearer(token): AccountBearer,
+    JsonBody(req): JsonBody<PasskeyRequest>,
+) -> Result<Response, ApiError> {
+    let name = req.name.unwrap_or_default();
+    Ok(Json(st.accounts.start_passkey(&token, &name, req.passwordless).await?).into_response())
+}
+
+#[utoipa::path(post, path = "/auth/mfa/passkeys/finish", tag = "second factors", security(("bearer" = [])), request_body = CeremonyFinish,
+    responses((status = 201, body = Enrolled, description = "Registered; the first factor of an account comes with its recovery codes"),
+              (status = 400, body = ErrorBody, description = "INVALID_REQUEST: the credential was not accepted, or is registered already"),
+              (status = 401, body = ErrorBody, description = "INVALID_TOKEN (the ceremony too) or REAUTHENTICATION_REQUIRED"),
+              (status = 403, body = ErrorBody, description = "FIRST_PARTY_ONLY")))]
+pub async fn finish_passkey(
+    State(st): State<AppState>,
+    AccountBearer(token): AccountBearer,
+    JsonBody(req): JsonBody<CeremonyFinish>,
+) -> Result<Response, ApiError> {
+    let ceremony = parse_opaque("ceremony_token", &req.ceremony_token)?;
+    let cred: RegisterPublicKeyCredential = credential("credential", req.credential)?;
+    Ok(created(
+        st.accounts.finish_passkey(&token, &ceremony, &cred).await?,
+    ))
+}
+
+#[utoipa::path(patch, path = "/auth/mfa/factors/{id}", tag = "second factors", security(("bearer" = [])), request_body = NameRequest,
+    params(("id" = String, Path, description = "A factor id")),
+    responses((status = 200, body = FactorInfo),
+              (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody, description = "INVALID_TOKEN"),
+              (status = 403, body = ErrorBody, description = "FIRST_PARTY_ONLY"),
+              (status = 404, body = ErrorBody, description = "NOT_FOUND")))]
+pub async fn rename_factor(
+    State(st): State<AppState>,
+    AccountBearer(token): AccountBearer,
+    id: Result<Path<String>, PathRejection>,
+    JsonBody(req): JsonBody<NameRequest>,
+) -> Result<Response, ApiError> {
+    let id = factor_id(id)?;
+    let name = req.name.unwrap_or_default();
+    Ok(Json(st.accounts.rename_factor(&token, &id, &name).await?).into_response())
+}
+
+#[utoipa::path(delete, path = "/auth/mfa/factors/{id}", tag = "second factors", security(("bearer" = [])),
+    params(("id" = String, Path, description = "A factor id")),
+    responses((status = 204, description = "Removed (with the last factor, the recovery codes go too)"),
+              (status = 401, body = ErrorBody, description = "INVALID_TOKEN or REAUTHENTICATION_REQUIRED"),
+              (status = 403, body = ErrorBody, description = "FIRST_PARTY_ONLY"),
+              (status = 404, body = ErrorBody, description = "NOT_FOUND")))]
+pub async fn remove_factor(
+    State(st): State<AppState>,
+    AccountBearer(token): AccountBearer,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    let id = factor_id(id)?;
+    st.accounts.remove_factor(&token, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(post, path = "/auth/mfa/recovery-codes", tag = "second factors", security(("bearer" = [])),
+    responses((status = 201, body = RecoveryCodes, description = "A new set; the old one no longer works"),
+              (status = 400, body = ErrorBody, description = "INVALID_REQUEST: the account has no second factor"),
+              (status = 401, body = ErrorBody, description = "INVALID_TOKEN or REAUTHENTICATION_REQUIRED"),
+              (status = 403, body = ErrorBody, description = "FIRST_PARTY_ONLY")))]
+pub async fn recovery_codes(
+    State(st): State<AppState>,
+    AccountBearer(token): AccountBearer,
+) -> Result<Response, ApiError> {
+    Ok(created(st.accounts.new_recovery_codes(&token).await?))
+}
