@@ -11,6 +11,7 @@ pub mod ops;
 pub mod schema;
 mod settings;
 pub mod tokens;
+mod ui;
 
 pub use settings::{ClientAddress, HttpSettings};
 
@@ -221,6 +222,9 @@ pub fn router(state: AppState) -> Router {
         .route("/health/live", get(ops::live))
         .route("/health/ready", get(ops::ready))
         .route("/openapi.json", get(ops::openapi))
+        .route("/ui/account", get(ui::page))
+        .route("/ui/account.js", get(ui::script))
+        .route("/ui/account.css", get(ui::style))
         .route_layer(axum::middleware::from_fn(middleware::tag_route))
         .fallback(|| async { ApiError::NotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })

@@ -165,6 +165,7 @@ fn admin_routes(id: &str, hook: &str) -> Vec<(reqwest::Method, String, Option<Va
         (Method::DELETE, format!("/admin/users/{id}/sessions"), None),
         (Method::POST, format!("/admin/users/{id}/unlock"), None),
         (Method::POST, format!("/admin/users/{id}/password-reset"), None),
+        (Method::DELETE, format!("/admin/users/{id}/factors"), None),
         (Method::DELETE, format!("/admin/users/{id}"), None),
     ]
 }

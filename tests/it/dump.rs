@@ -13,6 +13,11 @@ const TABLES: &[&str] = &[
     "outbox",
     "signing_keys",
     "clients",
+    "factors",
+    "recovery_codes",
+    "mfa_challenges",
+    "events",
+    "webhooks",
 ];
 
 pub async fn database_text(app: &TestApp) -> String {

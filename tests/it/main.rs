@@ -14,6 +14,7 @@ mod import;
 mod layers;
 mod limits;
 mod mail;
+mod mfa;
 mod oauth;
 mod observability;
 mod ops;

@@ -119,6 +119,7 @@ async fn openapi_documents_every_endpoint(app: &TestApp) {
         );
     }
     assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
+    assert!(doc["components"]["securitySchemes"]["oauth2"].is_object());
 }
 
 async fn metrics_are_exposed(app: &TestApp) {

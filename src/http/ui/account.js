@@ -1,0 +1,244 @@
+// The reference client of latchkey's JSON API (docs/api.md, docs/mfa.md):
+// sign in with a password and, when the account has one, a second factor;
+// sign in with a passkey; add and remove second factors. The access token
+// lives in this page's memory only.
+"use strict";
+
+const state = { access: null, refresh: null, mfaToken: null, webauthn: null, totpId: null };
+const $ = (id) => document.getElementById(id);
+
+// Where things stand, for people and for the browser test (data-state:
+// busy, done or error).
+function status(text, kind) {
+  const s = $("status");
+  s.textContent = text;
+  s.dataset.state = kind;
+}
+
+async function api(method, path, body, auth) {
+  const headers = {};
+  if (body !== undefined) headers["content-type"] = "application/json";
+  if (auth) headers["authorization"] = "Bearer " + state.access;
+  const r = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  const text = await r.text();
+  let json = null;
+  try { json = text ? JSON.parse(text) : null; } catch (_) { json = null; }
+  return { status: r.status, body: json };
+}
+
+// WebAuthn's options and answers carry binary fields; the API writes them
+// in base64url.
+function b64urlToBuf(s) {
+  const b64 = s.replace(/-/g, "+").replace(/_/g, "/") + "===".slice((s.length + 3) % 4);
+  return Uint8Array.from(atob(b64), (c) => c.charCodeAt(0)).buffer;
+}
+
+function bufToB64url(buf) {
+  let s = "";
+  for (const b of new Uint8Array(buf)) s += String.fromCharCode(b);
+  return btoa(s).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+}
+
+function creationOptions(options) {
+  const pk = structuredClone(options.publicKey);
+  pk.challenge = b64urlToBuf(pk.challenge);
+  pk.user.id = b64urlToBuf(pk.user.id);
+  for (const c of pk.excludeCredentials || []) c.id = b64urlToBuf(c.id);
+  return { publicKey: pk };
+}
+
+function requestOptions(options) {
+  const pk = structuredClone(options.publicKey);
+  pk.challenge = b64urlToBuf(pk.challenge);
+  for (const c of pk.allowCredentials || []) c.id = b64urlToBuf(c.id);
+  return { publicKey: pk };
+}
+
+function registrationJson(cred) {
+  return {
+    id: cred.id,
+    rawId: bufToB64url(cred.rawId),
+    type: cred.type,
+    extensions: cred.getClientExtensionResults ? cred.getClientExtensionResults() : {},
+    response: {
+      clientDataJSON: bufToB64url(cred.response.clientDataJSON),
+      attestationObject: bufToB64url(cred.response.attestationObject),
+      transports: cred.response.getTransports ? cred.response.getTransports() : [],
+    },
+  };
+}
+
+function assertionJson(cred) {
+  return {
+    id: cred.id,
+    rawId: bufToB64url(cred.rawId),
+    type: cred.type,
+    extensions: cred.getClientExtensionResults ? cred.getClientExtensionResults() : {},
+    response: {
+      clientDataJSON: bufToB64url(cred.response.clientDataJSON),
+      authenticatorData: bufToB64url(cred.response.authenticatorData),
+      signature: bufToB64url(cred.response.signature),
+      userHandle: cred.response.userHandle ? bufToB64url(cred.response.userHandle) : null,
+    },
+  };
+}
+
+function show(section) {
+  for (const id of ["signed-out", "step-up", "signed-in"]) $(id).hidden = id !== section;
+}
+
+async function signedIn(pair) {
+  state.access = pair.access_token;
+  state.refresh = pair.refresh_token;
+  state.mfaToken = null;
+  const v = await api("GET", "/auth/validate", undefined, true);
+  $("who").textContent = v.body.email;
+  $("amr").textContent = (v.body.amr || []).join(" ");
+  $("acr").textContent = v.body.acr || "";
+  show("signed-in");
+  await listFactors();
+  status("Signed in with " + (v.body.amr || []).join(" "), "done");
+}
+
+function failed(r) {
+  const b = r.body || {};
+  status((b.error || r.status) + ": " + (b.message || "failed"), "error");
+}
+
+async function loginAnswer(r) {
+  if (r.status === 200) return signedIn(r.body);
+  if (r.status === 401 && r.body && r.body.error === "MFA_REQUIRED") {
+    state.mfaToken = r.body.mfa_token;
+    state.webauthn = r.body.webauthn || null;
+    const f = r.body.factors || [];
+    $("totp-form").hidden = !f.includes("totp");
+    $("webauthn-choice").hidden = !f.includes("webauthn");
+    $("recovery-form").hidden = !f.includes("recovery_code");
+    show("step-up");
+    return status("Second factor needed: " + f.join(", "), "done");
+  }
+  failed(r);
+}
+
+async function verify(proof) {
+  status("Checking…", "busy");
+  await loginAnswer(await api("POST", "/auth/mfa/verify", Object.assign({ mfa_token: state.mfaToken }, proof)));
+}
+
+async function listFactors() {
+  const r = await api("GET", "/auth/mfa/factors", undefined, true);
+  if (r.status !== 200) return failed(r);
+  const ul = $("factors");
+  ul.replaceChildren();
+  for (const f of r.body.factors) {
+    const li = document.createElement("li");
+    li.dataset.type = f.type;
+    li.textContent = f.name + " (" + f.type + (f.passwordless ? ", signs in alone" : "") + ") ";
+    const rm = document.createElement("button");
+    rm.type = "button";
+    rm.textContent = "Remove";
+    rm.className = "remove";
+    rm.addEventListener("click", () => run(async () => {
+      const d = await api("DELETE", "/auth/mfa/factors/" + encodeURIComponent(f.id), undefined, true);
+      if (d.status !== 204) return failed(d);
+      await listFactors();
+      status("Removed " + f.name, "done");
+    }));
+    li.append(rm);
+    ul.append(li);
+  }
+  $("recovery-left").textContent = r.body.recovery_codes_left + " recovery codes left";
+}
+
+function showRecovery(codes) {
+  if (!codes) return;
+  const ol = $("recovery-codes");
+  ol.replaceChildren(...codes.map((c) => Object.assign(document.createElement("li"), { textContent: c })));
+  $("recovery").hidden = false;
+}
+
+// One action at a time, with its failure shown rather than lost.
+async function run(action) {
+  status("Working…", "busy");
+  try {
+    await action();
+  } catch (e) {
+    status("error: " + e, "error");
+  }
+}
+
+function on(id, event, action) {
+  $(id).addEventListener(event, (e) => {
+    e.preventDefault();
+    run(action);
+  });
+}
+
+on("login-form", "submit", async () => {
+  const r = await api("POST", "/auth/login", { email: $("email").value, password: $("password").value });
+  await loginAnswer(r);
+});
+
+on("totp-form", "submit", () => verify({ code: $("totp-code").value }));
+on("recovery-form", "submit", () => verify({ recovery_code: $("recovery-code").value }));
+on("passkey-verify", "click", async () => {
+  const cred = await navigator.credentials.get(requestOptions(state.webauthn));
+  await verify({ webauthn: assertionJson(cred) });
+});
+
+on("passkey-login", "click", async () => {
+  const start = await api("POST", "/auth/passkeys/login", undefined);
+  if (start.status !== 200) return failed(start);
+  const cred = await navigator.credentials.get(requestOptions(start.body.options));
+  const r = await api("POST", "/auth/passkeys/login/finish", {
+    ceremony_token: start.body.ceremony_token,
+    credential: assertionJson(cred),
+  });
+  await loginAnswer(r);
+});
+
+on("logout", "click", async () => {
+  await api("POST", "/auth/logout", { refresh_token: state.refresh });
+  state.access = state.refresh = null;
+  $("recovery").hidden = true;
+  $("totp-enrol").hidden = true;
+  show("signed-out");
+  status("Signed out", "done");
+});
+
+on("totp-start", "click", async () => {
+  const r = await api("POST", "/auth/mfa/totp", { name: "Authenticator app" }, true);
+  if (r.status !== 201) return failed(r);
+  state.totpId = r.body.id;
+  $("totp-qr").src = "data:image/svg+xml;base64," + btoa(r.body.qr_svg);
+  $("totp-secret").textContent = r.body.secret;
+  $("totp-enrol").hidden = false;
+  status("Scan the code, then enter the first code the app shows", "done");
+});
+
+on("totp-confirm-form", "submit", async () => {
+  const path = "/auth/mfa/totp/" + encodeURIComponent(state.totpId) + "/confirm";
+  const r = await api("POST", path, { code: $("totp-confirm-code").value }, true);
+  if (r.status !== 201) return failed(r);
+  $("totp-enrol").hidden = true;
+  showRecovery(r.body.recovery_codes);
+  await listFactors();
+  status("Authenticator app added", "done");
+});
+
+on("passkey-form", "submit", async () => {
+  const start = await api("POST", "/auth/mfa/passkeys", {
+    name: $("passkey-name").value,
+    passwordless: $("passkey-passwordless").checked,
+  }, true);
+  if (start.status !== 200) return failed(start);
+  const cred = await navigator.credentials.create(creationOptions(start.body.options));
+  const r = await api("POST", "/auth/mfa/passkeys/finish", {
+    ceremony_token: start.body.ceremony_token,
+    credential: registrationJson(cred),
+  }, true);
+  if (r.status !== 201) return failed(r);
+  showRecovery(r.body.recovery_codes);
+  await listFactors();
+  status("Passkey added", "done");
+});
