@@ -28,6 +28,7 @@ crate::on_every_backend!(
     changing_factors_needs_a_recent_login_with_the_second_factor,
     an_administrator_resets_the_factors_of_a_user_who_lost_them,
     passkeys_of_a_software_authenticator_step_up_and_sign_in_alone,
+    passkeys_and_an_authenticator_app_work_in_a_real_browser_on_the_hosted_page,
 );
 
 /// The code pyotp (PyPI) computes for `secret` at now + `steps` × 30 s.
@@ -726,4 +727,48 @@ async fn passkeys_of_a_software_authenticator_step_up_and_sign_in_alone(app: &Te
     )
     .await;
     assert_eq!(status, 400);
+}
+
+/// The hosted page in headless Chromium with a virtual authenticator
+/// (tests/support/passkey_browser.py drives it through the DevTools
+/// protocol): a passkey and an authenticator app enrolled by pressing the
+/// page's buttons, then the three ways to sign in with them.
+async fn passkeys_and_an_authenticator_app_work_in_a_real_browser_on_the_hosted_page(app: &TestApp) {
+    let email = unique_email("mfa-browser");
+    app.register_verified(&email, PASSWORD).await;
+    let base = format!("http://localhost:{}", app.base.rsplit(':').next().unwrap());
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/passkey_browser.py");
+    let args = [script.to_string(), base, email.clone(), PASSWORD.to_string()];
+    // Off the runtime's threads: the service answers the browser meanwhile.
+    let out = tokio::task::spawn_blocking(move || Command::new("python3").args(args).output())
+        .await
+        .unwrap()
+        .expect("python3 (with websocket-client and pyotp) and chromium");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "the browser run failed:\n{text}{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let find = |step: &str, key: &str, value: &str| {
+        lines
+            .iter()
+            .find(|l| l["step"] == step && l[key] == value)
+            .unwrap_or_else(|| panic!("no {step} with {key} = {value}:\n{text}"))
+            .clone()
+    };
+    let after = find("after passkey", "step", "after passkey");
+    assert_eq!((after["recovery_codes"].as_i64(), after["factors"].clone()), (Some(10), json!(["passkey"])));
+    assert_eq!(find("confirm TOTP", "state", "done")["qr"], true);
+    assert_eq!(find("factors", "step", "factors")["factors"], json!(["passkey", "totp"]));
+    assert_eq!(
+        find("offered", "step", "offered")["offered"],
+        json!({"totp": true, "webauthn": true, "recovery": true})
+    );
+    // A virtual platform authenticator's passkey is device-bound: hwk.
+    assert_eq!(find("amr", "after", "password and passkey")["amr"], "pwd hwk mfa");
+    assert_eq!(find("amr", "after", "password and TOTP")["amr"], "pwd otp mfa");
+    let alone = find("amr", "after", "passkey alone");
+    assert_eq!((alone["amr"].as_str(), alone["who"].as_str()), (Some("hwk mfa"), Some(email.as_str())));
+    // What the page did went through the API: the account has both factors.
+    let user = app.services.store.user_by_email(&email).await.unwrap().unwrap();
+    let factors = app.services.store.factors(&user.id).await.unwrap();
+    assert_eq!(factors.iter().filter(|f| f.confirmed_at.is_some()).count(), 2);
 }
