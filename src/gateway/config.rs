@@ -73,6 +73,10 @@ pub struct RouteConfig {
     /// `false` for an upstream that routes paths case-insensitively.
     pub case_sensitive: bool,
     pub auth: bool,
+    /// Only tokens of a session that passed a second factor (`mfa` in
+    /// `amr`); others answer 401 with RFC 9470's
+    /// `insufficient_user_authentication`.
+    pub require_mfa: bool,
     pub audiences: Vec<String>,
     pub forward_authorization: bool,
     pub timeout: Duration,
@@ -366,6 +370,7 @@ const ROUTE_KEYS: &[&str] = &[
     "preserve_host",
     "case_sensitive",
     "auth",
+    "require_mfa",
     "audiences",
     "forward_authorization",
     "timeout_ms",
@@ -703,6 +708,10 @@ fn route(
     if !auth && t.contains_key("audiences") {
         return Err(f.err("audiences", "only meaningful with auth = true"));
     }
+    let require_mfa = f.boolean("require_mfa", false)?;
+    if require_mfa && !auth {
+        return Err(f.err("require_mfa", "only meaningful with auth = true"));
+    }
     let timeout = match t.get("timeout_ms") {
         None => upstream.timeout,
         Some(_) => Duration::from_millis(f.number("timeout_ms", 0, 1, 3_600_000)?),
@@ -721,6 +730,7 @@ fn route(
         preserve_host: f.boolean("preserve_host", false)?,
         case_sensitive: f.boolean("case_sensitive", true)?,
         auth,
+        require_mfa,
         audiences,
         forward_authorization: f.boolean("forward_authorization", true)?,
         timeout,

@@ -132,6 +132,9 @@ enum Refusal {
     RevocationsUnknown,
     /// 401: the bearer token, with the reason counted.
     InvalidToken(&'static str),
+    /// 401: a valid token of a session without a second factor, on a route
+    /// that requires one (RFC 9470).
+    SecondFactorRequired,
     /// 502: the upstream could not be reached or broke the connection.
     UpstreamFailed(&'static str),
     /// 504: no response headers within the route's timeout.
@@ -172,6 +175,22 @@ impl Refusal {
             Refusal::InvalidToken(reason) => {
                 auth_failure(reason);
                 invalid_token()
+            }
+            Refusal::SecondFactorRequired => {
+                auth_failure("mfa_required");
+                let mut r = error_response(
+                    StatusCode::UNAUTHORIZED,
+                    "INSUFFICIENT_USER_AUTHENTICATION",
+                    "this route needs a login with a second factor",
+                );
+                r.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static(
+                        "Bearer error=\"insufficient_user_authentication\", \
+                         error_description=\"a second factor is required\", acr_values=\"2\"",
+                    ),
+                );
+                r
             }
             Refusal::UpstreamFailed(kind) => {
                 metrics::counter!("latchkey_gateway_upstream_errors_total", "route" => name, "kind" => kind)
@@ -287,6 +306,9 @@ async fn admit<'t, 'r>(
         let v = authenticate(st, route, headers)
             .await
             .map_err(|reason| refuse(Refusal::InvalidToken(reason)))?;
+        if rc.require_mfa && !v.claims.is_mfa() {
+            return Err(refuse(Refusal::SecondFactorRequired));
+        }
         Some(v)
     } else {
         None

@@ -35,6 +35,7 @@ crate::on_every_backend!(
     bodies_stream_both_ways,
     health_metrics_and_reload,
     a_key_rotated_at_the_service_is_fetched_on_its_first_token,
+    a_route_that_requires_a_second_factor_refuses_single_factor_sessions,
 );
 
 /// The upstream: echoes method, path, query, headers and body length as
@@ -922,4 +923,47 @@ mod binary {
             let _ = self.0.wait();
         }
     }
+}
+
+/// `require_mfa = true`: only tokens of a session that passed a second
+/// factor reach the upstream; others get RFC 9470's answer, which tells
+/// the client to log in again with one.
+async fn a_route_that_requires_a_second_factor_refuses_single_factor_sessions(app: &TestApp) {
+    use crate::mfa::{enrol_totp, pyotp, settle_step, step_up};
+    let up = Upstream::start().await;
+    let extra = format!(
+        "[[routes]]\nname = \"secure\"\npath_prefix = \"/secure\"\nupstream = \"http://{}\"\nrequire_mfa = true\n",
+        up.addr
+    );
+    let gw = TestGateway::start(&config(app, &up, &extra)).await;
+    let (email, pair) = user(app, "gw-mfa").await;
+    let single = pair["access_token"].as_str().unwrap();
+    let r = gw.get("/secure/report", Some(single)).await;
+    assert_eq!(r.status(), 401);
+    let www = r.headers()["www-authenticate"].to_str().unwrap().to_string();
+    assert!(
+        www.contains("insufficient_user_authentication") && www.contains("acr_values=\"2\""),
+        "{www}"
+    );
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"],
+        "INSUFFICIENT_USER_AUTHENTICATION"
+    );
+    assert_eq!(up.hits.load(Ordering::SeqCst), 0);
+    // Routes without the setting take it as before.
+    assert_eq!(gw.get("/api/x", Some(single)).await.status(), 200);
+    let (secret, _) = enrol_totp(app, single).await;
+    settle_step().await;
+    let up_body = step_up(app, &email).await;
+    let r = app
+        .post(
+            "/auth/mfa/verify",
+            serde_json::json!({"mfa_token": up_body["mfa_token"], "code": pyotp(&secret, 1)}),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let strong: Value = r.json().await.unwrap();
+    let r = gw.get("/secure/report", strong["access_token"].as_str()).await;
+    assert_eq!(r.status(), 200);
+    gw.stop().await;
 }

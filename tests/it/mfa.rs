@@ -745,7 +745,11 @@ async fn passkeys_and_an_authenticator_app_work_in_a_real_browser_on_the_hosted_
         .unwrap()
         .expect("python3 (with websocket-client and pyotp) and chromium");
     let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(out.status.success(), "the browser run failed:\n{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "the browser run failed:\n{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let find = |step: &str, key: &str, value: &str| {
         lines
@@ -755,9 +759,15 @@ async fn passkeys_and_an_authenticator_app_work_in_a_real_browser_on_the_hosted_
             .clone()
     };
     let after = find("after passkey", "step", "after passkey");
-    assert_eq!((after["recovery_codes"].as_i64(), after["factors"].clone()), (Some(10), json!(["passkey"])));
+    assert_eq!(
+        (after["recovery_codes"].as_i64(), after["factors"].clone()),
+        (Some(10), json!(["passkey"]))
+    );
     assert_eq!(find("confirm TOTP", "state", "done")["qr"], true);
-    assert_eq!(find("factors", "step", "factors")["factors"], json!(["passkey", "totp"]));
+    assert_eq!(
+        find("factors", "step", "factors")["factors"],
+        json!(["passkey", "totp"])
+    );
     assert_eq!(
         find("offered", "step", "offered")["offered"],
         json!({"totp": true, "webauthn": true, "recovery": true})
@@ -766,7 +776,10 @@ async fn passkeys_and_an_authenticator_app_work_in_a_real_browser_on_the_hosted_
     assert_eq!(find("amr", "after", "password and passkey")["amr"], "pwd hwk mfa");
     assert_eq!(find("amr", "after", "password and TOTP")["amr"], "pwd otp mfa");
     let alone = find("amr", "after", "passkey alone");
-    assert_eq!((alone["amr"].as_str(), alone["who"].as_str()), (Some("hwk mfa"), Some(email.as_str())));
+    assert_eq!(
+        (alone["amr"].as_str(), alone["who"].as_str()),
+        (Some("hwk mfa"), Some(email.as_str()))
+    );
     // What the page did went through the API: the account has both factors.
     let user = app.services.store.user_by_email(&email).await.unwrap().unwrap();
     let factors = app.services.store.factors(&user.id).await.unwrap();
