@@ -101,10 +101,10 @@ def bench_env(tmp, **settings):
     return env
 
 
-def seed_users(binary, env, count, password=None, cwd=None, log=None):
-    """`latchkey users seed --count N`: user1@loadtest.latchkey ... userN, verified;
-    its standard output."""
-    cmd = [str(binary), "users", "seed", "--count", str(count)]
+def seed_users(binary, env, count, password=None, cwd=None, log=None, extra=()):
+    """`latchkey users seed --count N`: user1@loadtest.latchkey ... userN, verified
+    (`extra`: more flags, such as --totp-secret); its standard output."""
+    cmd = [str(binary), "users", "seed", "--count", str(count), *extra]
     if password:
         cmd += ["--password", password]
     r = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=log or subprocess.PIPE, text=True)

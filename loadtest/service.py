@@ -17,6 +17,8 @@ figures the run's report quotes for comparison (docs/performance.md):
                        VUs, 1 s think time; reference: a location app's sign-up flow
   stress-mix           0 -> 300 VUs, 80 % validate / 10 % login / 10 % register;
                        reference: a Spring Boot 4 service that collapsed at ~50 VUs
+  login-mfa            the two-step login (password, then a TOTP code) at RATE/s, on
+                       accounts seeded with an authenticator app; P95 of both < 10 ms
   validate-throughput  wrk on /auth/validate and /health/live at 50..300 connections;
                        reference: JWT validation of a Quarkus native service
   gateway              the gateway benchmark (loadtest/gateway_bench.py): upstream
@@ -100,6 +102,18 @@ SCENARIOS = {
         "everyday": "stages x 0.1, about 2 min (full: 21 min)",
         "accounts": True,
     },
+    "login-mfa": {
+        "tool": "k6",
+        "script": "loadtest/k6/login-mfa.js",
+        "about": "the two-step login (password, then a TOTP code) at 100/s; P95 of both under 10 ms",
+        "default_scale": 0.1,
+        "everyday": "10 s ramp + 60 s hold at 100/s (full: 10 s + 600 s)",
+        "accounts": True,
+        # Each account takes one code per 30 s step: 4,000 accounts at 100/s.
+        "seed_count": 4000,
+        "seed_args": ["--totp-secret", "JBSWY3DPEHPK3PXPJBSWY3DPEHPK3PXP"],
+        "k6_env": {"TOTP_SECRET": "JBSWY3DPEHPK3PXPJBSWY3DPEHPK3PXP", "ACCOUNTS": "4000"},
+    },
     "validate-throughput": {
         "tool": "wrk",
         "script": "loadtest/wrk/validate.lua",
@@ -138,7 +152,7 @@ def parse_args(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="See loadtest/README.md and docs/performance.md.")
     p.add_argument("scenario", nargs="?",
-                   help="login-slo | nearyou-flow | stress-mix | validate-throughput | any loadtest/k6/NAME.js "
+                   help="login-slo | login-mfa | nearyou-flow | stress-mix | validate-throughput | any loadtest/k6/NAME.js "
                         "(gateway and limiter: see above)")
     p.add_argument("--list", action="store_true", help="list the scenarios and their everyday forms")
     p.add_argument("--full", action="store_true",
@@ -146,7 +160,7 @@ def parse_args(argv):
     p.add_argument("--gate", action="store_true",
                    help="CI gate: login-slo, 60 s hold at 100/s, fails on P95 >= 200 ms or success <= 99 %%")
     p.add_argument("--backend", choices=["embedded", "postgres"], default="embedded")
-    p.add_argument("--rate", type=float, help="login-slo: arrivals per second (default 100)")
+    p.add_argument("--rate", type=float, help="login-slo, login-mfa: arrivals per second (default 100)")
     p.add_argument("--duration-scale", type=float, help="multiplies the full durations (1 = --full)")
     p.add_argument("--ramp-seconds", type=int, help="login-slo: ramp length (default 30)")
     p.add_argument("--vus", type=int, help="nearyou-flow / stress-mix: peak VUs (default 100 / 300)")
@@ -155,7 +169,7 @@ def parse_args(argv):
                    help="validate-throughput: comma-separated connection counts (default 50,100,...,300)")
     p.add_argument("--threads", type=int, default=2, help="validate-throughput: wrk threads (default 2)")
     p.add_argument("-e", "--env", action="append", metavar="KEY=VALUE", help="extra k6 environment variable")
-    p.add_argument("--seed-count", type=int, default=1000, help="accounts to seed (default 1000)")
+    p.add_argument("--seed-count", type=int, help="accounts to seed (default 1000; login-mfa 4000)")
     p.add_argument("--out", help="result folder (default loadtest/results/<YYYY-MM-DD-HHMM>-<scenario>)")
     p.add_argument("--binary", help=f"use this latchkey binary instead of target/release/latchkey, never "
                                     f"building (default: ${BINARY_ENV} when set)")
@@ -195,7 +209,8 @@ def parse_args(argv):
         p.error("--duration-scale must be > 0")
     if a.rate is not None and a.rate <= 0:
         p.error("--rate must be > 0")
-    for flag, value, applies in (("--rate", a.rate, ("login-slo",)), ("--ramp-seconds", a.ramp_seconds, ("login-slo",)),
+    for flag, value, applies in (("--rate", a.rate, ("login-slo", "login-mfa")),
+                                 ("--ramp-seconds", a.ramp_seconds, ("login-slo", "login-mfa")),
                                  ("--vus", a.vus, ("nearyou-flow", "stress-mix")),
                                  ("--think-time", a.think_time, ("nearyou-flow", "stress-mix")),
                                  ("--connections", a.connections, ("validate-throughput",))):
@@ -258,6 +273,8 @@ def expected_k6_seconds(scenario, scale, env):
     ramp = float(env.get("RAMP_SECONDS", 30))
     if scenario == "login-slo":
         return ramp + max(1, round(600 * scale))
+    if scenario == "login-mfa":
+        return float(env.get("RAMP_SECONDS", 10)) + max(1, round(600 * scale))
     if scenario == "nearyou-flow":
         return sum(max(1, round(s * scale)) for s in (30, 60, 60, 60, 60, 60))
     if scenario == "stress-mix":
@@ -266,7 +283,7 @@ def expected_k6_seconds(scenario, scale, env):
 
 
 def run_k6_scenario(args, scenario, scale, server, outdir, raw, sampler):
-    env_vars = k6_env_for(args, scale, server.base_url)
+    env_vars = dict(spec_for(scenario).get("k6_env", {}), **k6_env_for(args, scale, server.base_url))
     planned = expected_k6_seconds(scenario, scale, env_vars) or 60
     return run_k6(ROOT / spec_for(scenario)["script"], env_vars, summary=outdir / "summary.json",
                   log=raw / "k6.log", csv=raw / "k6.csv.gz", quiet=not sys.stdout.isatty(), echo=True,
@@ -388,10 +405,12 @@ def main(argv):
         backend = Backend(args.backend, workdir, stamp)
         ctx["backend"] = backend
         if spec["accounts"]:
-            say(f"seeding {args.seed_count} verified accounts: latchkey users seed --count {args.seed_count}")
+            count = args.seed_count or spec.get("seed_count", 1000)
+            extra = spec.get("seed_args", [])
+            say(f"seeding {count} verified accounts: latchkey users seed --count {count} {' '.join(extra)}".rstrip())
             with open(raw / "seed.log", "w") as log:
-                ctx["seed_output"] = seed_users(binary, server_env(backend, 0), args.seed_count,
-                                                cwd=backend.workdir, log=log)
+                ctx["seed_output"] = seed_users(binary, server_env(backend, 0), count,
+                                                cwd=backend.workdir, log=log, extra=extra)
         server = Server(binary, backend, raw)
         server.start()
         say(f"latchkey is ready at {server.base_url} ({backend.kind}); results in {rel(outdir)}")

@@ -117,6 +117,10 @@ pub enum UsersCommand {
         email: String,
         #[arg(long, default_value = "loadtest-password")]
         password: String,
+        /// Give every account an authenticator app with this base32 secret
+        /// (the two-step login scenario computes its codes): for a lab only.
+        #[arg(long)]
+        totp_secret: Option<String>,
     },
 }
 
@@ -249,10 +253,11 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
         Command::Users { command } => match command {
             UsersCommand::Import { file, update } => import_users(config, &file, update).await,
             UsersCommand::Seed {
+                totp_secret,
                 count,
                 email,
                 password,
-            } => seed_users(config, count, &email, &password).await,
+            } => seed_users(config, count, &email, &password, totp_secret.as_deref()).await,
         },
         Command::Gateway => unreachable!("handled before the service configuration is read"),
     }
@@ -376,10 +381,25 @@ impl std::fmt::Display for ImportCounts {
     }
 }
 
-async fn seed_users(config: Config, count: usize, pattern: &str, password: &str) -> anyhow::Result<()> {
+async fn seed_users(
+    config: Config,
+    count: usize,
+    pattern: &str,
+    password: &str,
+    totp_secret: Option<&str>,
+) -> anyhow::Result<()> {
     if !pattern.contains("{}") {
         anyhow::bail!("--email must contain {{}} (replaced by the account number)");
     }
+    let totp = totp_secret
+        .map(|b32| {
+            totp_rs::Secret::Encoded(b32.to_ascii_uppercase())
+                .to_bytes()
+                .ok()
+                .filter(|b| b.len() >= 16)
+                .ok_or_else(|| anyhow::anyhow!("--totp-secret: base32 of at least 16 bytes"))
+        })
+        .transpose()?;
     crate::domain::input::Password::parse("password", password)
         .map_err(|e| anyhow::anyhow!("--password: {}", e.reason))?;
     let store = crate::store::Store::connect(&config.database).await?;
@@ -424,6 +444,20 @@ async fn seed_users(config: Config, count: usize, pattern: &str, password: &str)
         .iter()
         .filter(|o| **o == crate::store::ImportOutcome::Created)
         .count();
+    if let Some(secret) = totp {
+        let master = crate::crypto::load_master_secret(
+            config.secret_key.as_ref().map(|s| s.expose().as_slice()),
+            &config.data_dir,
+        )?;
+        let sealer = crate::crypto::ServerKeys::derive(&master).factors;
+        let created = users
+            .iter()
+            .zip(&outcomes)
+            .filter(|(_, o)| **o == crate::store::ImportOutcome::Created)
+            .map(|(u, _)| u.id.as_str());
+        let n = crate::domain::mfa::seed_totp(&store, &sealer, created, &secret, now).await?;
+        println!("gave {n} of them an authenticator app (--totp-secret)");
+    }
     println!(
         "seeded {inserted} new verified accounts ({} requested) in {:.1} s",
         count,

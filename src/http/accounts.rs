@@ -226,17 +226,23 @@ pub async fn change_password(
     Bearer(token): Bearer,
     JsonBody(req): JsonBody<PasswordChangeRequest>,
 ) -> Result<StatusCode, ApiError> {
-    if req.current_password.is_empty() || req.current_password.chars().count() > 1024 {
-        return Err(FieldError::new("current_password", "must be the current password").into());
-    }
+    let current = current_password(&req.current_password)?;
     let new = Password::parse("new_password", &req.new_password)?;
-    // Any current password outside the rules cannot be right.
-    let current = Password::parse("current_password", &req.current_password)
-        .map_err(|_| ApiError::Auth(crate::domain::AuthError::InvalidCredentials))?;
     st.accounts
         .change_password(&token, current, new, req.end_other_sessions)
         .await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// A `current_password` field: empty or beyond 1024 characters is a client
+/// mistake (`400`); any other value outside the password rules cannot be
+/// right (`401 INVALID_CREDENTIALS`, as a wrong one).
+pub(super) fn current_password(raw: &str) -> Result<Password, ApiError> {
+    if raw.is_empty() || raw.chars().count() > 1024 {
+        return Err(FieldError::new("current_password", "must be the current password").into());
+    }
+    Password::parse("current_password", raw)
+        .map_err(|_| ApiError::Auth(crate::domain::AuthError::InvalidCredentials))
 }
 
 #[derive(Serialize, ToSchema)]

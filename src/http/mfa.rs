@@ -11,7 +11,7 @@ use serde::Deserialize;
 use utoipa::ToSchema;
 use webauthn_rs::prelude::{PublicKeyCredential, RegisterPublicKeyCredential};
 
-use super::accounts::token_response;
+use super::accounts::{current_password, token_response};
 use super::error::{ApiError, ErrorBody};
 use super::extract::{AccountBearer, ClientOrigin, JsonBody};
 use super::schema;
@@ -52,10 +52,24 @@ pub struct NameRequest {
 
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+pub struct TotpRequest {
+    #[serde(default)]
+    #[schema(schema_with = schema::factor_name)]
+    name: Option<String>,
+    /// Adding a factor takes the current password too.
+    #[schema(schema_with = schema::current_password)]
+    current_password: String,
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct PasskeyRequest {
     #[serde(default)]
     #[schema(schema_with = schema::factor_name)]
     name: Option<String>,
+    /// Adding a factor takes the current password too.
+    #[schema(schema_with = schema::current_password)]
+    current_password: String,
     /// Whether this passkey may log in without the password (it is then
     /// created discoverable). Default false: a second factor only.
     #[serde(default)]
@@ -96,13 +110,22 @@ fn factor_id(id: Result<Path<String>, PathRejection>) -> Result<String, ApiError
     }
 }
 
-fn created<T: serde::Serialize>(body: T) -> Response {
-    let mut r = (StatusCode::CREATED, Json(body)).into_response();
+/// Secrets, codes and ceremonies are never cached (RFC 9111 `no-store`).
+fn no_store_with<T: serde::Serialize>(status: StatusCode, body: T) -> Response {
+    let mut r = (status, Json(body)).into_response();
     r.headers_mut().insert(
         axum::http::header::CACHE_CONTROL,
         axum::http::HeaderValue::from_static("no-store"),
     );
     r
+}
+
+fn created<T: serde::Serialize>(body: T) -> Response {
+    no_store_with(StatusCode::CREATED, body)
+}
+
+fn no_store<T: serde::Serialize>(body: T) -> Response {
+    no_store_with(StatusCode::OK, body)
 }
 
 #[utoipa::path(post, path = "/auth/mfa/verify", tag = "second factors", request_body = MfaVerifyRequest,
@@ -142,7 +165,7 @@ pub async fn passkey_login(
     State(st): State<AppState>,
     ClientOrigin(origin): ClientOrigin,
 ) -> Result<Response, ApiError> {
-    Ok(Json(st.accounts.start_passkey_login(&origin).await?).into_response())
+    Ok(no_store(st.accounts.start_passkey_login(&origin).await?))
 }
 
 #[utoipa::path(post, path = "/auth/passkeys/login/finish", tag = "second factors", request_body = CeremonyFinish,
@@ -173,18 +196,19 @@ pub async fn factors(
     Ok(Json(st.accounts.factors(&token).await?).into_response())
 }
 
-#[utoipa::path(post, path = "/auth/mfa/totp", tag = "second factors", security(("bearer" = [])), request_body = NameRequest,
+#[utoipa::path(post, path = "/auth/mfa/totp", tag = "second factors", security(("bearer" = [])), request_body = TotpRequest,
     responses((status = 201, body = TotpEnrolment, description = "Shown once; confirm it with a first code"),
               (status = 400, body = ErrorBody),
-              (status = 401, body = ErrorBody, description = "INVALID_TOKEN, or REAUTHENTICATION_REQUIRED (RFC 9470): a login more recent, with the second factor if the account has one"),
+              (status = 401, body = ErrorBody, description = "INVALID_CREDENTIALS (the current password), INVALID_TOKEN, or REAUTHENTICATION_REQUIRED (RFC 9470): a login more recent, with the second factor if the account has one"),
               (status = 403, body = ErrorBody, description = "FIRST_PARTY_ONLY")))]
 pub async fn start_totp(
     State(st): State<AppState>,
     AccountBearer(token): AccountBearer,
-    JsonBody(req): JsonBody<NameRequest>,
+    JsonBody(req): JsonBody<TotpRequest>,
 ) -> Result<Response, ApiError> {
     let name = req.name.unwrap_or_default();
-    Ok(created(st.accounts.start_totp(&token, &name).await?))
+    let password = current_password(&req.current_password)?;
+    Ok(created(st.accounts.start_totp(&token, &name, password).await?))
 }
 
 #[utoipa::path(post, path = "/auth/mfa/totp/{id}/confirm", tag = "second factors", security(("bearer" = [])), request_body = CodeRequest,
@@ -209,7 +233,7 @@ pub async fn confirm_totp(
 #[utoipa::path(post, path = "/auth/mfa/passkeys", tag = "second factors", security(("bearer" = [])), request_body = PasskeyRequest,
     responses((status = 200, body = Ceremony, description = "Options for navigator.credentials.create()"),
               (status = 400, body = ErrorBody),
-              (status = 401, body = ErrorBody, description = "INVALID_TOKEN or REAUTHENTICATION_REQUIRED"),
+              (status = 401, body = ErrorBody, description = "INVALID_CREDENTIALS (the current password), INVALID_TOKEN or REAUTHENTICATION_REQUIRED"),
               (status = 403, body = ErrorBody, description = "FIRST_PARTY_ONLY")))]
 pub async fn start_passkey(
     State(st): State<AppState>,
@@ -217,7 +241,12 @@ pub async fn start_passkey(
     JsonBody(req): JsonBody<PasskeyRequest>,
 ) -> Result<Response, ApiError> {
     let name = req.name.unwrap_or_default();
-    Ok(Json(st.accounts.start_passkey(&token, &name, req.passwordless).await?).into_response())
+    let password = current_password(&req.current_password)?;
+    Ok(no_store(
+        st.accounts
+            .start_passkey(&token, &name, req.passwordless, password)
+            .await?,
+    ))
 }
 
 #[utoipa::path(post, path = "/auth/mfa/passkeys/finish", tag = "second factors", security(("bearer" = [])), request_body = CeremonyFinish,

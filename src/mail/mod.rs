@@ -66,6 +66,18 @@ impl Message {
         }
     }
 
+    /// To the account, when its second factors changed (`what` says how).
+    pub fn factors_changed(to: &str, what: &str) -> Message {
+        Message {
+            to: to.to_string(),
+            subject: "The second factors of your account changed".into(),
+            body: format!(
+                "{what}\n\nIf this was not you, sign in and remove what you do not recognise, \
+                 change your password, and contact the service's support.\n"
+            ),
+        }
+    }
+
     pub fn password_reset(to: &str, code: &str) -> Message {
         Message {
             to: to.to_string(),

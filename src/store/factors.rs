@@ -5,7 +5,76 @@
 use sqlx::Connection;
 
 use super::events::record_event;
+use super::outbox::{recipient, INSERT_OUTBOX};
+use super::sessions::revoke_user_sessions;
 use super::{db_op, Event, Store, StoreResult};
+
+/// What goes with a change of a user's factors, in its transaction: the
+/// notice mailed to the account (sealed), and for an addition the session
+/// that made it and the recovery codes to give if the account has none.
+pub struct FactorChange<'a> {
+    pub user_id: &'a str,
+    pub email: &'a str,
+    pub notice: &'a [u8],
+    pub now: i64,
+    /// The session making the change (kept when others end).
+    pub session_id: &'a str,
+    /// A new set of recovery codes, stored if the account has none yet.
+    pub recovery: &'a [[u8; 32]],
+}
+
+/// What adding a factor did.
+#[derive(Debug, Default)]
+pub struct FactorAdded {
+    /// The recovery codes offered were stored: show them.
+    pub recovery_codes_given: bool,
+    /// It was the account's first factor: its other sessions, which
+    /// passed none, ended (their ids).
+    pub ended_sessions: Vec<String>,
+}
+
+/// Mails `$change.notice` on `$tx` (in the change's transaction).
+macro_rules! queue_notice {
+    ($tx:expr, $change:expr) => {{
+        let c: &FactorChange<'_> = $change;
+        sqlx::query(INSERT_OUTBOX)
+            .bind(c.notice)
+            .bind(c.now)
+            .bind(&recipient(c.email)[..])
+            .execute(&mut *$tx)
+            .await?;
+    }};
+}
+
+/// After a factor was added on `$tx`: recovery codes if the account has
+/// none (decided here, so two first factors racing give one set), and,
+/// for its first factor, the end of its other sessions (they passed no
+/// second factor); the notice. Evaluates to a [`FactorAdded`].
+macro_rules! after_factor_added {
+    ($tx:expr, $change:expr) => {{
+        let c: &FactorChange<'_> = $change;
+        let (codes,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM recovery_codes WHERE user_id = $1")
+            .bind(c.user_id)
+            .fetch_one(&mut *$tx)
+            .await?;
+        let (factors,): (i64,) =
+            sqlx::query_as("SELECT COUNT(*) FROM factors WHERE user_id = $1 AND confirmed_at IS NOT NULL")
+                .bind(c.user_id)
+                .fetch_one(&mut *$tx)
+                .await?;
+        let mut added = FactorAdded::default();
+        if codes == 0 {
+            replace_recovery_codes!($tx, c.user_id, c.recovery, c.now);
+            added.recovery_codes_given = true;
+        }
+        if factors == 1 {
+            added.ended_sessions =
+                revoke_user_sessions!($tx, c.user_id, Some(c.session_id), "factor_added", c.now);
+        }
+        queue_notice!($tx, c);
+        added
+    }};
+}
 
 /// A factor as stored. A TOTP factor holds its sealed secret and the newest
 /// step accepted; a passkey its credential (public key, counter, backup
@@ -117,17 +186,16 @@ impl Store {
         })
     }
 
-    /// Confirms a waiting TOTP factor with the step of its first code, and,
-    /// when given (the user's first factor), a set of recovery codes.
-    /// `false`: no such waiting factor of this user.
+    /// Confirms a waiting TOTP factor with the step of its first code (and
+    /// what goes with an addition, [`FactorChange`]). `None`: no such
+    /// waiting factor of this user.
     pub async fn confirm_totp(
         &self,
         id: &str,
-        user_id: &str,
         step: i64,
-        now: i64,
-        recovery: Option<&[[u8; 32]]>,
-    ) -> StoreResult<bool> {
+        change: &FactorChange<'_>,
+    ) -> StoreResult<Option<FactorAdded>> {
+        let (user_id, now) = (change.user_id, change.now);
         db_op!(self, "confirm_totp", conn => {
             let mut tx = conn.begin().await?;
             let n = sqlx::query(
@@ -142,14 +210,34 @@ impl Store {
             .await?
             .rows_affected();
             if n != 1 {
-                return Ok(false);
+                return Ok(None);
             }
-            if let Some(hashes) = recovery {
-                replace_recovery_codes!(tx, user_id, hashes, now);
-            }
+            let added = after_factor_added!(tx, change);
             record_event!(tx, &Event::new("factor.added", now).user(user_id).reason("totp"));
             tx.commit().await?;
-            Ok(true)
+            Ok(Some(added))
+        })
+    }
+
+    /// Stores a factor as it is, confirmed, without event or mail: the
+    /// accounts of `latchkey users seed --totp-secret` (a load-test lab).
+    pub async fn seed_factor(&self, f: &FactorRecord) -> StoreResult<()> {
+        db_op!(self, "seed_factor", conn => {
+            sqlx::query(
+                "INSERT INTO factors (id, user_id, kind, name, secret, last_step, created_at, confirmed_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            )
+            .bind(&f.id)
+            .bind(&f.user_id)
+            .bind(&f.kind)
+            .bind(&f.name)
+            .bind(&f.secret)
+            .bind(f.last_step)
+            .bind(f.created_at)
+            .bind(f.confirmed_at)
+            .execute(&mut *conn)
+            .await?;
+            Ok(())
         })
     }
 
@@ -169,9 +257,13 @@ impl Store {
         Ok(n == 1)
     }
 
-    /// Adds a passkey (and, for a first factor, recovery codes). `false`:
-    /// its credential id is registered already.
-    pub async fn add_passkey(&self, f: &FactorRecord, recovery: Option<&[[u8; 32]]>) -> StoreResult<bool> {
+    /// Adds a passkey (and what goes with an addition, [`FactorChange`]).
+    /// `None`: its credential id is registered already.
+    pub async fn add_passkey(
+        &self,
+        f: &FactorRecord,
+        change: &FactorChange<'_>,
+    ) -> StoreResult<Option<FactorAdded>> {
         db_op!(self, "add_passkey", conn => {
             let mut tx = conn.begin().await?;
             let n = sqlx::query(
@@ -190,14 +282,12 @@ impl Store {
             .await?
             .rows_affected();
             if n != 1 {
-                return Ok(false);
+                return Ok(None);
             }
-            if let Some(hashes) = recovery {
-                replace_recovery_codes!(tx, &f.user_id, hashes, f.created_at);
-            }
+            let added = after_factor_added!(tx, change);
             record_event!(tx, &Event::new("factor.added", f.created_at).user(&f.user_id).reason("passkey"));
             tx.commit().await?;
-            Ok(true)
+            Ok(Some(added))
         })
     }
 
@@ -235,8 +325,9 @@ impl Store {
     }
 
     /// Removes a factor; with the last one go the recovery codes (they
-    /// stand in for a factor the account no longer has).
-    pub async fn remove_factor(&self, id: &str, user_id: &str, now: i64) -> StoreResult<bool> {
+    /// stand in for a factor the account no longer has). The account is told.
+    pub async fn remove_factor(&self, id: &str, change: &FactorChange<'_>) -> StoreResult<bool> {
+        let (user_id, now) = (change.user_id, change.now);
         db_op!(self, "remove_factor", conn => {
             let mut tx = conn.begin().await?;
             let n = sqlx::query("DELETE FROM factors WHERE id = $1 AND user_id = $2")
@@ -255,20 +346,18 @@ impl Store {
             .bind(user_id)
             .execute(&mut *tx)
             .await?;
+            queue_notice!(tx, change);
             record_event!(tx, &Event::new("factor.removed", now).user(user_id).reason(id));
             tx.commit().await?;
             Ok(true)
         })
     }
 
-    /// A new set of recovery codes in place of the old; `false` when the
-    /// user has no confirmed factor (the codes would stand in for none).
-    pub async fn new_recovery_codes(
-        &self,
-        user_id: &str,
-        hashes: &[[u8; 32]],
-        now: i64,
-    ) -> StoreResult<bool> {
+    /// A new set of recovery codes (`change.recovery`) in place of the old;
+    /// `false` when the user has no confirmed factor (the codes would stand
+    /// in for none). The account is told.
+    pub async fn new_recovery_codes(&self, change: &FactorChange<'_>) -> StoreResult<bool> {
+        let (user_id, hashes, now) = (change.user_id, change.recovery, change.now);
         db_op!(self, "new_recovery_codes", conn => {
             let mut tx = conn.begin().await?;
             let (factors,): (i64,) = sqlx::query_as(
@@ -281,6 +370,7 @@ impl Store {
                 return Ok(false);
             }
             replace_recovery_codes!(tx, user_id, hashes, now);
+            queue_notice!(tx, change);
             record_event!(tx, &Event::new("recovery_codes.generated", now).user(user_id));
             tx.commit().await?;
             Ok(true)
@@ -320,8 +410,10 @@ impl Store {
     }
 
     /// An administrator's reset: every factor and recovery code of the
-    /// account goes, and its logins waiting for a factor. `false`: it had none.
-    pub async fn reset_factors(&self, user_id: &str, actor: &str, now: i64) -> StoreResult<bool> {
+    /// account goes, and its logins waiting for a factor; the account is
+    /// told. `false`: it had none.
+    pub async fn reset_factors(&self, actor: &str, change: &FactorChange<'_>) -> StoreResult<bool> {
+        let (user_id, now) = (change.user_id, change.now);
         db_op!(self, "reset_factors", conn => {
             let mut tx = conn.begin().await?;
             let n = sqlx::query("DELETE FROM factors WHERE user_id = $1")
@@ -338,6 +430,7 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
             if n > 0 {
+                queue_notice!(tx, change);
                 record_event!(tx, &Event::new("factors.reset", now).user(user_id).actor(actor));
             }
             tx.commit().await?;

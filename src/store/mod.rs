@@ -22,7 +22,7 @@ mod webhooks;
 pub use clients::ClientRecord;
 pub use codes::{CodeRecord, NewCode, Purpose, UNUSABLE_PASSWORD};
 pub use events::{family, Event, EventFilter, EventRecord, KINDS};
-pub use factors::{ChallengeRecord, FactorRecord};
+pub use factors::{ChallengeRecord, FactorAdded, FactorChange, FactorRecord};
 pub use keys::KeyRecord;
 pub use outbox::OutboxRow;
 pub use sessions::{

@@ -174,6 +174,13 @@ macro_rules! revoke_user_sessions {
         .fetch_all(&mut *$conn)
         .await?;
         let ids: Vec<String> = ids.into_iter().map(|r| r.0).collect();
+        // Logins waiting for their second factor end with the sessions: a
+        // password change, a reset, a disable or an email change stops the
+        // logins begun before it too.
+        sqlx::query("DELETE FROM mfa_challenges WHERE user_id = $1 AND purpose = 'login'")
+            .bind($user)
+            .execute(&mut *$conn)
+            .await?;
         for id in &ids {
             let e = $crate::store::Event::new("session.ended", $now)
                 .user($user)

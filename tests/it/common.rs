@@ -185,6 +185,28 @@ impl TestApp {
         }
     }
 
+    /// A new OAuth client with the admin scope and its own access token
+    /// (the client_credentials grant): `(client id, token)`.
+    pub async fn admin_client(&self) -> (String, String) {
+        let id = format!("admin-{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
+        let secret =
+            latchkey::domain::clients::add(&self.services.store, &id, None, &["latchkey:admin".into()])
+                .await
+                .unwrap()
+                .unwrap();
+        let r = self
+            .http
+            .post(self.url("/oauth/token"))
+            .basic_auth(&id, Some(&secret))
+            .form(&[("grant_type", "client_credentials")])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let body: Value = r.json().await.unwrap();
+        (id, body["access_token"].as_str().unwrap().to_string())
+    }
+
     pub fn is_postgres(&self) -> bool {
         self.services.store.backend_name() == "postgres"
     }

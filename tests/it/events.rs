@@ -5,7 +5,6 @@
 use serde_json::{json, Value};
 
 use crate::common::{unique_email, TestApp, PASSWORD};
-use crate::oauth::form;
 
 // No grace for a rotated refresh token: its second use is reuse at once.
 crate::on_every_backend!(
@@ -15,23 +14,7 @@ crate::on_every_backend!(
 );
 
 async fn admin_token(app: &TestApp) -> (String, String) {
-    let id = format!("audit-{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
-    let secret = latchkey::domain::clients::add(&app.services.store, &id, None, &["latchkey:admin".into()])
-        .await
-        .unwrap()
-        .unwrap();
-    let r = form(
-        app,
-        "/oauth/token",
-        Some((&id, &secret)),
-        &[("grant_type", "client_credentials")],
-    )
-    .await;
-    let token = r.json::<Value>().await.unwrap()["access_token"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    (id, token)
+    app.admin_client().await
 }
 
 async fn events(app: &TestApp, token: &str, query: &str) -> Value {

@@ -33,22 +33,7 @@ fn vectors(tag: &str) -> Vec<Value> {
 }
 
 async fn admin(app: &TestApp) -> String {
-    let id = format!("imp-{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
-    let secret = latchkey::domain::clients::add(&app.services.store, &id, None, &["latchkey:admin".into()])
-        .await
-        .unwrap()
-        .unwrap();
-    let r = crate::oauth::form(
-        app,
-        "/oauth/token",
-        Some((&id, &secret)),
-        &[("grant_type", "client_credentials")],
-    )
-    .await;
-    r.json::<Value>().await.unwrap()["access_token"]
-        .as_str()
-        .unwrap()
-        .to_string()
+    app.admin_client().await.1
 }
 
 async fn every_third_party_hash_logs_in_and_becomes_argon2id(app: &TestApp) {

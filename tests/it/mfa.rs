@@ -29,6 +29,8 @@ crate::on_every_backend!(
     an_administrator_resets_the_factors_of_a_user_who_lost_them,
     passkeys_of_a_software_authenticator_step_up_and_sign_in_alone,
     passkeys_and_an_authenticator_app_work_in_a_real_browser_on_the_hosted_page,
+    a_stolen_session_cannot_plant_a_factor_and_the_first_factor_ends_the_others,
+    a_login_waiting_for_its_factor_dies_with_a_password_reset,
 );
 
 /// The code pyotp (PyPI) computes for `secret` at now + `steps` × 30 s.
@@ -101,7 +103,13 @@ pub async fn claims(app: &TestApp, token: &str) -> Value {
 /// Enrols an authenticator app with the session `token`: its base32
 /// secret, and the recovery codes when it was the first factor.
 pub async fn enrol_totp(app: &TestApp, token: &str) -> (String, Option<Vec<String>>) {
-    let (status, e) = post(app, "/auth/mfa/totp", Some(token), json!({"name": "My phone"})).await;
+    let (status, e) = post(
+        app,
+        "/auth/mfa/totp",
+        Some(token),
+        json!({"name": "My phone", "current_password": PASSWORD}),
+    )
+    .await;
     assert_eq!(status, 201, "{e}");
     let secret = e["secret"].as_str().unwrap().to_string();
     settle_step().await;
@@ -142,7 +150,13 @@ async fn totp_interoperates_with_pyotp_and_the_login_steps_up(app: &TestApp) {
     .await;
     assert_eq!((status, list["factors"].as_array().unwrap().len()), (200, 0));
     // The enrolment is shown once: the secret, the URI an app scans, its QR code.
-    let (status, e) = post(app, "/auth/mfa/totp", Some(access(&first)), json!({})).await;
+    let (status, e) = post(
+        app,
+        "/auth/mfa/totp",
+        Some(access(&first)),
+        json!({"current_password": PASSWORD}),
+    )
+    .await;
     assert_eq!(status, 201);
     let secret = e["secret"].as_str().unwrap();
     let uri = e["otpauth_uri"].as_str().unwrap();
@@ -238,7 +252,13 @@ async fn totp_interoperates_with_pyotp_and_the_login_steps_up(app: &TestApp) {
 async fn a_totp_code_is_never_accepted_twice_nor_outside_one_step_of_skew(app: &TestApp) {
     let email = unique_email("mfa-skew");
     let first = app.register_verified(&email, PASSWORD).await;
-    let (status, e) = post(app, "/auth/mfa/totp", Some(access(&first)), json!({})).await;
+    let (status, e) = post(
+        app,
+        "/auth/mfa/totp",
+        Some(access(&first)),
+        json!({"current_password": PASSWORD}),
+    )
+    .await;
     assert_eq!(status, 201);
     let secret = e["secret"].as_str().unwrap().to_string();
     settle_step().await;
@@ -416,7 +436,7 @@ async fn changing_factors_needs_a_recent_login_with_the_second_factor(app: &Test
         .http
         .post(app.url("/auth/mfa/totp"))
         .bearer_auth(access(&first))
-        .json(&json!({}))
+        .json(&json!({"current_password": PASSWORD}))
         .send()
         .await
         .unwrap();
@@ -535,22 +555,7 @@ async fn an_administrator_resets_the_factors_of_a_user_who_lost_them(app: &TestA
         .as_str()
         .unwrap()
         .to_string();
-    let id = format!("mfa-admin-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let secret = latchkey::domain::clients::add(&app.services.store, &id, None, &["latchkey:admin".into()])
-        .await
-        .unwrap()
-        .unwrap();
-    let r = crate::oauth::form(
-        app,
-        "/oauth/token",
-        Some((&id, &secret)),
-        &[("grant_type", "client_credentials")],
-    )
-    .await;
-    let admin = r.json::<Value>().await.unwrap()["access_token"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let (_, admin) = app.admin_client().await;
     let (status, _) = call(
         app,
         reqwest::Method::DELETE,
@@ -630,7 +635,7 @@ async fn register_passkey(
         app,
         "/auth/mfa/passkeys",
         Some(token),
-        json!({"name": "Laptop", "passwordless": passwordless}),
+        json!({"name": "Laptop", "passwordless": passwordless, "current_password": PASSWORD}),
     )
     .await;
     assert_eq!(status, 200, "{start}");
@@ -784,4 +789,76 @@ async fn passkeys_and_an_authenticator_app_work_in_a_real_browser_on_the_hosted_
     let user = app.services.store.user_by_email(&email).await.unwrap().unwrap();
     let factors = app.services.store.factors(&user.id).await.unwrap();
     assert_eq!(factors.iter().filter(|f| f.confirmed_at.is_some()).count(), 2);
+}
+
+/// A stolen access token (a fresh login's, say through an XSS) must not
+/// become a permanent way in: adding a factor takes the current password,
+/// which the thief lacks. The owner's first factor ends every other session
+/// (none of them passed a second factor), and every change is mailed.
+async fn a_stolen_session_cannot_plant_a_factor_and_the_first_factor_ends_the_others(app: &TestApp) {
+    let email = unique_email("mfa-stolen");
+    let owner = app.register_verified(&email, PASSWORD).await;
+    let stolen: Value = app.login(&email, PASSWORD).await.json().await.unwrap();
+    for (path, mut body) in [
+        ("/auth/mfa/totp", json!({})),
+        ("/auth/mfa/passkeys", json!({"passwordless": true})),
+    ] {
+        let (status, answer) = post(app, path, Some(access(&stolen)), body.clone()).await;
+        assert_eq!(
+            (status, answer["error"].as_str()),
+            (400, Some("INVALID_REQUEST")),
+            "{path}: {answer}"
+        );
+        body["current_password"] = "a guess at the password".into();
+        let (status, body) = post(app, path, Some(access(&stolen)), body).await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (401, Some("INVALID_CREDENTIALS")),
+            "{path}: {body}"
+        );
+    }
+    let (_, list) = call(
+        app,
+        reqwest::Method::GET,
+        "/auth/mfa/factors",
+        Some(access(&owner)),
+        None,
+    )
+    .await;
+    assert_eq!(list["factors"].as_array().unwrap().len(), 0);
+    // The owner adds an app: the other session (the thief's) ends.
+    enrol_totp(app, access(&owner)).await;
+    assert_eq!(app.validate(access(&stolen)).await, 401);
+    let (status, _) = post(
+        app,
+        "/auth/refresh",
+        None,
+        json!({"refresh_token": stolen["refresh_token"]}),
+    )
+    .await;
+    assert_eq!(status, 401);
+    assert_eq!(app.validate(access(&owner)).await, 200);
+    let (_, body) = app.wait_for_mail(&email, 2).await;
+    assert!(body.contains("An authenticator app was added"), "{body}");
+}
+
+/// A password reset (or change) ends the logins still waiting for their
+/// second factor: a token won with the old password is worth nothing.
+async fn a_login_waiting_for_its_factor_dies_with_a_password_reset(app: &TestApp) {
+    let email = unique_email("mfa-reset-pending");
+    let first = app.register_verified(&email, PASSWORD).await;
+    let (secret, _) = enrol_totp(app, access(&first)).await;
+    let pending = step_up(app, &email).await;
+    app.post("/auth/password-reset", json!({"email": email})).await;
+    let code = app.wait_for_code(&email, 3).await;
+    let r = app
+        .post(
+            "/auth/password-reset/confirm",
+            json!({"email": email, "code": code, "new_password": "a brand new passphrase"}),
+        )
+        .await;
+    assert_eq!(r.status(), 204);
+    settle_step().await;
+    let (status, body) = verify(app, &pending["mfa_token"], json!({"code": pyotp(&secret, 1)})).await;
+    assert_eq!((status, body["error"].as_str()), (401, Some("INVALID_TOKEN")));
 }

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::common::{free_port, unique_email, SupportServer, TestApp, PASSWORD};
-use crate::oauth::form;
 
 // Retries 200 ms apart at first, so that a short outage heals quickly.
 crate::on_every_backend!(
@@ -194,22 +193,7 @@ async fn ssrf(app: &TestApp) {
 }
 
 async fn admin_token(app: &TestApp) -> String {
-    let id = format!("hooks-{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
-    let secret = latchkey::domain::clients::add(&app.services.store, &id, None, &["latchkey:admin".into()])
-        .await
-        .unwrap()
-        .unwrap();
-    let r = form(
-        app,
-        "/oauth/token",
-        Some((&id, &secret)),
-        &[("grant_type", "client_credentials")],
-    )
-    .await;
-    r.json::<Value>().await.unwrap()["access_token"]
-        .as_str()
-        .unwrap()
-        .to_string()
+    app.admin_client().await.1
 }
 
 fn receiver(out: &std::path::Path, port: u16, secret: &str) -> SupportServer {

@@ -133,6 +133,7 @@ def main():
         step(page, "password login", password_login)
 
         def add_passkey():
+            page.fill("current-password", password)
             page.fill("passkey-name", "Virtual authenticator")
             page.check("passkey-passwordless", True)
             page.click("passkey-add")

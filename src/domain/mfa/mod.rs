@@ -34,15 +34,20 @@ use webauthn_rs::prelude::{
 };
 
 use super::accounts::{rfc3339, Accounts, Origin, TokenPair};
+use super::input::Password;
 use super::tokens::{Authn, Verified};
 use super::AuthError;
 use crate::clock::now_ms;
 use crate::crypto::{b64url, random_bytes, random_token, sha256, Sealer};
 use crate::limits::PolicyName;
 use crate::settings::{secs, switch, url_text, ConfigError, Source};
-use crate::store::{ChallengeRecord, Event, FactorRecord, UserRecord};
+use crate::store::{ChallengeRecord, Event, FactorChange, FactorRecord, UserRecord};
 
-const TOTP_AAD: &[u8] = b"latchkey/totp-secret";
+/// The associated data a TOTP secret is sealed under: its factor's id, so
+/// that a sealed secret moved to another row does not open.
+fn totp_aad(factor_id: &str) -> Vec<u8> {
+    format!("latchkey/totp-secret/{factor_id}").into_bytes()
+}
 /// Recovery codes in a set, and their shape: 10 characters of a 32-letter
 /// alphabet (50 bits) shown as two groups of five.
 pub const RECOVERY_CODES: usize = 10;
@@ -267,7 +272,10 @@ fn passkey_of(f: &FactorRecord) -> Option<Passkey> {
 /// A factor's name: at most 64 characters, no control characters; trimmed,
 /// and `default` when nothing is left.
 pub fn check_name(name: &str, default: &str) -> Result<String, AuthError> {
-    if name.chars().count() > MAX_NAME || name.chars().any(char::is_control) {
+    // Also the invisible and direction-changing format characters, with
+    // which a name could pass for another.
+    let invisible = |c: char| matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}');
+    if name.chars().count() > MAX_NAME || name.chars().any(|c| c.is_control() || invisible(c)) {
         return Err(AuthError::BadRequest(format!(
             "name: at most {MAX_NAME} characters, no control characters"
         )));
@@ -404,16 +412,7 @@ impl Accounts {
         mfa_token: &str,
         proof: Proof,
     ) -> Result<TokenPair, AuthError> {
-        self.limiter
-            .check(PolicyName::LoginIp, self.limiter.ip_key(origin.ip).as_str())
-            .await?;
-        let hash = sha256(mfa_token.as_bytes());
-        let now = now_ms();
-        let c = self
-            .store
-            .challenge(&hash, "login", now)
-            .await?
-            .ok_or(AuthError::InvalidToken)?;
+        let (hash, c, now) = self.live_challenge(origin, mfa_token, "login").await?;
         if challenge::state(c.failures, c.expires_at, now) == challenge::State::Dead {
             return Err(AuthError::InvalidToken);
         }
@@ -463,9 +462,33 @@ impl Accounts {
             .user_by_id(&user_id)
             .await?
             .ok_or(AuthError::InvalidToken)?;
+        if user.email_verified_at.is_none() {
+            return Err(AuthError::VerificationPending);
+        }
         let amr = format!("{} {method} mfa", c.amr);
         self.start_session(&user, None, origin, Authn::new(amr.trim(), now), true)
             .await
+    }
+
+    /// A login's live challenge of `purpose` under `token`, after the
+    /// address's login limit: its hash, the row, and the time it was read.
+    async fn live_challenge(
+        &self,
+        origin: &Origin,
+        token: &str,
+        purpose: &str,
+    ) -> Result<([u8; 32], ChallengeRecord, i64), AuthError> {
+        self.limiter
+            .check(PolicyName::LoginIp, self.limiter.ip_key(origin.ip).as_str())
+            .await?;
+        let hash = sha256(token.as_bytes());
+        let now = now_ms();
+        let c = self
+            .store
+            .challenge(&hash, purpose, now)
+            .await?
+            .ok_or(AuthError::InvalidToken)?;
+        Ok((hash, c, now))
     }
 
     /// The RFC 8176 method a right proof stands for, or `None` when wrong.
@@ -485,7 +508,7 @@ impl Accounts {
                     let Some(secret) = f
                         .secret
                         .as_deref()
-                        .and_then(|s| self.mfa.sealer.open(s, TOTP_AAD))
+                        .and_then(|s| self.mfa.sealer.open(s, &totp_aad(&f.id)))
                     else {
                         tracing::warn!(factor = %f.id, "a TOTP secret cannot be unsealed (secret key changed?)");
                         continue;
@@ -568,15 +591,18 @@ impl Accounts {
         Ok(factors)
     }
 
-    /// Starts a TOTP enrolment: a new secret, shown once.
-    pub async fn start_totp(&self, token: &Verified, name: &str) -> Result<TotpEnrolment, AuthError> {
+    /// Starts a TOTP enrolment: a new secret, shown once. Adding a factor
+    /// takes the current password as well as a recent login: a stolen
+    /// session alone must not be able to plant a factor of its own.
+    pub async fn start_totp(
+        &self,
+        token: &Verified,
+        name: &str,
+        password: Password,
+    ) -> Result<TotpEnrolment, AuthError> {
         self.require_recent(token).await?;
         let name = check_name(name, TOTP_NAME)?;
-        let user = self
-            .store
-            .user_by_id(&token.claims.sub)
-            .await?
-            .ok_or(AuthError::InvalidToken)?;
+        let user = self.check_current_password(token, password).await?;
         let secret = random_bytes::<{ totp::SECRET_BYTES }>();
         let id = format!("fac_{}", uuid::Uuid::new_v4().simple());
         self.store
@@ -585,7 +611,7 @@ impl Accounts {
                 user_id: user.id.clone(),
                 kind: "totp".into(),
                 name,
-                secret: Some(self.mfa.sealer.seal(&secret, TOTP_AAD)),
+                secret: Some(self.mfa.sealer.seal(&secret, &totp_aad(&id))),
                 last_step: None,
                 credential: None,
                 credential_id: None,
@@ -606,7 +632,7 @@ impl Accounts {
 
     /// Confirms a TOTP enrolment with a first code from the app.
     pub async fn confirm_totp(&self, token: &Verified, id: &str, code: &str) -> Result<Enrolled, AuthError> {
-        let factors = self.require_recent(token).await?;
+        self.require_recent(token).await?;
         let user_id = &token.claims.sub;
         let pending = self
             .store
@@ -619,21 +645,30 @@ impl Accounts {
         let secret = pending
             .secret
             .as_deref()
-            .and_then(|s| self.mfa.sealer.open(s, TOTP_AAD))
+            .and_then(|s| self.mfa.sealer.open(s, &totp_aad(id)))
             .ok_or_else(|| AuthError::Internal(anyhow::anyhow!("a TOTP secret cannot be unsealed")))?;
         let now = now_ms();
         let totp::Verdict::Accepted { step } = totp::check(&secret, code, now, None) else {
             return Err(AuthError::InvalidFactor { tries_left: -1 });
         };
         let (codes, hashes) = self.recovery_set(user_id);
-        let first = factors.is_empty();
-        let confirmed = self
-            .store
-            .confirm_totp(id, user_id, step, now, first.then_some(&hashes[..]))
+        let (user, notice) = self
+            .factor_notice(user_id, "An authenticator app was added to your account.")
             .await?;
-        if !confirmed {
-            return Err(AuthError::NotFound("factor"));
-        }
+        let change = FactorChange {
+            user_id,
+            email: &user.email,
+            notice: &notice,
+            now,
+            session_id: &token.claims.sid,
+            recovery: &hashes,
+        };
+        let added = self
+            .store
+            .confirm_totp(id, step, &change)
+            .await?
+            .ok_or(AuthError::NotFound("factor"))?;
+        self.factor_added(&added).await;
         let f = self
             .store
             .factors(user_id)
@@ -643,7 +678,7 @@ impl Accounts {
             .ok_or(AuthError::NotFound("factor"))?;
         Ok(Enrolled {
             factor: FactorInfo::from(&f),
-            recovery_codes: first.then_some(codes),
+            recovery_codes: added.recovery_codes_given.then_some(codes),
         })
     }
 
@@ -655,14 +690,11 @@ impl Accounts {
         token: &Verified,
         name: &str,
         passwordless: bool,
+        password: Password,
     ) -> Result<Ceremony, AuthError> {
         let factors = self.require_recent(token).await?;
         let name = check_name(name, PASSKEY_NAME)?;
-        let user = self
-            .store
-            .user_by_id(&token.claims.sub)
-            .await?
-            .ok_or(AuthError::InvalidToken)?;
+        let user = self.check_current_password(token, password).await?;
         let uid = uuid::Uuid::try_parse(&user.id).map_err(|e| AuthError::Internal(e.into()))?;
         let exclude: Vec<_> = factors
             .iter()
@@ -732,7 +764,7 @@ impl Accounts {
         ceremony_token: &str,
         credential: &RegisterPublicKeyCredential,
     ) -> Result<Enrolled, AuthError> {
-        let factors = self.require_recent(token).await?;
+        self.require_recent(token).await?;
         let user_id = &token.claims.sub;
         let hash = sha256(ceremony_token.as_bytes());
         let now = now_ms();
@@ -756,8 +788,18 @@ impl Accounts {
             .as_deref()
             .and_then(|d| serde_json::from_str(d).ok())
             .unwrap_or_default();
-        let first = factors.is_empty();
         let (codes, hashes) = self.recovery_set(user_id);
+        let (user, notice) = self
+            .factor_notice(user_id, "A passkey was added to your account.")
+            .await?;
+        let change = FactorChange {
+            user_id,
+            email: &user.email,
+            notice: &notice,
+            now,
+            session_id: &token.claims.sid,
+            recovery: &hashes,
+        };
         let rec = FactorRecord {
             id: format!("fac_{}", uuid::Uuid::new_v4().simple()),
             user_id: user_id.clone(),
@@ -772,14 +814,15 @@ impl Accounts {
             confirmed_at: Some(now),
             last_used_at: None,
         };
-        if !self.store.add_passkey(&rec, first.then_some(&hashes[..])).await? {
+        let Some(added) = self.store.add_passkey(&rec, &change).await? else {
             return Err(AuthError::BadRequest(
                 "credential: this passkey is registered already".into(),
             ));
-        }
+        };
+        self.factor_added(&added).await;
         Ok(Enrolled {
             factor: FactorInfo::from(&rec),
-            recovery_codes: first.then_some(codes),
+            recovery_codes: added.recovery_codes_given.then_some(codes),
         })
     }
 
@@ -817,9 +860,22 @@ impl Accounts {
         if !factors.iter().any(|f| f.id == id) {
             return Err(AuthError::NotFound("factor"));
         }
-        if !self.store.remove_factor(id, &token.claims.sub, now_ms()).await? {
+        let user_id = &token.claims.sub;
+        let (user, notice) = self
+            .factor_notice(user_id, "A second factor was removed from your account.")
+            .await?;
+        let change = FactorChange {
+            user_id,
+            email: &user.email,
+            notice: &notice,
+            now: now_ms(),
+            session_id: &token.claims.sid,
+            recovery: &[],
+        };
+        if !self.store.remove_factor(id, &change).await? {
             return Err(AuthError::NotFound("factor"));
         }
+        self.mail_wake.notify_one();
         Ok(())
     }
 
@@ -828,11 +884,26 @@ impl Accounts {
         self.require_recent(token).await?;
         let user_id = &token.claims.sub;
         let (codes, hashes) = self.recovery_set(user_id);
-        if !self.store.new_recovery_codes(user_id, &hashes, now_ms()).await? {
+        let (user, notice) = self
+            .factor_notice(
+                user_id,
+                "New recovery codes were made for your account; the old ones no longer work.",
+            )
+            .await?;
+        let change = FactorChange {
+            user_id,
+            email: &user.email,
+            notice: &notice,
+            now: now_ms(),
+            session_id: &token.claims.sid,
+            recovery: &hashes,
+        };
+        if !self.store.new_recovery_codes(&change).await? {
             return Err(AuthError::BadRequest(
                 "recovery codes stand in for a second factor: add one first".into(),
             ));
         }
+        self.mail_wake.notify_one();
         Ok(RecoveryCodes {
             recovery_codes: codes,
         })
@@ -863,16 +934,9 @@ impl Accounts {
         ceremony_token: &str,
         credential: &PublicKeyCredential,
     ) -> Result<TokenPair, AuthError> {
-        self.limiter
-            .check(PolicyName::LoginIp, self.limiter.ip_key(origin.ip).as_str())
+        let (hash, c, now) = self
+            .live_challenge(origin, ceremony_token, "passkey_login")
             .await?;
-        let hash = sha256(ceremony_token.as_bytes());
-        let now = now_ms();
-        let c = self
-            .store
-            .challenge(&hash, "passkey_login", now)
-            .await?
-            .ok_or(AuthError::InvalidToken)?;
         // One assertion per challenge, right or wrong.
         if !self.store.consume_challenge(&hash).await? {
             return Err(AuthError::InvalidToken);
@@ -918,11 +982,75 @@ impl Accounts {
     /// An administrator's reset of an account's factors (a user who lost
     /// every factor and every recovery code).
     pub async fn admin_reset_factors(&self, actor: &str, user_id: &str) -> Result<(), AuthError> {
-        if uuid::Uuid::try_parse(user_id).is_err() || self.store.user_by_id(user_id).await?.is_none() {
+        if uuid::Uuid::try_parse(user_id).is_err() {
             return Err(AuthError::NotFound("user"));
         }
-        self.store.reset_factors(user_id, actor, now_ms()).await?;
+        let Ok((user, notice)) = self
+            .factor_notice(
+                user_id,
+                "An administrator removed every second factor of your account.",
+            )
+            .await
+        else {
+            return Err(AuthError::NotFound("user"));
+        };
+        let change = FactorChange {
+            user_id,
+            email: &user.email,
+            notice: &notice,
+            now: now_ms(),
+            session_id: "",
+            recovery: &[],
+        };
+        if self.store.reset_factors(actor, &change).await? {
+            self.mail_wake.notify_one();
+        }
         Ok(())
+    }
+
+    /// The account of `user_id` and a notice to it, sealed for the outbox.
+    async fn factor_notice(&self, user_id: &str, what: &str) -> Result<(UserRecord, Vec<u8>), AuthError> {
+        let user = self
+            .store
+            .user_by_id(user_id)
+            .await?
+            .ok_or(AuthError::InvalidToken)?;
+        let notice = crate::mail::Message::factors_changed(&user.email, what).seal(&self.outbox_sealer);
+        Ok((user, notice))
+    }
+
+    /// What follows a committed addition: the other sessions it ended are
+    /// refused everywhere, and the notice goes out.
+    async fn factor_added(&self, added: &crate::store::FactorAdded) {
+        self.revocations.revoke(&added.ended_sessions).await;
+        self.mail_wake.notify_one();
+    }
+
+    /// The current password of the token's account, checked (argon2, under
+    /// the account's password-change limit): a step a stolen session cannot
+    /// take.
+    async fn check_current_password(
+        &self,
+        token: &Verified,
+        password: Password,
+    ) -> Result<UserRecord, AuthError> {
+        self.limiter
+            .check(PolicyName::PasswordAccount, &token.claims.sub)
+            .await?;
+        let user = self
+            .store
+            .user_by_id(&token.claims.sub)
+            .await?
+            .ok_or(AuthError::InvalidToken)?;
+        let phc = user.password_hash.clone();
+        let ok = self
+            .hashing
+            .run("verify", move |p| p.verify(password.expose(), &phc))
+            .await?;
+        if !ok {
+            return Err(AuthError::InvalidCredentials);
+        }
+        Ok(user)
     }
 
     /// Drops expired challenges and TOTP enrolments never confirmed.
@@ -930,6 +1058,40 @@ impl Accounts {
         let now = now_ms();
         Ok(self.store.purge_challenges(now, now - PENDING_TOTP_MS).await?)
     }
+}
+
+/// Gives accounts a confirmed authenticator app with one shared secret:
+/// `latchkey users seed --totp-secret`, for the two-step login scenario of
+/// the load tests (a lab, never a real deployment). Returns how many.
+pub async fn seed_totp<'a>(
+    store: &crate::store::Store,
+    sealer: &Sealer,
+    users: impl Iterator<Item = &'a str>,
+    secret: &[u8],
+    now: i64,
+) -> anyhow::Result<u64> {
+    let mut n = 0;
+    for user_id in users {
+        let id = format!("fac_{}", uuid::Uuid::new_v4().simple());
+        let f = FactorRecord {
+            secret: Some(sealer.seal(secret, &totp_aad(&id))),
+            id,
+            user_id: user_id.to_string(),
+            kind: "totp".into(),
+            name: TOTP_NAME.into(),
+            // The step before any code a load test sends: nothing is replayed.
+            last_step: Some(totp::step_of(now) - 2),
+            credential: None,
+            credential_id: None,
+            passwordless: false,
+            created_at: now,
+            confirmed_at: Some(now),
+            last_used_at: None,
+        };
+        store.seed_factor(&f).await?;
+        n += 1;
+    }
+    Ok(n)
 }
 
 #[cfg(test)]
@@ -954,7 +1116,7 @@ mod tests {
     fn names_are_checked() {
         assert_eq!(check_name("  My phone ", "x").unwrap(), "My phone");
         assert_eq!(check_name("  ", "Passkey").unwrap(), "Passkey");
-        for bad in ["a\nb", "\u{85}", &"x".repeat(65)] {
+        for bad in ["a\nb", "\u{85}", "admin\u{202E}", "a\u{200B}b", &"x".repeat(65)] {
             assert!(check_name(bad, "x").is_err(), "{bad:?}");
         }
     }

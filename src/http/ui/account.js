@@ -207,7 +207,10 @@ on("logout", "click", async () => {
 });
 
 on("totp-start", "click", async () => {
-  const r = await api("POST", "/auth/mfa/totp", { name: "Authenticator app" }, true);
+  const r = await api("POST", "/auth/mfa/totp", {
+    name: "Authenticator app",
+    current_password: $("current-password").value,
+  }, true);
   if (r.status !== 201) return failed(r);
   state.totpId = r.body.id;
   $("totp-qr").src = "data:image/svg+xml;base64," + btoa(r.body.qr_svg);
@@ -230,6 +233,7 @@ on("passkey-form", "submit", async () => {
   const start = await api("POST", "/auth/mfa/passkeys", {
     name: $("passkey-name").value,
     passwordless: $("passkey-passwordless").checked,
+    current_password: $("current-password").value,
   }, true);
   if (start.status !== 200) return failed(start);
   const cred = await navigator.credentials.create(creationOptions(start.body.options));
