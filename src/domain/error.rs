@@ -54,6 +54,10 @@ pub enum AuthError {
     /// The right password of an account an administrator has disabled.
     #[error("account disabled")]
     AccountDisabled,
+    /// The request cannot apply to the account as it is (a passkey
+    /// registered already, recovery codes without a factor).
+    #[error("conflict: {0}")]
+    Conflict(&'static str),
     /// An account exists with this email already.
     #[error("email taken")]
     EmailTaken,

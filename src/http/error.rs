@@ -168,6 +168,7 @@ impl IntoResponse for ApiError {
                         format!("Bearer error=\"insufficient_scope\", scope=\"{scope}\""),
                     )
                 }
+                AuthError::Conflict(why) => error_response(StatusCode::CONFLICT, "CONFLICT", why),
                 AuthError::EmailTaken => error_response(
                     StatusCode::CONFLICT,
                     "EMAIL_TAKEN",

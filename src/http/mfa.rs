@@ -21,24 +21,44 @@ use crate::domain::input::{parse_opaque, FieldError};
 use crate::domain::mfa::{Ceremony, Enrolled, FactorInfo, FactorList, Proof, RecoveryCodes, TotpEnrolment};
 use crate::domain::AuthError;
 
+/// The second step of a login: its `mfa_token` (from the `401
+/// MFA_REQUIRED` answer) and exactly one second factor.
+#[derive(Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum MfaVerifyRequest {
+    Totp(TotpProof),
+    RecoveryCode(RecoveryProof),
+    WebAuthn(WebAuthnProof),
+}
+
+/// A code of the authenticator app.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct MfaVerifyRequest {
-    /// From the `401 MFA_REQUIRED` answer of the login.
+pub struct TotpProof {
     #[schema(schema_with = schema::opaque_token)]
     mfa_token: String,
-    /// Exactly one of `code`, `recovery_code` and `webauthn`.
-    #[serde(default)]
     #[schema(schema_with = schema::totp_code)]
-    code: Option<String>,
-    #[serde(default)]
+    code: String,
+}
+
+/// One of the recovery codes.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RecoveryProof {
+    #[schema(schema_with = schema::opaque_token)]
+    mfa_token: String,
     #[schema(schema_with = schema::recovery_code)]
-    recovery_code: Option<String>,
-    /// The `PublicKeyCredential` of `navigator.credentials.get()` with the
-    /// `webauthn` options of the answer, binary fields in base64url.
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    webauthn: Option<serde_json::Value>,
+    recovery_code: String,
+}
+
+/// A passkey's assertion, made with the `webauthn` options of the answer.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WebAuthnProof {
+    #[schema(schema_with = schema::opaque_token)]
+    mfa_token: String,
+    #[schema(schema_with = schema::assertion)]
+    webauthn: serde_json::Value,
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -85,11 +105,19 @@ pub struct CodeRequest {
 
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct CeremonyFinish {
+pub struct RegistrationFinish {
     #[schema(schema_with = schema::opaque_token)]
     ceremony_token: String,
-    /// The `PublicKeyCredential` the browser gave, binary fields in base64url.
-    #[schema(value_type = Object)]
+    #[schema(schema_with = schema::registration)]
+    credential: serde_json::Value,
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LoginFinish {
+    #[schema(schema_with = schema::opaque_token)]
+    ceremony_token: String,
+    #[schema(schema_with = schema::assertion)]
     credential: serde_json::Value,
 }
 
@@ -138,22 +166,20 @@ pub async fn verify(
     ClientOrigin(origin): ClientOrigin,
     JsonBody(req): JsonBody<MfaVerifyRequest>,
 ) -> Result<Response, ApiError> {
-    let token = parse_opaque("mfa_token", &req.mfa_token)?;
-    let proof = match (req.code, req.recovery_code, req.webauthn) {
-        (Some(code), None, None) => Proof::Totp(code.trim().to_string()),
-        (None, Some(code), None) => {
-            if code.chars().count() > 64 {
-                return Err(FieldError::new("recovery_code", "at most 64 characters").into());
+    let (token, proof) = match req {
+        MfaVerifyRequest::Totp(p) => (p.mfa_token, Proof::Totp(p.code.trim().to_string())),
+        MfaVerifyRequest::RecoveryCode(p) => {
+            if p.recovery_code.is_empty() || p.recovery_code.chars().count() > 64 {
+                return Err(FieldError::new("recovery_code", "1 to 64 characters").into());
             }
-            Proof::RecoveryCode(code)
+            (p.mfa_token, Proof::RecoveryCode(p.recovery_code))
         }
-        (None, None, Some(w)) => Proof::WebAuthn(Box::new(credential("webauthn", w)?)),
-        _ => {
-            return Err(
-                AuthError::BadRequest("give exactly one of code, recovery_code and webauthn".into()).into(),
-            )
+        MfaVerifyRequest::WebAuthn(p) => {
+            let cred = credential("webauthn", p.webauthn)?;
+            (p.mfa_token, Proof::WebAuthn(Box::new(cred)))
         }
     };
+    let token = parse_opaque("mfa_token", &token)?;
     Ok(token_response(
         st.accounts.verify_second_factor(&origin, &token, proof).await?,
     ))
@@ -168,7 +194,7 @@ pub async fn passkey_login(
     Ok(no_store(st.accounts.start_passkey_login(&origin).await?))
 }
 
-#[utoipa::path(post, path = "/auth/passkeys/login/finish", tag = "second factors", request_body = CeremonyFinish,
+#[utoipa::path(post, path = "/auth/passkeys/login/finish", tag = "second factors", request_body = LoginFinish,
     responses((status = 200, body = TokenPair, description = "Logged in: amr [hwk or swk, mfa]"),
               (status = 400, body = ErrorBody),
               (status = 401, body = ErrorBody, description = "INVALID_FACTOR (no passwordless passkey, or the assertion failed), INVALID_TOKEN (the ceremony is unknown, used or expired), VERIFICATION_PENDING"),
@@ -176,7 +202,7 @@ pub async fn passkey_login(
 pub async fn passkey_login_finish(
     State(st): State<AppState>,
     ClientOrigin(origin): ClientOrigin,
-    JsonBody(req): JsonBody<CeremonyFinish>,
+    JsonBody(req): JsonBody<LoginFinish>,
 ) -> Result<Response, ApiError> {
     let token = parse_opaque("ceremony_token", &req.ceremony_token)?;
     let cred: PublicKeyCredential = credential("credential", req.credential)?;
@@ -249,15 +275,16 @@ pub async fn start_passkey(
     ))
 }
 
-#[utoipa::path(post, path = "/auth/mfa/passkeys/finish", tag = "second factors", security(("bearer" = [])), request_body = CeremonyFinish,
+#[utoipa::path(post, path = "/auth/mfa/passkeys/finish", tag = "second factors", security(("bearer" = [])), request_body = RegistrationFinish,
     responses((status = 201, body = Enrolled, description = "Registered; the first factor of an account comes with its recovery codes"),
-              (status = 400, body = ErrorBody, description = "INVALID_REQUEST: the credential was not accepted, or is registered already"),
-              (status = 401, body = ErrorBody, description = "INVALID_TOKEN (the ceremony too) or REAUTHENTICATION_REQUIRED"),
+              (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody, description = "INVALID_FACTOR (the authenticator's answer does not verify), INVALID_TOKEN (the ceremony too) or REAUTHENTICATION_REQUIRED"),
+              (status = 409, body = ErrorBody, description = "CONFLICT: this passkey is registered already"),
               (status = 403, body = ErrorBody, description = "FIRST_PARTY_ONLY")))]
 pub async fn finish_passkey(
     State(st): State<AppState>,
     AccountBearer(token): AccountBearer,
-    JsonBody(req): JsonBody<CeremonyFinish>,
+    JsonBody(req): JsonBody<RegistrationFinish>,
 ) -> Result<Response, ApiError> {
     let ceremony = parse_opaque("ceremony_token", &req.ceremony_token)?;
     let cred: RegisterPublicKeyCredential = credential("credential", req.credential)?;
@@ -302,7 +329,7 @@ pub async fn remove_factor(
 
 #[utoipa::path(post, path = "/auth/mfa/recovery-codes", tag = "second factors", security(("bearer" = [])),
     responses((status = 201, body = RecoveryCodes, description = "A new set; the old one no longer works"),
-              (status = 400, body = ErrorBody, description = "INVALID_REQUEST: the account has no second factor"),
+              (status = 409, body = ErrorBody, description = "CONFLICT: the account has no second factor to stand in for"),
               (status = 401, body = ErrorBody, description = "INVALID_TOKEN or REAUTHENTICATION_REQUIRED"),
               (status = 403, body = ErrorBody, description = "FIRST_PARTY_ONLY")))]
 pub async fn recovery_codes(

@@ -79,6 +79,7 @@ impl From<AuthError> for OAuthError {
             | AuthError::InvalidToken
             | AuthError::NotFound(_)
             | AuthError::FirstPartyOnly
+            | AuthError::Conflict(_)
             | AuthError::InvalidFactor { .. }
             | AuthError::ReauthenticationRequired { .. }
             | AuthError::InsufficientScope(_) => OAuthError::new(

@@ -98,3 +98,83 @@ pub fn factor_name() -> Object {
         ))
         .build()
 }
+
+/// Base64url without padding, as WebAuthn's JSON forms write bytes, in its
+/// canonical form: a length of 4n+1 characters encodes nothing, and the
+/// bits a short last group leaves over are zero.
+const B64URL: &str = "^(?:[A-Za-z0-9_-]{4})*(?:[A-Za-z0-9_-][AQgw]|[A-Za-z0-9_-]{2}[AEIMQUYcgkosw048])?$";
+
+fn b64url_field(description: &str) -> Object {
+    string(Some(2), None, Some(B64URL), description)
+}
+
+/// A `PublicKeyCredential` in its JSON form (WebAuthn Level 3
+/// `toJSON()`): `response` holds the fields named.
+fn credential(response_fields: &[(&str, &str)], description: &str) -> Object {
+    let mut response = ObjectBuilder::new().schema_type(Type::Object);
+    for (name, what) in response_fields {
+        response = response.property(*name, b64url_field(what)).required(*name);
+    }
+    if response_fields.iter().any(|(n, _)| *n == "signature") {
+        // The account's id, for a passkey that names it (a discoverable one).
+        response = response.property(
+            "userHandle",
+            ObjectBuilder::new()
+                .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
+                .pattern(Some(B64URL))
+                .min_length(Some(2))
+                .build(),
+        );
+    }
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .description(Some(description))
+        .property("id", b64url_field("The credential id"))
+        .required("id")
+        .property("rawId", b64url_field("The credential id"))
+        .required("rawId")
+        .property(
+            "type",
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .enum_values(Some(["public-key"]))
+                .build(),
+        )
+        .required("type")
+        .property("response", response.build())
+        .required("response")
+        .property(
+            "extensions",
+            ObjectBuilder::new()
+                .schema_type(Type::Object)
+                .description(Some(
+                    "The client's extension outputs (getClientExtensionResults()); none are needed",
+                ))
+                .max_properties(Some(0))
+                .build(),
+        )
+        .build()
+}
+
+/// What `navigator.credentials.create()` gives, for registering a passkey.
+pub fn registration() -> Object {
+    credential(
+        &[
+            ("clientDataJSON", "The client data, base64url"),
+            ("attestationObject", "The attestation object, base64url"),
+        ],
+        "The PublicKeyCredential of navigator.credentials.create(), binary fields in base64url",
+    )
+}
+
+/// What `navigator.credentials.get()` gives, for signing in with a passkey.
+pub fn assertion() -> Object {
+    credential(
+        &[
+            ("clientDataJSON", "The client data, base64url"),
+            ("authenticatorData", "The authenticator data, base64url"),
+            ("signature", "The signature, base64url"),
+        ],
+        "The PublicKeyCredential of navigator.credentials.get(), binary fields in base64url",
+    )
+}

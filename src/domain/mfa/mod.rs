@@ -782,7 +782,10 @@ impl Accounts {
             .mfa
             .webauthn
             .finish_passkey_registration(credential, &st)
-            .map_err(|e| AuthError::BadRequest(format!("credential: not accepted ({e})")))?;
+            .map_err(|e| {
+                tracing::info!(error = %e, "a passkey registration did not verify");
+                AuthError::InvalidFactor { tries_left: -1 }
+            })?;
         let detail: serde_json::Value = c
             .detail
             .as_deref()
@@ -815,9 +818,7 @@ impl Accounts {
             last_used_at: None,
         };
         let Some(added) = self.store.add_passkey(&rec, &change).await? else {
-            return Err(AuthError::BadRequest(
-                "credential: this passkey is registered already".into(),
-            ));
+            return Err(AuthError::Conflict("this passkey is registered already"));
         };
         self.factor_added(&added).await;
         Ok(Enrolled {
@@ -899,8 +900,8 @@ impl Accounts {
             recovery: &hashes,
         };
         if !self.store.new_recovery_codes(&change).await? {
-            return Err(AuthError::BadRequest(
-                "recovery codes stand in for a second factor: add one first".into(),
+            return Err(AuthError::Conflict(
+                "recovery codes stand in for a second factor: add one first",
             ));
         }
         self.mail_wake.notify_one();
