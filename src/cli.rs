@@ -293,6 +293,8 @@ const IMPORT_BATCH: usize = 500;
 async fn import_users(config: Config, file: &std::path::Path, update: bool) -> anyhow::Result<()> {
     use std::io::{BufRead, IsTerminal, Write};
     let input = std::fs::File::open(file).with_context(|| format!("opening {}", file.display()))?;
+    let total_bytes = input.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut read_bytes = 0u64;
     let st = Services::build(config).await?;
     let start = Instant::now();
     let tty = std::io::stderr().is_terminal();
@@ -305,6 +307,7 @@ async fn import_users(config: Config, file: &std::path::Path, update: bool) -> a
         let done = line.is_none();
         if let Some(line) = line {
             n += 1;
+            read_bytes += line.len() as u64 + 1;
             if !line.trim().is_empty() {
                 let checked = serde_json::from_str::<crate::domain::import::ImportRecord>(&line)
                     .map_err(|e| format!("not an account object: {e}"))
@@ -331,11 +334,12 @@ async fn import_users(config: Config, file: &std::path::Path, update: bool) -> a
                 }
             }
             batch.clear();
+            let bar = progress_line(read_bytes, total_bytes, n, start.elapsed());
             if tty {
-                eprint!("\r\x1b[K{} lines: {counts}", n);
+                eprint!("\r\x1b[K{bar}: {counts}");
                 let _ = std::io::stderr().flush();
             } else if n % 10_000 < IMPORT_BATCH as u64 {
-                eprintln!("{n} lines: {counts}");
+                eprintln!("{bar}: {counts}");
             }
         }
         if done {
@@ -350,6 +354,32 @@ async fn import_users(config: Config, file: &std::path::Path, update: bool) -> a
         start.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The import's progress: a bar and the share of the file read (by bytes,
+/// so that no second pass counts the lines), the lines, their rate and the
+/// time left.
+fn progress_line(read: u64, total: u64, lines: u64, elapsed: std::time::Duration) -> String {
+    const WIDTH: usize = 24;
+    let share = if total == 0 {
+        1.0
+    } else {
+        (read.min(total) as f64) / total as f64
+    };
+    let filled = (share * WIDTH as f64).round() as usize;
+    let secs = elapsed.as_secs_f64().max(1e-3);
+    let left = if share > 0.0 {
+        secs * (1.0 - share) / share
+    } else {
+        0.0
+    };
+    format!(
+        "[{}{}] {:>3.0} % {lines} lines, {:.0}/s, {left:.0} s left",
+        "#".repeat(filled),
+        ".".repeat(WIDTH - filled),
+        share * 100.0,
+        lines as f64 / secs,
+    )
 }
 
 #[derive(Default)]
@@ -464,4 +494,20 @@ async fn seed_users(
         start.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::progress_line;
+    use std::time::Duration;
+
+    #[test]
+    fn the_progress_bar_shows_the_share_read_and_the_time_left() {
+        let line = progress_line(250, 1000, 50, Duration::from_secs(2));
+        assert_eq!(line, "[######..................]  25 % 50 lines, 25/s, 6 s left");
+        assert!(progress_line(1000, 1000, 200, Duration::from_secs(4))
+            .starts_with("[########################] 100 %"));
+        // An empty file is done at once.
+        assert!(progress_line(0, 0, 0, Duration::ZERO).contains("100 %"));
+    }
 }
