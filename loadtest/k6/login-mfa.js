@@ -5,6 +5,11 @@
 // 10 ms at 100 logins/s on the credential-cache path (the password of a
 // recent login is checked against the cache, not argon2).
 //
+// setup() first logs every account in once, a few at a time (the
+// password's argon2 check fills the credential cache; the answers are
+// MFA_REQUIRED and the mfa_tokens are left to expire), so that the measured
+// phase is the cached path, as the goal names.
+//
 // Accounts are seeded with one shared TOTP secret (`latchkey users seed
 // --totp-secret`, a lab only), and this script computes the codes (RFC 6238
 // with k6/crypto). A code is accepted once per account and 30 s step, so
@@ -36,6 +41,7 @@ const twoStep = new Trend('mfa_login_duration', true);
 const loginSuccess = new Rate('login_success');
 
 export const options = {
+  setupTimeout: '600s',
   scenarios: {
     logins: {
       executor: 'ramping-arrival-rate',
@@ -95,6 +101,26 @@ function totp(unixSeconds) {
   const o = bytes[19] & 0x0f;
   const n = ((bytes[o] & 0x7f) << 24) | (bytes[o + 1] << 16) | (bytes[o + 2] << 8) | bytes[o + 3];
   return String(n % 1000000).padStart(6, '0');
+}
+
+// Every account's password once, WARM_PARALLEL at a time (the machine's
+// hashing threads), retrying what the server shed.
+export function setup() {
+  const parallel = Math.max(1, Math.round(envNumber('WARM_PARALLEL', 4)));
+  let pending = [];
+  for (let i = 1; i <= ACCOUNTS; i++) pending.push(i);
+  for (let round = 0; round < 20 && pending.length > 0; round++) {
+    const retry = [];
+    for (let k = 0; k < pending.length; k += parallel) {
+      const chunk = pending.slice(k, k + parallel);
+      const answers = http.batch(chunk.map((i) => ['POST', `${BASE_URL}/auth/login`,
+        JSON.stringify({ email: seededEmail(i), password: SEED_PASSWORD }),
+        { headers: JSON_HEADERS, tags: { name: 'warm-up', endpoint: 'warm-up' } }]));
+      answers.forEach((r, j) => { if (r.status !== 401) retry.push(chunk[j]); });
+    }
+    pending = retry;
+  }
+  if (pending.length > 0) fail(`${pending.length} accounts could not be warmed up`);
 }
 
 export default function () {
