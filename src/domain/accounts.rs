@@ -15,7 +15,7 @@ use super::credcache::{CredentialCache, CredentialCacheSettings};
 use super::hashing::HashPool;
 use super::input::{Code, Email, Password};
 use super::refresh::{self, RefreshDecision, RefreshState};
-use super::tokens::{Authn, Issuer, Verified};
+use super::tokens::{Authn, Issuer, Subject, Verified};
 use super::AuthError;
 use crate::cache::{Revocations, UserCache};
 use crate::clock::now_ms;
@@ -961,15 +961,14 @@ impl Accounts {
         client_id: &str,
         refresh_token: String,
     ) -> Result<TokenPair, AuthError> {
-        self.token_pair(
+        let subject = Subject {
             user_id,
             email,
-            &session.id,
+            session_id: &session.id,
             client_id,
-            &session.authn,
-            refresh_token,
-            session.expires_at,
-        )
+            authn: &session.authn,
+        };
+        self.token_pair(&subject, refresh_token, session.expires_at)
     }
 
     /// The pair of a refresh: the session's own authentication carries on.
@@ -980,29 +979,23 @@ impl Accounts {
         refresh_token: String,
     ) -> Result<TokenPair, AuthError> {
         let authn = Authn::new(&rec.amr, rec.auth_time);
-        self.token_pair(
-            &rec.user_id,
-            &rec.email,
-            &rec.session_id,
+        let subject = Subject {
+            user_id: &rec.user_id,
+            email: &rec.email,
+            session_id: &rec.session_id,
             client_id,
-            &authn,
-            refresh_token,
-            rec.session_expires_at,
-        )
+            authn: &authn,
+        };
+        self.token_pair(&subject, refresh_token, rec.session_expires_at)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn token_pair(
         &self,
-        user_id: &str,
-        email: &str,
-        session_id: &str,
-        client_id: &str,
-        authn: &Authn,
+        subject: &Subject<'_>,
         refresh_token: String,
         session_expires_at: i64,
     ) -> Result<TokenPair, AuthError> {
-        let access_token = self.tokens.issue(user_id, email, session_id, client_id, authn)?;
+        let access_token = self.tokens.issue(subject)?;
         Ok(TokenPair {
             access_token,
             token_type: "Bearer",

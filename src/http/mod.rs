@@ -1,4 +1,8 @@
 //! The HTTP edge: routes, extractors, and the mapping of errors to answers.
+//!
+//! Handlers have one shape on purpose (extract, parse, call one domain
+//! operation, answer), and so do their OpenAPI annotations: each handler
+//! reads whole where it stands, next to the contract it documents.
 
 pub mod accounts;
 pub mod admin;

@@ -7,6 +7,12 @@
 //! gives every operation its connection (timing the wait for it), its span
 //! and its latency histogram.
 //! Statements are prepared and cached per connection by sqlx.
+//!
+//! Query chains (`query(..).bind(..)...execute(..).await?.rows_affected()`)
+//! repeat their shape from one operation to the next on purpose: each
+//! statement stays next to its binds, in the order of its placeholders,
+//! where a reader checks the one against the other; a helper over sqlx's
+//! builders would move the binds away from the SQL they fill.
 
 mod clients;
 mod codes;

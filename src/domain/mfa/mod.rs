@@ -139,6 +139,31 @@ impl Mfa {
     }
 }
 
+/// A change of factors about to be stored, with what it owns: the store's
+/// [`FactorChange`] borrows from it.
+struct PendingChange {
+    user: UserRecord,
+    notice: Vec<u8>,
+    now: i64,
+    session_id: String,
+    /// Recovery codes to show if the store keeps them, and their hashes.
+    codes: Vec<String>,
+    hashes: Vec<[u8; 32]>,
+}
+
+impl PendingChange {
+    fn change(&self) -> FactorChange<'_> {
+        FactorChange {
+            user_id: &self.user.id,
+            email: &self.user.email,
+            notice: &self.notice,
+            now: self.now,
+            session_id: &self.session_id,
+            recovery: &self.hashes,
+        }
+    }
+}
+
 /// A factor as its user sees it (no secret, no credential).
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct FactorInfo {
@@ -651,18 +676,16 @@ impl Accounts {
         let totp::Verdict::Accepted { step } = totp::check(&secret, code, now, None) else {
             return Err(AuthError::InvalidFactor { tries_left: -1 });
         };
-        let (codes, hashes) = self.recovery_set(user_id);
-        let (user, notice) = self
-            .factor_notice(user_id, "An authenticator app was added to your account.")
+        let pending = self
+            .factor_change(
+                user_id,
+                &token.claims.sid,
+                now,
+                "An authenticator app was added to your account.",
+                true,
+            )
             .await?;
-        let change = FactorChange {
-            user_id,
-            email: &user.email,
-            notice: &notice,
-            now,
-            session_id: &token.claims.sid,
-            recovery: &hashes,
-        };
+        let change = pending.change();
         let added = self
             .store
             .confirm_totp(id, step, &change)
@@ -678,7 +701,7 @@ impl Accounts {
             .ok_or(AuthError::NotFound("factor"))?;
         Ok(Enrolled {
             factor: FactorInfo::from(&f),
-            recovery_codes: added.recovery_codes_given.then_some(codes),
+            recovery_codes: added.recovery_codes_given.then_some(pending.codes),
         })
     }
 
@@ -791,18 +814,16 @@ impl Accounts {
             .as_deref()
             .and_then(|d| serde_json::from_str(d).ok())
             .unwrap_or_default();
-        let (codes, hashes) = self.recovery_set(user_id);
-        let (user, notice) = self
-            .factor_notice(user_id, "A passkey was added to your account.")
+        let pending = self
+            .factor_change(
+                user_id,
+                &token.claims.sid,
+                now,
+                "A passkey was added to your account.",
+                true,
+            )
             .await?;
-        let change = FactorChange {
-            user_id,
-            email: &user.email,
-            notice: &notice,
-            now,
-            session_id: &token.claims.sid,
-            recovery: &hashes,
-        };
+        let change = pending.change();
         let rec = FactorRecord {
             id: format!("fac_{}", uuid::Uuid::new_v4().simple()),
             user_id: user_id.clone(),
@@ -823,7 +844,7 @@ impl Accounts {
         self.factor_added(&added).await;
         Ok(Enrolled {
             factor: FactorInfo::from(&rec),
-            recovery_codes: added.recovery_codes_given.then_some(codes),
+            recovery_codes: added.recovery_codes_given.then_some(pending.codes),
         })
     }
 
@@ -862,17 +883,16 @@ impl Accounts {
             return Err(AuthError::NotFound("factor"));
         }
         let user_id = &token.claims.sub;
-        let (user, notice) = self
-            .factor_notice(user_id, "A second factor was removed from your account.")
+        let pending = self
+            .factor_change(
+                user_id,
+                &token.claims.sid,
+                now_ms(),
+                "A second factor was removed from your account.",
+                false,
+            )
             .await?;
-        let change = FactorChange {
-            user_id,
-            email: &user.email,
-            notice: &notice,
-            now: now_ms(),
-            session_id: &token.claims.sid,
-            recovery: &[],
-        };
+        let change = pending.change();
         if !self.store.remove_factor(id, &change).await? {
             return Err(AuthError::NotFound("factor"));
         }
@@ -884,21 +904,16 @@ impl Accounts {
     pub async fn new_recovery_codes(&self, token: &Verified) -> Result<RecoveryCodes, AuthError> {
         self.require_recent(token).await?;
         let user_id = &token.claims.sub;
-        let (codes, hashes) = self.recovery_set(user_id);
-        let (user, notice) = self
-            .factor_notice(
+        let pending = self
+            .factor_change(
                 user_id,
+                &token.claims.sid,
+                now_ms(),
                 "New recovery codes were made for your account; the old ones no longer work.",
+                true,
             )
             .await?;
-        let change = FactorChange {
-            user_id,
-            email: &user.email,
-            notice: &notice,
-            now: now_ms(),
-            session_id: &token.claims.sid,
-            recovery: &hashes,
-        };
+        let change = pending.change();
         if !self.store.new_recovery_codes(&change).await? {
             return Err(AuthError::Conflict(
                 "recovery codes stand in for a second factor: add one first",
@@ -906,7 +921,7 @@ impl Accounts {
         }
         self.mail_wake.notify_one();
         Ok(RecoveryCodes {
-            recovery_codes: codes,
+            recovery_codes: pending.codes,
         })
     }
 
@@ -986,38 +1001,55 @@ impl Accounts {
         if uuid::Uuid::try_parse(user_id).is_err() {
             return Err(AuthError::NotFound("user"));
         }
-        let Ok((user, notice)) = self
-            .factor_notice(
+        let Ok(pending) = self
+            .factor_change(
                 user_id,
+                "",
+                now_ms(),
                 "An administrator removed every second factor of your account.",
+                false,
             )
             .await
         else {
             return Err(AuthError::NotFound("user"));
         };
-        let change = FactorChange {
-            user_id,
-            email: &user.email,
-            notice: &notice,
-            now: now_ms(),
-            session_id: "",
-            recovery: &[],
-        };
+        let change = pending.change();
         if self.store.reset_factors(actor, &change).await? {
             self.mail_wake.notify_one();
         }
         Ok(())
     }
 
-    /// The account of `user_id` and a notice to it, sealed for the outbox.
-    async fn factor_notice(&self, user_id: &str, what: &str) -> Result<(UserRecord, Vec<u8>), AuthError> {
+    /// What a change of `user_id`'s factors takes to the store: the
+    /// account, the notice mailed to it (`what` happened), and with
+    /// `recovery_codes` a new set of them.
+    async fn factor_change(
+        &self,
+        user_id: &str,
+        session_id: &str,
+        now: i64,
+        what: &str,
+        recovery_codes: bool,
+    ) -> Result<PendingChange, AuthError> {
         let user = self
             .store
             .user_by_id(user_id)
             .await?
             .ok_or(AuthError::InvalidToken)?;
         let notice = crate::mail::Message::factors_changed(&user.email, what).seal(&self.outbox_sealer);
-        Ok((user, notice))
+        let (codes, hashes) = if recovery_codes {
+            self.recovery_set(user_id)
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        Ok(PendingChange {
+            user,
+            notice,
+            now,
+            session_id: session_id.to_string(),
+            codes,
+            hashes,
+        })
     }
 
     /// What follows a committed addition: the other sessions it ended are

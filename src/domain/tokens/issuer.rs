@@ -9,7 +9,7 @@ use jsonwebtoken::Header;
 
 use super::keys::{generate_key, open_key, Key};
 use super::verifier::Verifier;
-use super::{AccessClaims, Authn, TokenSettings, ACR_MFA, ACR_SINGLE};
+use super::{AccessClaims, Authn, Subject, TokenSettings, ACR_MFA, ACR_SINGLE};
 use crate::cache::Revocations;
 use crate::clock::now_ms;
 use crate::crypto::Sealer;
@@ -129,16 +129,9 @@ impl Issuer {
             .await?)
     }
 
-    /// Signs an access token for a session authenticated as `authn` says.
-    pub fn issue(
-        &self,
-        user_id: &str,
-        email: &str,
-        session_id: &str,
-        client_id: &str,
-        authn: &Authn,
-    ) -> anyhow::Result<String> {
-        self.sign(user_id, email, session_id, client_id, None, Some(authn))
+    /// Signs an access token of a user's session.
+    pub fn issue(&self, s: &Subject<'_>) -> anyhow::Result<String> {
+        self.sign(s.user_id, s.email, s.session_id, s.client_id, None, Some(s.authn))
     }
 
     /// A client's own access token (the client_credentials grant): the

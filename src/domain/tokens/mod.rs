@@ -75,6 +75,16 @@ pub struct Authn {
     pub at_ms: i64,
 }
 
+/// Whom an access token of a user's session is for: the claims that vary
+/// from session to session.
+pub struct Subject<'a> {
+    pub user_id: &'a str,
+    pub email: &'a str,
+    pub session_id: &'a str,
+    pub client_id: &'a str,
+    pub authn: &'a Authn,
+}
+
 /// The `acr` of a multi-factor authentication, and of a single-factor one.
 pub const ACR_MFA: &str = "2";
 pub const ACR_SINGLE: &str = "1";

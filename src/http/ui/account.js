@@ -39,20 +39,19 @@ function bufToB64url(buf) {
   return btoa(s).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
 }
 
-function creationOptions(options) {
+// The options as the browser wants them: the challenge, the user's id (a
+// creation) and the credential ids of the list (`excludeCredentials` for a
+// creation, `allowCredentials` for a request) as bytes.
+function withBuffers(options, list) {
   const pk = structuredClone(options.publicKey);
   pk.challenge = b64urlToBuf(pk.challenge);
-  pk.user.id = b64urlToBuf(pk.user.id);
-  for (const c of pk.excludeCredentials || []) c.id = b64urlToBuf(c.id);
+  if (pk.user) pk.user.id = b64urlToBuf(pk.user.id);
+  for (const c of pk[list] || []) c.id = b64urlToBuf(c.id);
   return { publicKey: pk };
 }
 
-function requestOptions(options) {
-  const pk = structuredClone(options.publicKey);
-  pk.challenge = b64urlToBuf(pk.challenge);
-  for (const c of pk.allowCredentials || []) c.id = b64urlToBuf(c.id);
-  return { publicKey: pk };
-}
+const creationOptions = (options) => withBuffers(options, "excludeCredentials");
+const requestOptions = (options) => withBuffers(options, "allowCredentials");
 
 function registrationJson(cred) {
   return {
