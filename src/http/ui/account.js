@@ -53,34 +53,30 @@ function withBuffers(options, list) {
 const creationOptions = (options) => withBuffers(options, "excludeCredentials");
 const requestOptions = (options) => withBuffers(options, "allowCredentials");
 
-function registrationJson(cred) {
+// A PublicKeyCredential as the API takes it: binary fields in base64url,
+// with the `response` fields of a creation or of a request.
+function credentialJson(cred, response) {
   return {
     id: cred.id,
     rawId: bufToB64url(cred.rawId),
     type: cred.type,
     extensions: cred.getClientExtensionResults ? cred.getClientExtensionResults() : {},
-    response: {
-      clientDataJSON: bufToB64url(cred.response.clientDataJSON),
-      attestationObject: bufToB64url(cred.response.attestationObject),
-      transports: cred.response.getTransports ? cred.response.getTransports() : [],
-    },
+    response,
   };
 }
 
-function assertionJson(cred) {
-  return {
-    id: cred.id,
-    rawId: bufToB64url(cred.rawId),
-    type: cred.type,
-    extensions: cred.getClientExtensionResults ? cred.getClientExtensionResults() : {},
-    response: {
-      clientDataJSON: bufToB64url(cred.response.clientDataJSON),
-      authenticatorData: bufToB64url(cred.response.authenticatorData),
-      signature: bufToB64url(cred.response.signature),
-      userHandle: cred.response.userHandle ? bufToB64url(cred.response.userHandle) : null,
-    },
-  };
-}
+const registrationJson = (cred) => credentialJson(cred, {
+  clientDataJSON: bufToB64url(cred.response.clientDataJSON),
+  attestationObject: bufToB64url(cred.response.attestationObject),
+  transports: cred.response.getTransports ? cred.response.getTransports() : [],
+});
+
+const assertionJson = (cred) => credentialJson(cred, {
+  clientDataJSON: bufToB64url(cred.response.clientDataJSON),
+  authenticatorData: bufToB64url(cred.response.authenticatorData),
+  signature: bufToB64url(cred.response.signature),
+  userHandle: cred.response.userHandle ? bufToB64url(cred.response.userHandle) : null,
+});
 
 function show(section) {
   for (const id of ["signed-out", "step-up", "signed-in"]) $(id).hidden = id !== section;
