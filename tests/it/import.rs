@@ -28,7 +28,7 @@ fn vectors(tag: &str) -> Vec<Value> {
     );
     let text = String::from_utf8(out.stdout).unwrap();
     let v: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(v.len(), 11, "{text}");
+    assert_eq!(v.len(), 15, "{text}");
     v
 }
 

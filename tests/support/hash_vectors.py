@@ -5,8 +5,9 @@ prints one JSON object per line, {"format", "password", "record"}, where
 
 Makers: the `bcrypt` package (2a, 2b, 2y), passlib (pbkdf2_sha256,
 pbkdf2_sha512, scrypt: its PHC strings in its adapted base64), Django's own
-PBKDF2 hasher, hashlib (PBKDF2-SHA512 laid out as Keycloak exports it;
-scrypt as a standard PHC string) and argon2-cffi (argon2i, argon2id).
+PBKDF2 hasher, hashlib (PBKDF2-SHA256 and -SHA512 laid out as Keycloak
+exports them and as standard PHC strings; scrypt as a standard PHC string)
+and argon2-cffi (argon2i, argon2d, argon2id).
 
 usage: hash_vectors.py EMAIL_TAG
 """
@@ -79,6 +80,25 @@ add("argon2i", "argon two i pass",
     password_hash=PasswordHasher(time_cost=2, memory_cost=8192, parallelism=1, type=Type.I).hash("argon two i pass"))
 add("argon2id", "argon two id pass",
     password_hash=PasswordHasher(time_cost=2, memory_cost=8192, parallelism=1, type=Type.ID).hash("argon two id pass"))
+add("argon2d", "argon two d pass",
+    password_hash=PasswordHasher(time_cost=2, memory_cost=8192, parallelism=1, type=Type.D).hash("argon two d pass"))
+
+# PBKDF2 as a standard PHC string ($pbkdf2-sha256$i=...,l=...$salt$hash,
+# unpadded base64), as RustCrypto and many Go systems write it; the hash
+# is hashlib's.
+for digest, size in (("sha256", 32), ("sha512", 64)):
+    salt = os.urandom(16)
+    dk = hashlib.pbkdf2_hmac(digest, f"phc {digest} pass".encode(), salt, 2000, dklen=size)
+    add(f"phc-pbkdf2-{digest}", f"phc {digest} pass",
+        password_hash=f"$pbkdf2-{digest}$i=2000,l={size}${nopad(salt)}${nopad(dk)}")
+
+# Keycloak's realm export with its other algorithm, pbkdf2-sha256.
+salt = os.urandom(16)
+kc = hashlib.pbkdf2_hmac("sha256", b"keycloak sha256 pass", salt, 2100, dklen=32)
+add("keycloak-pbkdf2-sha256", "keycloak sha256 pass", keycloak={
+    "credentialData": json.dumps({"hashIterations": 2100, "algorithm": "pbkdf2-sha256", "additionalParameters": {}}),
+    "secretData": json.dumps({"value": b64(kc), "salt": b64(salt), "additionalParameters": {}}),
+})
 
 for o in out:
     print(json.dumps(o))
