@@ -84,6 +84,11 @@ pub async fn call(
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
+/// The factor list of the session `token`: (status, body).
+async fn factors(app: &TestApp, token: &str) -> (u16, Value) {
+    call(app, reqwest::Method::GET, "/auth/mfa/factors", Some(token), None).await
+}
+
 async fn post(app: &TestApp, path: &str, token: Option<&str>, body: Value) -> (u16, Value) {
     call(app, reqwest::Method::POST, path, token, Some(body)).await
 }
@@ -140,14 +145,7 @@ async fn verify(app: &TestApp, mfa_token: &Value, proof: Value) -> (u16, Value) 
 async fn totp_interoperates_with_pyotp_and_the_login_steps_up(app: &TestApp) {
     let email = unique_email("mfa-totp");
     let first = app.register_verified(&email, PASSWORD).await;
-    let (status, list) = call(
-        app,
-        reqwest::Method::GET,
-        "/auth/mfa/factors",
-        Some(access(&first)),
-        None,
-    )
-    .await;
+    let (status, list) = factors(app, access(&first)).await;
     assert_eq!((status, list["factors"].as_array().unwrap().len()), (200, 0));
     // The enrolment is shown once: the secret, the URI an app scans, its QR code.
     let (status, e) = post(
@@ -323,14 +321,7 @@ async fn recovery_codes_work_once_and_a_new_set_voids_the_old(app: &TestApp) {
         claims(app, access(&pair)).await["amr"],
         json!(["pwd", "otp", "mfa"])
     );
-    let (_, list) = call(
-        app,
-        reqwest::Method::GET,
-        "/auth/mfa/factors",
-        Some(access(&pair)),
-        None,
-    )
-    .await;
+    let (_, list) = factors(app, access(&pair)).await;
     assert_eq!(list["recovery_codes_left"], 9);
     // Used once: never again.
     let up = step_up(app, &email).await;
@@ -450,14 +441,7 @@ async fn changing_factors_needs_a_recent_login_with_the_second_factor(app: &Test
         r.json::<Value>().await.unwrap()["error"],
         "REAUTHENTICATION_REQUIRED"
     );
-    let (_, list) = call(
-        app,
-        reqwest::Method::GET,
-        "/auth/mfa/factors",
-        Some(access(&first)),
-        None,
-    )
-    .await;
+    let (_, list) = factors(app, access(&first)).await;
     let id = list["factors"][0]["id"].as_str().unwrap().to_string();
     let (status, _) = call(
         app,
@@ -517,14 +501,7 @@ async fn changing_factors_needs_a_recent_login_with_the_second_factor(app: &Test
     )
     .await;
     assert_eq!(status, 204);
-    let (_, list) = call(
-        app,
-        reqwest::Method::GET,
-        "/auth/mfa/factors",
-        Some(access(&fresh)),
-        None,
-    )
-    .await;
+    let (_, list) = factors(app, access(&fresh)).await;
     assert_eq!(
         (
             list["factors"].as_array().unwrap().len(),
@@ -817,14 +794,7 @@ async fn a_stolen_session_cannot_plant_a_factor_and_the_first_factor_ends_the_ot
             "{path}: {body}"
         );
     }
-    let (_, list) = call(
-        app,
-        reqwest::Method::GET,
-        "/auth/mfa/factors",
-        Some(access(&owner)),
-        None,
-    )
-    .await;
+    let (_, list) = factors(app, access(&owner)).await;
     assert_eq!(list["factors"].as_array().unwrap().len(), 0);
     // The owner adds an app: the other session (the thief's) ends.
     enrol_totp(app, access(&owner)).await;
