@@ -157,6 +157,19 @@ macro_rules! why_not_started {
     }};
 }
 pub(super) use why_not_started;
+/// Ends the logins of user `$user` still waiting for their second factor
+/// (on `$conn`): a password change, a reset, a disable or an email change
+/// stops the logins begun before it, with the sessions.
+macro_rules! end_pending_logins {
+    ($conn:expr, $user:expr) => {
+        sqlx::query("DELETE FROM mfa_challenges WHERE user_id = $1 AND purpose = 'login'")
+            .bind($user)
+            .execute(&mut *$conn)
+            .await?;
+    };
+}
+pub(super) use end_pending_logins;
+
 /// Revokes every live session of user `$user` but `$keep` (`Option<&str>`)
 /// on `$conn` (a connection or an open transaction, either backend), for
 /// `$reason`; evaluates to the revoked session ids.
@@ -174,13 +187,7 @@ macro_rules! revoke_user_sessions {
         .fetch_all(&mut *$conn)
         .await?;
         let ids: Vec<String> = ids.into_iter().map(|r| r.0).collect();
-        // Logins waiting for their second factor end with the sessions: a
-        // password change, a reset, a disable or an email change stops the
-        // logins begun before it too.
-        sqlx::query("DELETE FROM mfa_challenges WHERE user_id = $1 AND purpose = 'login'")
-            .bind($user)
-            .execute(&mut *$conn)
-            .await?;
+        $crate::store::sessions::end_pending_logins!($conn, $user);
         for id in &ids {
             let e = $crate::store::Event::new("session.ended", $now)
                 .user($user)

@@ -462,7 +462,10 @@ impl Store {
             let ids = match keep {
                 KeepSessions::None => revoke_user_sessions!(tx, user_id, None, "password_change", now),
                 KeepSessions::Only(id) => revoke_user_sessions!(tx, user_id, Some(id), "password_change", now),
-                KeepSessions::All => Vec::new(),
+                KeepSessions::All => {
+                    super::sessions::end_pending_logins!(tx, user_id);
+                    Vec::new()
+                }
             };
             record_event!(tx, &Event::new("password.changed", now).user(user_id));
             tx.commit().await?;

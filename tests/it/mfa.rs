@@ -30,7 +30,7 @@ crate::on_every_backend!(
     passkeys_of_a_software_authenticator_step_up_and_sign_in_alone,
     passkeys_and_an_authenticator_app_work_in_a_real_browser_on_the_hosted_page,
     a_stolen_session_cannot_plant_a_factor_and_the_first_factor_ends_the_others,
-    a_login_waiting_for_its_factor_dies_with_a_password_reset,
+    a_login_waiting_for_its_factor_dies_with_a_password_change_or_reset,
 );
 
 /// The code pyotp (PyPI) computes for `secret` at now + `steps` × 30 s.
@@ -828,13 +828,30 @@ async fn a_stolen_session_cannot_plant_a_factor_and_the_first_factor_ends_the_ot
     assert!(body.contains("An authenticator app was added"), "{body}");
 }
 
-/// A password reset (or change) ends the logins still waiting for their
-/// second factor: a token won with the old password is worth nothing.
-async fn a_login_waiting_for_its_factor_dies_with_a_password_reset(app: &TestApp) {
+/// A password change (even one that keeps the other sessions) or reset ends
+/// the logins still waiting for their second factor: a token won with the
+/// old password is worth nothing.
+async fn a_login_waiting_for_its_factor_dies_with_a_password_change_or_reset(app: &TestApp) {
     let email = unique_email("mfa-reset-pending");
     let first = app.register_verified(&email, PASSWORD).await;
     let (secret, _) = enrol_totp(app, access(&first)).await;
+    // A change that keeps the other sessions ends the waiting logins all the same.
     let pending = step_up(app, &email).await;
+    let (status, _) = post(
+        app,
+        "/auth/password",
+        Some(access(&first)),
+        json!({"current_password": PASSWORD, "new_password": "an interim passphrase", "end_other_sessions": false}),
+    )
+    .await;
+    assert_eq!(status, 204);
+    settle_step().await;
+    let (status, body) = verify(app, &pending["mfa_token"], json!({"code": pyotp(&secret, 1)})).await;
+    assert_eq!((status, body["error"].as_str()), (401, Some("INVALID_TOKEN")));
+    let r = app.login(&email, "an interim passphrase").await;
+    assert_eq!(r.status(), 401);
+    let pending: Value = r.json().await.unwrap();
+    assert_eq!(pending["error"], "MFA_REQUIRED");
     app.post("/auth/password-reset", json!({"email": email})).await;
     let code = app.wait_for_code(&email, 3).await;
     let r = app
