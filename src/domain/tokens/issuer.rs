@@ -5,8 +5,6 @@
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use jsonwebtoken::Header;
-
 use super::keys::{generate_key, open_key, Key};
 use super::verifier::Verifier;
 use super::{AccessClaims, Authn, Subject, TokenSettings, ACR_MFA, ACR_SINGLE};
@@ -176,14 +174,11 @@ impl Issuer {
             acr: authn.map(|a| (if a.is_mfa() { ACR_MFA } else { ACR_SINGLE }).to_string()),
             auth_time: authn.map(|a| a.at_ms / 1000),
         };
-        let mut header = Header::new(key.alg);
-        header.typ = Some("at+jwt".into());
-        header.kid = Some(key.kid.clone());
-        let encoding = key
-            .encoding
+        let token = key
+            .signing
             .as_ref()
-            .ok_or_else(|| anyhow::anyhow!("this key cannot sign"))?;
-        let token = jsonwebtoken::encode(&header, &claims, encoding)?;
+            .ok_or_else(|| anyhow::anyhow!("this key cannot sign"))?
+            .sign(&claims)?;
         metrics::counter!("latchkey_tokens_issued_total").increment(1);
         Ok(token)
     }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey};
+use jsonwebtoken::{Algorithm, DecodingKey};
 use ring::rand::SystemRandom;
 use ring::signature::{EcdsaKeyPair, Ed25519KeyPair, KeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
 
@@ -19,7 +19,7 @@ pub(super) struct Key {
     pub kid: String,
     pub alg: Algorithm,
     /// Only for a key whose private half we hold (the issuer's signer).
-    pub encoding: Option<EncodingKey>,
+    pub signing: Option<SigningKey>,
     pub decoding: DecodingKey,
     pub jwk: serde_json::Value,
     /// 0 for keys known only from a JWKS.
@@ -33,11 +33,70 @@ impl Key {
         Ok(Key {
             kid: kid.to_string(),
             alg,
-            encoding: None,
+            signing: None,
             decoding,
             jwk,
             activated_at,
         })
+    }
+}
+
+/// A private key, parsed once when it is opened (parsing a PKCS#8 document
+/// derives and checks the public key: most of a signature's cost if done
+/// per token), with the JWS header of its tokens already encoded.
+pub(super) struct SigningKey {
+    pair: PrivatePair,
+    /// `base64url({"typ":"at+jwt","alg":...,"kid":...})`.
+    header: String,
+}
+
+enum PrivatePair {
+    Ed25519(Ed25519KeyPair),
+    Es256(EcdsaKeyPair, SystemRandom),
+}
+
+impl SigningKey {
+    fn open(alg: Algorithm, kid: &str, pkcs8: &[u8]) -> anyhow::Result<SigningKey> {
+        let bad = |_| anyhow::anyhow!("the private key of {kid} does not parse");
+        let (pair, alg_name) = match alg {
+            Algorithm::EdDSA => (
+                PrivatePair::Ed25519(Ed25519KeyPair::from_pkcs8_maybe_unchecked(pkcs8).map_err(bad)?),
+                "EdDSA",
+            ),
+            Algorithm::ES256 => {
+                let rng = SystemRandom::new();
+                let pair =
+                    EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8, &rng).map_err(bad)?;
+                (PrivatePair::Es256(pair, rng), "ES256")
+            }
+            other => anyhow::bail!("{other:?} keys do not sign here"),
+        };
+        let header = serde_json::json!({"typ": "at+jwt", "alg": alg_name, "kid": kid});
+        Ok(SigningKey {
+            pair,
+            header: b64url(&serde_json::to_vec(&header)?),
+        })
+    }
+
+    /// A compact JWS (RFC 7515) of `claims`: header, payload and signature
+    /// in base64url; ES256 signatures in the fixed `r || s` form JWS wants.
+    pub fn sign<T: serde::Serialize>(&self, claims: &T) -> anyhow::Result<String> {
+        let payload = b64url(&serde_json::to_vec(claims)?);
+        let mut token = String::with_capacity(self.header.len() + payload.len() + 90);
+        token.push_str(&self.header);
+        token.push('.');
+        token.push_str(&payload);
+        let signature = match &self.pair {
+            PrivatePair::Ed25519(pair) => pair.sign(token.as_bytes()).as_ref().to_vec(),
+            PrivatePair::Es256(pair, rng) => pair
+                .sign(rng, token.as_bytes())
+                .map_err(|_| anyhow::anyhow!("ES256 signing failed"))?
+                .as_ref()
+                .to_vec(),
+        };
+        token.push('.');
+        token.push_str(&b64url(&signature));
+        Ok(token)
     }
 }
 
@@ -123,14 +182,11 @@ pub(super) fn open_key(rec: &KeyRecord, sealer: &Sealer) -> anyhow::Result<Key> 
         .ok_or_else(|| anyhow::anyhow!("cannot unseal private key"))?;
     let jwk: serde_json::Value = serde_json::from_str(&rec.public_jwk)?;
     let (alg, decoding) = decoding_key(&jwk)?;
-    let encoding = match alg {
-        Algorithm::EdDSA => EncodingKey::from_ed_der(&pkcs8),
-        _ => EncodingKey::from_ec_der(&pkcs8),
-    };
+    let signing = SigningKey::open(alg, &rec.kid, &pkcs8)?;
     Ok(Key {
         kid: rec.kid.clone(),
         alg,
-        encoding: Some(encoding),
+        signing: Some(signing),
         decoding,
         jwk,
         activated_at: rec.activated_at,
