@@ -89,6 +89,18 @@ async fn factors(app: &TestApp, token: &str) -> (u16, Value) {
     call(app, reqwest::Method::GET, "/auth/mfa/factors", Some(token), None).await
 }
 
+/// Removes factor `id` with the session `token`: (status, body).
+async fn remove(app: &TestApp, token: &str, id: &str) -> (u16, Value) {
+    call(
+        app,
+        reqwest::Method::DELETE,
+        &format!("/auth/mfa/factors/{id}"),
+        Some(token),
+        None,
+    )
+    .await
+}
+
 async fn post(app: &TestApp, path: &str, token: Option<&str>, body: Value) -> (u16, Value) {
     call(app, reqwest::Method::POST, path, token, Some(body)).await
 }
@@ -459,14 +471,7 @@ async fn changing_factors_needs_a_recent_login_with_the_second_factor(app: &Test
     );
     let (_, list) = factors(app, access(&first)).await;
     let id = list["factors"][0]["id"].as_str().unwrap().to_string();
-    let (status, _) = call(
-        app,
-        reqwest::Method::DELETE,
-        &format!("/auth/mfa/factors/{id}"),
-        Some(access(&first)),
-        None,
-    )
-    .await;
+    let (status, _) = remove(app, access(&first), &id).await;
     assert_eq!(status, 401);
     // A session with the second factor, but too old.
     settle_step().await;
@@ -481,14 +486,7 @@ async fn changing_factors_needs_a_recent_login_with_the_second_factor(app: &Test
         json!({"refresh_token": pair["refresh_token"]}),
     )
     .await;
-    let (status, body) = call(
-        app,
-        reqwest::Method::DELETE,
-        &format!("/auth/mfa/factors/{id}"),
-        Some(access(&old)),
-        None,
-    )
-    .await;
+    let (status, body) = remove(app, access(&old), &id).await;
     assert_eq!(
         (status, body["error"].as_str()),
         (401, Some("REAUTHENTICATION_REQUIRED"))
@@ -508,14 +506,7 @@ async fn changing_factors_needs_a_recent_login_with_the_second_factor(app: &Test
     settle_step().await;
     let up = step_up(app, &email).await;
     let (_, fresh) = verify(app, &up["mfa_token"], json!({"recovery_code": codes[0]})).await;
-    let (status, _) = call(
-        app,
-        reqwest::Method::DELETE,
-        &format!("/auth/mfa/factors/{id}"),
-        Some(access(&fresh)),
-        None,
-    )
-    .await;
+    let (status, _) = remove(app, access(&fresh), &id).await;
     assert_eq!(status, 204);
     let (_, list) = factors(app, access(&fresh)).await;
     assert_eq!(
@@ -528,14 +519,7 @@ async fn changing_factors_needs_a_recent_login_with_the_second_factor(app: &Test
     assert_eq!(app.login(&email, PASSWORD).await.status(), 200);
     // Another user's factor is nobody's: the same 404 as none.
     let other = app.register_verified(&unique_email("mfa-other"), PASSWORD).await;
-    let (status, _) = call(
-        app,
-        reqwest::Method::DELETE,
-        &format!("/auth/mfa/factors/{id}"),
-        Some(access(&other)),
-        None,
-    )
-    .await;
+    let (status, _) = remove(app, access(&other), &id).await;
     assert_eq!(status, 404);
 }
 

@@ -659,7 +659,7 @@ impl Accounts {
     pub async fn confirm_totp(&self, token: &Verified, id: &str, code: &str) -> Result<Enrolled, AuthError> {
         self.require_recent(token).await?;
         let user_id = &token.claims.sub;
-        let pending = self
+        let mut enrolment = self
             .store
             .factors(user_id)
             .await?
@@ -667,7 +667,7 @@ impl Accounts {
             .find(|f| f.id == id && f.kind == "totp" && f.confirmed_at.is_none())
             .ok_or(AuthError::NotFound("factor"))?;
         self.limiter.check(PolicyName::PasswordAccount, user_id).await?;
-        let secret = pending
+        let secret = enrolment
             .secret
             .as_deref()
             .and_then(|s| self.mfa.sealer.open(s, &totp_aad(id)))
@@ -692,15 +692,11 @@ impl Accounts {
             .await?
             .ok_or(AuthError::NotFound("factor"))?;
         self.factor_added(&added).await;
-        let f = self
-            .store
-            .factors(user_id)
-            .await?
-            .into_iter()
-            .find(|f| f.id == id)
-            .ok_or(AuthError::NotFound("factor"))?;
+        // As the store now has it (no second read).
+        enrolment.confirmed_at = Some(now);
+        enrolment.last_used_at = Some(now);
         Ok(Enrolled {
-            factor: FactorInfo::from(&f),
+            factor: FactorInfo::from(&enrolment),
             recovery_codes: added.recovery_codes_given.then_some(pending.codes),
         })
     }
@@ -855,25 +851,22 @@ impl Accounts {
         name: &str,
     ) -> Result<FactorInfo, AuthError> {
         let user_id = &token.claims.sub;
-        let current = self
+        let mut factor = self
             .store
             .factors(user_id)
             .await?
             .into_iter()
             .find(|f| f.id == id && f.confirmed_at.is_some())
             .ok_or(AuthError::NotFound("factor"))?;
-        let name = check_name(name, &current.name)?;
-        if !self.store.rename_factor(id, user_id, &name, now_ms()).await? {
+        factor.name = check_name(name, &factor.name)?;
+        if !self
+            .store
+            .rename_factor(id, user_id, &factor.name, now_ms())
+            .await?
+        {
             return Err(AuthError::NotFound("factor"));
         }
-        let f = self
-            .store
-            .factors(user_id)
-            .await?
-            .into_iter()
-            .find(|f| f.id == id)
-            .ok_or(AuthError::NotFound("factor"))?;
-        Ok(FactorInfo::from(&f))
+        Ok(FactorInfo::from(&factor))
     }
 
     /// Removes a factor (with the last one, the recovery codes go too).
