@@ -1,32 +1,53 @@
 //! One multiplexed, self-reconnecting Redis connection per process, with every
 //! command timed and bounded so that a slow or dead Redis cannot hold a
 //! request hostage.
+//!
+//! Redis is one server or a Redis Cluster (`redis_cluster = true`, with one
+//! or more comma-separated seed URLs). On a cluster every key a script or a
+//! pipeline touches shares a hash tag (`{...}`), so that each runs on one
+//! node: `rl:{policy:key}`, `bf:{account}...`, `{revocations}` and its
+//! channel. Pub/sub needs no tag: a cluster forwards every `PUBLISH` to all
+//! of its nodes, so a subscriber on any node hears every instance.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use redis::aio::ConnectionManager;
-use redis::{aio::ConnectionManagerConfig, RedisError};
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{get_slot, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{aio::ConnectionManagerConfig, Cmd, FromRedisValue, RedisError, RedisFuture, Value};
 use tracing::Instrument;
 
-use crate::settings::{optional, ConfigError, Secret, Source};
+use crate::settings::{optional, switch, ConfigError, Secret, Source};
 
 /// Where Redis is, for the service and the gateway alike.
 #[derive(Clone, Debug)]
 pub struct RedisConfig {
-    pub url: Secret<String>,
+    /// One URL, or with `cluster` one or more seed nodes of the cluster.
+    pub urls: Vec<Secret<String>>,
+    /// A Redis Cluster: the client learns the slot map from the seeds and
+    /// follows it through resharding and failover.
+    pub cluster: bool,
     /// Prefix of every key and channel, so that several deployments (or tests)
     /// can share one Redis server. Always ends with `:`.
     pub key_prefix: String,
 }
 
 impl RedisConfig {
-    /// `redis_url` (unset or empty: no Redis) and `redis_key_prefix`.
+    /// `redis_url` (unset or empty: no Redis; with `redis_cluster`, a
+    /// comma-separated list of seed nodes), `redis_cluster` and
+    /// `redis_key_prefix`.
     pub fn read(src: &impl Source) -> Result<Option<RedisConfig>, ConfigError> {
-        let url = src.get("redis_url", None, optional(parse_redis_url))?;
+        let urls = src.get("redis_url", None, optional(parse_redis_urls))?;
+        let cluster = src.get("redis_cluster", false, switch)?;
         let key_prefix = src.get("redis_key_prefix", "latchkey:".to_string(), |s| {
             if s.is_empty() || s.len() > 64 {
                 return Err("must be 1..=64 characters".into());
+            }
+            // A brace would move the hash tag of every key to the prefix and
+            // so put all of them in one slot of a cluster.
+            if s.contains(['{', '}']) {
+                return Err("must not contain { or }".into());
             }
             Ok(if s.ends_with(':') {
                 s.to_string()
@@ -34,18 +55,43 @@ impl RedisConfig {
                 format!("{s}:")
             })
         })?;
-        Ok(url.map(|url| RedisConfig { url, key_prefix }))
+        let Some(urls) = urls else { return Ok(None) };
+        if urls.len() > 1 && !cluster {
+            return Err(ConfigError::new(
+                src.name_of("redis_url"),
+                "several URLs name the seeds of a Redis Cluster: set redis_cluster = true",
+            ));
+        }
+        Ok(Some(RedisConfig {
+            urls,
+            cluster,
+            key_prefix,
+        }))
     }
 }
 
-fn parse_redis_url(s: &str) -> Result<Secret<String>, String> {
-    let u = url::Url::parse(s).map_err(|e| format!("not a valid URL: {e}"))?;
-    match u.scheme() {
-        "redis" | "rediss" => Ok(Secret(s.to_string())),
-        other => Err(format!(
-            "unsupported scheme {other:?}: expected redis://host:port"
-        )),
-    }
+fn parse_redis_urls(s: &str) -> Result<Vec<Secret<String>>, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(|s| {
+            // The parse error names no part of the URL: it may hold a password.
+            let u = url::Url::parse(s).map_err(|e| format!("not a valid URL: {e}"))?;
+            match u.scheme() {
+                "redis" | "rediss" => Ok(Secret(s.to_string())),
+                other => Err(format!(
+                    "unsupported scheme {other:?}: expected redis://host:port"
+                )),
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .and_then(|v| {
+            if v.is_empty() {
+                Err("names no URL".into())
+            } else {
+                Ok(v)
+            }
+        })
 }
 
 /// Longest wait for one Redis command before we treat Redis as unavailable.
@@ -53,9 +99,62 @@ pub const COMMAND_TIMEOUT: Duration = Duration::from_millis(250);
 
 #[derive(Clone)]
 pub struct RedisHandle {
-    client: redis::Client,
-    conn: ConnectionManager,
+    /// One client per URL: where pub/sub subscribes (any node of a cluster).
+    clients: Vec<redis::Client>,
+    conn: Connection,
     prefix: String,
+}
+
+/// The connection every command goes through: one server's, or a cluster's
+/// (which routes each command to the node that owns its key's slot).
+#[derive(Clone)]
+pub enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Single(c) => c.req_packed_command(cmd),
+            Connection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Connection::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Single(c) => c.get_db(),
+            Connection::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl Connection {
+    /// Runs a keyless command (`SCAN`) on the node that holds `key`'s slot,
+    /// so that a `SCAN ... MATCH` of keys sharing `key`'s hash tag sees all
+    /// of them on a cluster as it does on one server.
+    pub async fn query_at<T: FromRedisValue>(&mut self, key: &str, cmd: &Cmd) -> Result<T, RedisError> {
+        match self {
+            Connection::Single(c) => cmd.query_async(c).await,
+            Connection::Cluster(c) => {
+                let route = Route::new(get_slot(key.as_bytes()), SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                T::from_redis_value(&c.route_command(cmd, routing).await?)
+            }
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -69,29 +168,51 @@ pub enum RedisFailure {
 impl RedisHandle {
     pub async fn connect(cfg: &RedisConfig) -> anyhow::Result<RedisHandle> {
         use anyhow::Context;
-        let client = redis::Client::open(cfg.url.expose().as_str()).context("LATCHKEY_REDIS_URL")?;
-        let conn_cfg = ConnectionManagerConfig::new()
-            .set_connection_timeout(Duration::from_secs(2))
-            .set_response_timeout(COMMAND_TIMEOUT)
-            .set_number_of_retries(2)
-            .set_max_delay(500);
-        let conn = tokio::time::timeout(
-            Duration::from_secs(5),
-            ConnectionManager::new_with_config(client.clone(), conn_cfg),
-        )
-        .await
-        .map_err(|_| anyhow::anyhow!("connecting to Redis timed out"))?
-        .context("connecting to Redis (LATCHKEY_REDIS_URL)")?;
+        let clients = cfg
+            .urls
+            .iter()
+            .map(|u| redis::Client::open(u.expose().as_str()))
+            .collect::<Result<Vec<_>, _>>()
+            .context("LATCHKEY_REDIS_URL")?;
+        let connecting = async {
+            if cfg.cluster {
+                let client =
+                    redis::cluster::ClusterClientBuilder::new(cfg.urls.iter().map(|u| u.expose().as_str()))
+                        .connection_timeout(Duration::from_secs(2))
+                        .response_timeout(COMMAND_TIMEOUT)
+                        // Moved and failed-over slots are retried briefly; a longer
+                        // outage is the callers' fallback, within COMMAND_TIMEOUT.
+                        .retries(2)
+                        .max_retry_wait(100)
+                        .build()?;
+                client.get_async_connection().await.map(Connection::Cluster)
+            } else {
+                let conn_cfg = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Duration::from_secs(2))
+                    .set_response_timeout(COMMAND_TIMEOUT)
+                    .set_number_of_retries(2)
+                    .set_max_delay(500);
+                ConnectionManager::new_with_config(clients[0].clone(), conn_cfg)
+                    .await
+                    .map(Connection::Single)
+            }
+        };
+        let conn = tokio::time::timeout(Duration::from_secs(5), connecting)
+            .await
+            .map_err(|_| anyhow::anyhow!("connecting to Redis timed out"))?
+            .context("connecting to Redis (LATCHKEY_REDIS_URL)")?;
         metrics::counter!("latchkey_redis_errors_total", "op" => "ping").increment(0);
         Ok(RedisHandle {
-            client,
+            clients,
             conn,
             prefix: cfg.key_prefix.clone(),
         })
     }
 
-    pub fn client(&self) -> &redis::Client {
-        &self.client
+    /// The client of the `attempt`-th subscription: the seeds in turn, so
+    /// that a subscriber whose node died moves to the next one.
+    pub fn subscriber(&self, attempt: usize) -> &redis::Client {
+        &self.clients[attempt % self.clients.len()]
     }
 
     /// `<prefix><suffix>`
@@ -110,7 +231,7 @@ impl RedisHandle {
     /// recording its latency.
     pub async fn run<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T, RedisFailure>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: FnOnce(Connection) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
         let start = Instant::now();
@@ -134,5 +255,39 @@ impl RedisHandle {
         })
         .await
         .map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::Sources;
+
+    fn read(pairs: &[(&str, &str)]) -> Result<Option<RedisConfig>, String> {
+        RedisConfig::read(&Sources::from_pairs(pairs.iter().copied())).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_cluster_takes_several_seeds_and_one_server_takes_one() {
+        let seeds = "redis://127.0.0.1:7000, redis://127.0.0.1:7001";
+        let c = read(&[("redis_url", seeds), ("redis_cluster", "true")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.urls.len(), 2);
+        assert!(c.cluster);
+        let e = read(&[("redis_url", seeds)]).unwrap_err();
+        assert!(e.contains("redis_cluster"), "{e}");
+        let c = read(&[("redis_url", "redis://127.0.0.1:6379")]).unwrap().unwrap();
+        assert!(!c.cluster && c.urls.len() == 1);
+        assert!(read(&[("redis_url", "")]).unwrap().is_none());
+        assert!(read(&[("redis_url", " , ")]).is_err());
+    }
+
+    #[test]
+    fn a_prefix_may_not_carry_a_hash_tag_and_no_error_shows_a_password() {
+        let e = read(&[("redis_url", "redis://h:1"), ("redis_key_prefix", "a{b}")]).unwrap_err();
+        assert!(e.contains('{'), "{e}");
+        let e = read(&[("redis_url", "redis://:hunter2@h:1,http://:hunter2@x")]).unwrap_err();
+        assert!(!e.contains("hunter2"), "{e}");
     }
 }

@@ -3,8 +3,10 @@
 //! Validation never leaves the process: it asks the local set. Keeping the
 //! sets of all instances complete is this module's job:
 //! - a revocation is added locally at once, and with Redis it is also added
-//!   to a sorted set (`<prefix>revoked`, score = when it may be forgotten) and
-//!   published on `<prefix>events`; every instance's listener applies it
+//!   to a sorted set (`<prefix>{revocations}`, score = when it may be
+//!   forgotten) and published on `<prefix>{revocations}:events`, in one
+//!   pipeline (one hash tag: one node of a cluster); every instance's
+//!   listener applies it
 //!   (within milliseconds);
 //! - a listener that (re)subscribes first reloads the sorted set, so messages
 //!   missed while disconnected are not lost;
@@ -32,6 +34,11 @@ use futures_util::StreamExt;
 use super::RedisHandle;
 use crate::clock::now_ms;
 use crate::store::Store;
+
+/// The sorted set of revoked sessions, and the channel of revocations and
+/// user changes, under the key prefix.
+const SET: &str = "{revocations}";
+const CHANNEL: &str = "{revocations}:events";
 
 type UserListener = Box<dyn Fn(&str) + Send + Sync>;
 
@@ -133,8 +140,8 @@ impl Revocations {
         }
         metrics::counter!("latchkey_revocations_total").increment(session_ids.len() as u64);
         if let Some(r) = &self.redis {
-            let zset = r.key("revoked");
-            let channel = r.key("events");
+            let zset = r.key(SET);
+            let channel = r.key(CHANNEL);
             let mut pipe = redis::pipe();
             for sid in session_ids {
                 pipe.zadd(&zset, sid, forget_at).ignore();
@@ -173,7 +180,7 @@ impl Revocations {
     pub async fn user_changed(&self, email: &str) {
         self.tell_user_listeners(email);
         if let Some(r) = &self.redis {
-            let channel = r.key("events");
+            let channel = r.key(CHANNEL);
             let msg = format!("u:{email}");
             if let Err(e) = r
                 .run("publish", |mut c| async move {
@@ -221,7 +228,7 @@ impl Revocations {
     }
 
     async fn resync_from_redis(&self, r: &RedisHandle) -> Result<(), super::redis::RedisFailure> {
-        let zset = r.key("revoked");
+        let zset = r.key(SET);
         let now = now_ms();
         let z2 = zset.clone();
         let _: () = r
@@ -257,11 +264,12 @@ impl Revocations {
         let Some(r) = self.redis.clone() else {
             return;
         };
-        let channel = r.key("events");
+        let channel = r.key(CHANNEL);
         let mut backoff = Duration::from_millis(100);
+        let mut attempt = 0;
         loop {
             let session = async {
-                let mut pubsub = r.client().get_async_pubsub().await?;
+                let mut pubsub = r.subscriber(attempt).get_async_pubsub().await?;
                 pubsub.subscribe(&channel).await?;
                 match self.resync_from_redis(&r).await {
                     Ok(()) => self.subscribed.store(true, Ordering::Relaxed),
@@ -293,6 +301,7 @@ impl Revocations {
                 }
                 None => return,
             }
+            attempt += 1;
             tokio::select! {
                 _ = tokio::time::sleep(backoff) => {}
                 _ = shutdown.wait() => return,

@@ -346,6 +346,7 @@ const TOP_KEYS: &[&str] = &[
     "access_token_ttl_secs",
     "token_cache_capacity",
     "redis_url",
+    "redis_cluster",
     "redis_key_prefix",
     "rate_limit_store",
     "trusted_proxies",

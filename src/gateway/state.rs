@@ -58,9 +58,10 @@ impl GatewayState {
 fn restart_only_changes(old: &GatewayConfig, new: &GatewayConfig) -> Vec<&'static str> {
     let mut changed = Vec::new();
     let redis = |c: &GatewayConfig| {
-        c.redis
-            .as_ref()
-            .map(|r| (r.url.expose().clone(), r.key_prefix.clone()))
+        c.redis.as_ref().map(|r| {
+            let urls: Vec<String> = r.urls.iter().map(|u| u.expose().clone()).collect();
+            (urls, r.cluster, r.key_prefix.clone())
+        })
     };
     let checks: [(&'static str, bool); 14] = [
         ("listen", old.listen != new.listen),
@@ -78,7 +79,10 @@ fn restart_only_changes(old: &GatewayConfig, new: &GatewayConfig) -> Vec<&'stati
             "token_cache_capacity",
             old.token_cache_capacity != new.token_cache_capacity,
         ),
-        ("redis_url/redis_key_prefix", redis(old) != redis(new)),
+        (
+            "redis_url/redis_cluster/redis_key_prefix",
+            redis(old) != redis(new),
+        ),
         ("rate_limit_store", old.limiter != new.limiter),
         ("upstream", old.upstream != new.upstream),
         (

@@ -328,17 +328,18 @@ impl Softlocks {
         let pattern = r.key(&format!("bf:{escaped}:*"));
         let res = r
             .run("bruteforce_clear", |mut c| async move {
-                let mut doomed = vec![own];
+                let mut doomed = vec![own.clone()];
                 let mut cursor: u64 = 0;
                 loop {
-                    let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                    let scan = redis::cmd("SCAN")
                         .arg(cursor)
                         .arg("MATCH")
                         .arg(&pattern)
                         .arg("COUNT")
                         .arg(1000)
-                        .query_async(&mut c)
-                        .await?;
+                        .clone();
+                    // The group's keys share its hash tag: one node holds them all.
+                    let (next, keys): (u64, Vec<String>) = c.query_at(&own, &scan).await?;
                     doomed.extend(keys);
                     if next == 0 {
                         break;

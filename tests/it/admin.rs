@@ -20,6 +20,7 @@ crate::on_every_backend!(
     a_login_or_refresh_that_raced_a_disable_gets_no_session,
     a_refused_change_changes_nothing,
 );
+crate::on_redis_cluster!(an_unlock_lifts_the_brute_force_delays_of_every_address,);
 
 /// A new client that may have `scopes`, and its id and secret.
 async fn new_client(app: &TestApp, scopes: &[&str]) -> (String, String) {

@@ -48,6 +48,26 @@ macro_rules! on_every_backend {
     };
 }
 
+/// Runs test bodies on PostgreSQL with a Redis Cluster (3 masters) in place
+/// of one Redis server: the bodies that exercise Redis across instances
+/// (shared limits, brute-force state and its unlock, revocations).
+/// `on_redis_cluster!(names...)`, once per file beside `on_every_backend!`.
+#[macro_export]
+macro_rules! on_redis_cluster {
+    ($($name:ident),* $(,)?) => {
+        mod redis_cluster {
+            $(
+                #[sqlx::test(migrations = false)]
+                async fn $name(_: sqlx::postgres::PgPoolOptions, opts: sqlx::postgres::PgConnectOptions) {
+                    let app = $crate::common::TestApp::postgres_cluster(opts).await;
+                    super::$name(&app).await;
+                    app.stop().await;
+                }
+            )*
+        }
+    };
+}
+
 pub const SECRET_KEY: &str = "dGVzdC1zZWNyZXQta2V5LW9mLXRoaXJ0eS10d28tYnl0ZXMhIQ==";
 
 pub struct TestApp {
@@ -66,6 +86,12 @@ pub struct TestApp {
 pub fn redis_url() -> String {
     std::env::var("LATCHKEY_TEST_REDIS_URL")
         .expect("LATCHKEY_TEST_REDIS_URL must be set (run ./scripts/test, which starts Redis)")
+}
+
+pub fn redis_cluster_url() -> String {
+    std::env::var("LATCHKEY_TEST_REDIS_CLUSTER_URL").expect(
+        "LATCHKEY_TEST_REDIS_CLUSTER_URL must be set (run ./scripts/test, which starts a Redis Cluster)",
+    )
 }
 
 pub fn pg_url(opts: &PgConnectOptions) -> String {
@@ -97,6 +123,13 @@ impl TestApp {
             ("database_max_connections".into(), "10".into()),
         ];
         Self::start(tmp, base, extra).await
+    }
+
+    /// PostgreSQL (this test's own database) and a Redis Cluster (this
+    /// test's own prefix).
+    pub async fn postgres_cluster(opts: PgConnectOptions) -> TestApp {
+        let cluster = redis_cluster_url();
+        Self::postgres(opts, &[("redis_url", &cluster), ("redis_cluster", "true")]).await
     }
 
     async fn start(

@@ -17,6 +17,12 @@ crate::on_every_backend!(
     password_changes_are_limited_per_account,
     hot_keys_never_exceed_the_limit_and_lease_from_redis,
 );
+crate::on_redis_cluster!(
+    a_policy_of_n_lets_exactly_n_of_10n_concurrent_requests_through,
+    brute_force_delays_then_answers_the_same_for_unknown_accounts,
+    parallel_guesses_cannot_outrun_the_brute_force_rules,
+    hot_keys_never_exceed_the_limit_and_lease_from_redis,
+);
 
 const POLICY: &[(&str, &str)] = &[
     ("rate_limit_resend_ip", "5/60"),

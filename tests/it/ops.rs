@@ -12,6 +12,7 @@ crate::on_every_backend!(
     openapi_documents_every_endpoint,
     metrics_are_exposed
 );
+crate::on_redis_cluster!(health_request_ids_and_unknown_routes,);
 
 async fn health_request_ids_and_unknown_routes(app: &TestApp) {
     let r = app.get("/health/live").await;

@@ -15,6 +15,7 @@ crate::on_every_backend!(
     a_password_change_may_keep_the_other_sessions,
     session_routes_need_a_live_access_token,
 );
+crate::on_redis_cluster!(ending_a_session_revokes_its_tokens_everywhere_at_once,);
 
 /// A login with a user agent of its own; returns its token pair.
 async fn login_as(app: &TestApp, email: &str, agent: &str) -> Value {

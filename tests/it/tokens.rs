@@ -20,6 +20,7 @@ crate::on_every_backend!(
     a_third_party_library_verifies_tokens_from_the_jwks,
     revocation_reaches_every_instance_within_a_second,
 );
+crate::on_redis_cluster!(revocation_reaches_every_instance_within_a_second,);
 
 fn b64(v: &Value) -> String {
     URL_SAFE_NO_PAD.encode(serde_json::to_vec(v).unwrap())
