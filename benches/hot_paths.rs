@@ -100,7 +100,8 @@ fn limiter_benches(c: &mut Criterion) {
         Ok(url) => {
             let redis = rt
                 .block_on(RedisHandle::connect(&RedisConfig {
-                    url: Secret(url),
+                    urls: vec![Secret(url)],
+                    cluster: false,
                     key_prefix: "bench:".into(),
                 }))
                 .unwrap();

@@ -107,6 +107,9 @@ pub struct RedisHandle {
 
 /// The connection every command goes through: one server's, or a cluster's
 /// (which routes each command to the node that owns its key's slot).
+// Not boxed: `run` clones the connection for every command, and a boxed
+// variant would allocate each time.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone)]
 pub enum Connection {
     Single(ConnectionManager),
