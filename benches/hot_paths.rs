@@ -102,6 +102,7 @@ fn limiter_benches(c: &mut Criterion) {
                 .block_on(RedisHandle::connect(&RedisConfig {
                     urls: vec![Secret(url)],
                     cluster: false,
+                    required_for_readiness: true,
                     key_prefix: "bench:".into(),
                 }))
                 .unwrap();

@@ -228,6 +228,14 @@ impl Readiness {
         self
     }
 
+    /// A check shown as `ok` or `failing` that never fails readiness (a
+    /// dependency the process can do without for a while).
+    pub fn report(mut self, name: &'static str, ok: bool) -> Readiness {
+        self.checks
+            .insert(name.into(), if ok { "ok" } else { "failing" }.into());
+        self
+    }
+
     /// A check shown but never failing readiness (`unknown` when not ok).
     pub fn inform(mut self, name: &'static str, ok: bool) -> Readiness {
         self.checks

@@ -18,6 +18,7 @@ use redis::cluster_routing::{get_slot, Route, RoutingInfo, SingleNodeRoutingInfo
 use redis::{aio::ConnectionManagerConfig, Cmd, FromRedisValue, RedisError, RedisFuture, Value};
 use tracing::Instrument;
 
+use crate::lifecycle::Readiness;
 use crate::settings::{optional, switch, ConfigError, Secret, Source};
 
 /// Where Redis is, for the service and the gateway alike.
@@ -31,6 +32,11 @@ pub struct RedisConfig {
     /// Prefix of every key and channel, so that several deployments (or tests)
     /// can share one Redis server. Always ends with `:`.
     pub key_prefix: String,
+    /// Whether `/health/ready` fails while Redis does not answer (`required`,
+    /// the default) or only names it (`reported`): every use of Redis has a
+    /// fallback, and behind a load balancer a shared Redis that fails
+    /// readiness takes every instance out at once.
+    pub required_for_readiness: bool,
 }
 
 impl RedisConfig {
@@ -55,6 +61,11 @@ impl RedisConfig {
                 format!("{s}:")
             })
         })?;
+        let required_for_readiness = src.get("redis_readiness", true, |s| match s {
+            "required" => Ok(true),
+            "reported" => Ok(false),
+            _ => Err("expected required or reported".into()),
+        })?;
         let Some(urls) = urls else { return Ok(None) };
         if urls.len() > 1 && !cluster {
             return Err(ConfigError::new(
@@ -66,6 +77,7 @@ impl RedisConfig {
             urls,
             cluster,
             key_prefix,
+            required_for_readiness,
         }))
     }
 }
@@ -103,6 +115,7 @@ pub struct RedisHandle {
     clients: Vec<redis::Client>,
     conn: Connection,
     prefix: String,
+    required_for_readiness: bool,
 }
 
 /// The connection every command goes through: one server's, or a cluster's
@@ -209,6 +222,7 @@ impl RedisHandle {
             clients,
             conn,
             prefix: cfg.key_prefix.clone(),
+            required_for_readiness: cfg.required_for_readiness,
         })
     }
 
@@ -216,6 +230,16 @@ impl RedisHandle {
     /// that a subscriber whose node died moves to the next one.
     pub fn subscriber(&self, attempt: usize) -> &redis::Client {
         &self.clients[attempt % self.clients.len()]
+    }
+
+    /// Adds Redis's answer (`ok`) to a readiness answer: a failing check,
+    /// or with `redis_readiness = reported` a named one that does not fail.
+    pub fn readiness(&self, ready: Readiness, ok: bool) -> Readiness {
+        if self.required_for_readiness {
+            ready.check("redis", ok)
+        } else {
+            ready.report("redis", ok)
+        }
     }
 
     /// `<prefix><suffix>`

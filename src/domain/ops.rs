@@ -27,12 +27,13 @@ pub struct Operations {
 }
 
 impl Operations {
-    /// Ready when the database (and Redis, if configured) answer within a second.
+    /// Ready when the database (and Redis, if configured and required)
+    /// answer within a second.
     pub async fn readiness(&self) -> Readiness {
         let timeout = Duration::from_secs(1);
         let mut ready = Readiness::new().check("database", answers(timeout, self.store.ping()).await);
         if let Some(r) = &self.redis {
-            ready = ready.check("redis", answers(timeout, r.ping()).await);
+            ready = r.readiness(ready, answers(timeout, r.ping()).await);
         }
         ready
     }

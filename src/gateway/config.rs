@@ -347,6 +347,7 @@ const TOP_KEYS: &[&str] = &[
     "token_cache_capacity",
     "redis_url",
     "redis_cluster",
+    "redis_readiness",
     "redis_key_prefix",
     "rate_limit_store",
     "trusted_proxies",

@@ -53,7 +53,7 @@ async fn ready(State(w): State<Arc<Worker>>) -> Response {
     let keys = st.tokens.key_count();
     let mut ready = Readiness::new().check("jwks", keys > 0);
     if let Some(r) = &st.redis {
-        ready = ready.check("redis", answers(Duration::from_secs(1), r.ping()).await);
+        ready = r.readiness(ready, answers(Duration::from_secs(1), r.ping()).await);
     }
     let jwks_age = (now_ms() - st.jwks_loaded_at_ms.load(Ordering::Relaxed)).max(0) / 1000;
     // Informational: whether logouts are being heard (Redis or the poll).

@@ -154,8 +154,15 @@ async fn metrics_are_exposed(app: &TestApp) {
 async fn readiness_names_a_failing_redis_and_recovers_without_restart() {
     let mut redis = OwnRedis::start().await;
     let app = TestApp::embedded(&[("redis_url", &redis.url())]).await;
+    // Behind a load balancer: Redis is named but does not fail readiness.
+    let reported = app.twin_with(&[("redis_readiness", "reported")]).await;
     assert_eq!(app.get("/health/ready").await.status(), 200);
     redis.stop();
+    let r = reported.get("/health/ready").await;
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["checks"]["redis"], "failing", "{body}");
+    reported.stop().await;
     let r = app.get("/health/ready").await;
     assert_eq!(r.status(), 503);
     let body: Value = r.json().await.unwrap();
