@@ -13,7 +13,11 @@ use crate::lifecycle::{Every, Shutdown, Ticks};
 pub(super) async fn run(st: Arc<Services>, shutdown: Shutdown) {
     let mut ticks = Ticks::every(Duration::from_secs(1), shutdown);
     let mut keys = Every::new(st.config.tokens.key_refresh_interval);
+    // Revocations are reloaded from the database every 5 s while Redis
+    // carries them (a safety net), every second while it cannot: then a
+    // logout on one instance reaches every other within about a second.
     let mut resync = Every::new(Duration::from_secs(5));
+    let mut fast_resync = Every::new(Duration::from_secs(1));
     let mut purge = Every::new(Duration::from_secs(60));
     let mut resync_from = now_ms() - 10_000;
     let mut users_from = now_ms() - 10_000;
@@ -23,12 +27,16 @@ pub(super) async fn run(st: Arc<Services>, shutdown: Shutdown) {
                 tracing::warn!(error = %e, "reloading signing keys failed");
             }
         }
-        if resync.due() {
+        let upkeep = resync.due();
+        if upkeep || (fast_resync.due() && !st.revocations.hears_other_instances()) {
             let now = now_ms();
             match st.revocations.load_from_store(&st.store, resync_from).await {
                 Ok(()) => resync_from = now - 10_000, // overlap absorbs commit delays
                 Err(e) => tracing::warn!(error = %e, "revocation resync failed"),
             }
+        }
+        if upkeep {
+            let now = now_ms();
             // Histogram samples wait in lock-free buckets until drained: drain
             // them even when nothing scrapes /metrics, or they pile up.
             st.metrics.run_upkeep();

@@ -116,6 +116,8 @@ pub struct RedisHandle {
     conn: Connection,
     prefix: String,
     required_for_readiness: bool,
+    /// When a command last failed (ms; 0: never), shared by the clones.
+    last_failure_ms: std::sync::Arc<std::sync::atomic::AtomicI64>,
 }
 
 /// The connection every command goes through: one server's, or a cluster's
@@ -223,6 +225,7 @@ impl RedisHandle {
             conn,
             prefix: cfg.key_prefix.clone(),
             required_for_readiness: cfg.required_for_readiness,
+            last_failure_ms: Default::default(),
         })
     }
 
@@ -272,8 +275,18 @@ impl RedisHandle {
             .record(start.elapsed().as_secs_f64());
         if out.is_err() {
             metrics::counter!("latchkey_redis_errors_total", "op" => op).increment(1);
+            self.last_failure_ms
+                .store(crate::clock::now_ms(), std::sync::atomic::Ordering::Relaxed);
         }
         out
+    }
+
+    /// Whether a command failed in the last `ms` milliseconds. A Redis that
+    /// stopped answering (a frozen or partitioned node) leaves subscriptions
+    /// open but silent; failed commands are how an instance learns of it.
+    pub fn failed_within(&self, ms: i64) -> bool {
+        let last = self.last_failure_ms.load(std::sync::atomic::Ordering::Relaxed);
+        last > 0 && crate::clock::now_ms() - last <= ms
     }
 
     pub async fn ping(&self) -> Result<(), RedisFailure> {

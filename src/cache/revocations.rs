@@ -81,6 +81,17 @@ impl Revocations {
             || (every > 0 && now_ms() - self.polled_at.load(Ordering::Relaxed) <= 3 * every)
     }
 
+    /// Whether revocations of other instances arrive within milliseconds:
+    /// subscribed to Redis, and no Redis command failed in the last 10 s (a
+    /// silent subscription to a frozen node looks alive). Otherwise the
+    /// service reloads them from the database every second.
+    pub fn hears_other_instances(&self) -> bool {
+        match &self.redis {
+            Some(r) => self.subscribed.load(Ordering::Relaxed) && !r.failed_within(10_000),
+            None => false,
+        }
+    }
+
     /// Polls will come every `every`: until one answers, the view is not current.
     pub fn expect_polls(&self, every: Duration) {
         self.poll_every_ms
