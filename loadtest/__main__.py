@@ -1,4 +1,4 @@
-"""python3 -m loadtest [SCENARIO | gateway | limiter] [options]: what
+"""python3 -m loadtest [SCENARIO | gateway | limiter | rig | faults | scaling] [options]: what
 scripts/loadtest runs (see `scripts/loadtest --help`)."""
 
 import signal
@@ -19,6 +19,18 @@ def main(argv):
         from . import limiter_bench
 
         return limiter_bench.main(argv[1:])
+    if argv[:1] == ["rig"]:
+        from . import rig
+
+        return rig.main(argv[1:])
+    if argv[:1] == ["faults"]:
+        from . import faults
+
+        return faults.main(argv[1:])
+    if argv[:1] == ["scaling"]:
+        from . import scaling
+
+        return scaling.main(argv[1:])
     from . import service
 
     return service.main(argv)

@@ -11,13 +11,14 @@ use crate::lifecycle::{Every, Shutdown, Ticks};
 /// revocation resync from the database (a safety net under Redis), purges,
 /// and the outbox gauges.
 pub(super) async fn run(st: Arc<Services>, shutdown: Shutdown) {
-    let mut ticks = Ticks::every(Duration::from_secs(1), shutdown);
+    // Each chore has its own period; the tick only bounds how late one runs.
+    let mut ticks = Ticks::every(Duration::from_millis(250), shutdown);
     let mut keys = Every::new(st.config.tokens.key_refresh_interval);
     // Revocations are reloaded from the database every 5 s while Redis
-    // carries them (a safety net), every second while it cannot: then a
-    // logout on one instance reaches every other within about a second.
+    // carries them (a safety net), every half second while it cannot: then
+    // a logout on one instance reaches every other within a second.
     let mut resync = Every::new(Duration::from_secs(5));
-    let mut fast_resync = Every::new(Duration::from_secs(1));
+    let mut fast_resync = Every::new(Duration::from_millis(500));
     let mut purge = Every::new(Duration::from_secs(60));
     let mut resync_from = now_ms() - 10_000;
     let mut users_from = now_ms() - 10_000;

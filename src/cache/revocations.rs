@@ -84,7 +84,7 @@ impl Revocations {
     /// Whether revocations of other instances arrive within milliseconds:
     /// subscribed to Redis, and no Redis command failed in the last 10 s (a
     /// silent subscription to a frozen node looks alive). Otherwise the
-    /// service reloads them from the database every second.
+    /// service reloads them from the database every half second.
     pub fn hears_other_instances(&self) -> bool {
         match &self.redis {
             Some(r) => self.subscribed.load(Ordering::Relaxed) && !r.failed_within(10_000),

@@ -26,6 +26,10 @@ pub enum AuthError {
     RateLimited(Limited),
     #[error("overloaded")]
     Overloaded { retry_after: u64 },
+    /// A dependency (the database) cannot be reached right now; nothing was
+    /// written. `503 UNAVAILABLE` with `Retry-After`.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
     #[error("OAuth client authentication failed")]
     InvalidClient,
     /// What the request names does not exist for the caller (the same
@@ -73,6 +77,7 @@ impl From<StoreError> for AuthError {
         match e {
             // Counted where it happened (`store::acquire`).
             StoreError::Overloaded => AuthError::Overloaded { retry_after: 1 },
+            StoreError::Unavailable(e) => AuthError::Unavailable(e.to_string()),
             other => AuthError::Internal(other.into()),
         }
     }

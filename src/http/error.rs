@@ -156,6 +156,15 @@ impl IntoResponse for ApiError {
                 AuthError::InvalidToken => invalid_token(),
                 AuthError::RateLimited(l) => rate_limited(&l),
                 AuthError::Overloaded { retry_after } => overloaded(retry_after),
+                AuthError::Unavailable(why) => {
+                    tracing::warn!(error = %why, "database unavailable; answered 503");
+                    let r = error_response(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "UNAVAILABLE",
+                        "the service cannot reach its database right now; retry shortly",
+                    );
+                    with_header(r, header::RETRY_AFTER, 1)
+                }
                 AuthError::InsufficientScope(scope) => {
                     let r = error_response(
                         StatusCode::FORBIDDEN,
@@ -253,5 +262,19 @@ impl IntoResponse for ApiError {
                 }
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unreachable_database_answers_503_with_retry_after_never_500() {
+        let lost = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let e = AuthError::from(crate::store::StoreError::from(sqlx::Error::Io(lost)));
+        let r = ApiError::from(e).into_response();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
     }
 }

@@ -95,16 +95,40 @@ pub enum StoreError {
     /// No connection could be had within the acquire timeout.
     #[error("database pool exhausted")]
     Overloaded,
+    /// The database cannot be reached or dropped the connection (a restart,
+    /// a failover, a network fault): the statement's transaction did not
+    /// commit, and asking again shortly is right.
+    #[error("database unavailable: {0}")]
+    Unavailable(#[source] sqlx::Error),
     #[error("database error: {0}")]
     Database(#[source] sqlx::Error),
 }
 
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
+        if is_transient(&e) {
+            metrics::counter!("latchkey_db_unavailable_total").increment(1);
+            return StoreError::Unavailable(e);
+        }
         match e {
             sqlx::Error::PoolTimedOut => StoreError::Overloaded,
             other => StoreError::Database(other),
         }
+    }
+}
+
+/// A failure of the connection rather than of the statement: the socket
+/// (`Io`), a pool closed under it, or PostgreSQL's SQLSTATE classes 08
+/// (connection exception) and 57P (the server shutting down or starting:
+/// `57P01` admin shutdown, `57P02` crash shutdown, `57P03` cannot connect
+/// now), and `53300` (too many connections).
+fn is_transient(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|c| c.starts_with("08") || c.starts_with("57P") || c == "53300"),
+        _ => false,
     }
 }
 
@@ -307,5 +331,31 @@ impl Drop for QueryTimer {
     fn drop(&mut self) {
         metrics::histogram!("latchkey_db_query_seconds", "op" => self.op)
             .record(self.start.elapsed().as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_connection_is_unavailable_and_a_bad_statement_is_not() {
+        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        assert!(matches!(
+            StoreError::from(sqlx::Error::Io(reset)),
+            StoreError::Unavailable(_)
+        ));
+        assert!(matches!(
+            StoreError::from(sqlx::Error::PoolClosed),
+            StoreError::Unavailable(_)
+        ));
+        assert!(matches!(
+            StoreError::from(sqlx::Error::PoolTimedOut),
+            StoreError::Overloaded
+        ));
+        assert!(matches!(
+            StoreError::from(sqlx::Error::RowNotFound),
+            StoreError::Database(_)
+        ));
     }
 }

@@ -380,12 +380,8 @@ async fn revocation_reaches_every_instance_within_a_second(app: &TestApp) {
     // With Redis, every instance learns it through pub/sub. The embedded
     // setup is one process; its twin here shares only the SQLite file and,
     // hearing no other instance, reloads revocations from the database
-    // every second (a 1 s tick, then the query).
-    let bound = if app.is_postgres() {
-        Duration::from_secs(1)
-    } else {
-        Duration::from_millis(2500)
-    };
+    // every half second (on a 250 ms tick).
+    let bound = Duration::from_secs(1);
     loop {
         if twin.validate(at).await == 401 {
             break;
