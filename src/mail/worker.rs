@@ -6,6 +6,7 @@
 //! about a day) becomes a dead letter: kept, sealed, for `mail_dead_letter_ttl`
 //! and counted in `latchkey_outbox_dead_total`, never retried.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +33,11 @@ pub struct OutboxWorker {
     sealer: Arc<Sealer>,
     from: String,
     wake: Arc<Notify>,
+    /// The last delivery failed for a temporary reason: the first one that
+    /// succeeds after it brings every backed-off message forward, so that
+    /// mail queued during an outage goes out when the relay is back, not
+    /// when its backoff (up to an hour) runs out.
+    relay_failing: std::sync::atomic::AtomicBool,
 }
 
 impl OutboxWorker {
@@ -42,6 +48,7 @@ impl OutboxWorker {
             sealer,
             from,
             wake,
+            relay_failing: Default::default(),
         }
     }
 
@@ -97,6 +104,16 @@ impl OutboxWorker {
                     self.store.outbox_delivered(row.id).await?;
                     metrics::counter!("latchkey_outbox_deliveries_total", "sink" => self.sink.kind())
                         .increment(1);
+                    if self.relay_failing.swap(false, Ordering::Relaxed) {
+                        let n = self.store.outbox_retry_now(now_ms()).await?;
+                        if n > 0 {
+                            tracing::info!(
+                                messages = n,
+                                "outbox: the relay answers again; retrying the backlog now"
+                            );
+                            self.wake.notify_one();
+                        }
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(id = row.id, attempts = row.attempts, error = %e, "outbox: delivery failed");
@@ -104,6 +121,7 @@ impl OutboxWorker {
                         .increment(1);
                     match &e {
                         SinkError::Temporary(why) if row.attempts < MAX_ATTEMPTS => {
+                            self.relay_failing.store(true, Ordering::Relaxed);
                             let backoff = (1000i64 << row.attempts.clamp(0, 22)).min(MAX_BACKOFF_MS);
                             self.store.outbox_failed(row.id, now_ms() + backoff, why).await?;
                         }

@@ -82,6 +82,22 @@ impl Store {
         })
     }
 
+    /// Makes every message waiting out a backoff due now (the relay
+    /// answered again); how many.
+    pub async fn outbox_retry_now(&self, now: i64) -> StoreResult<u64> {
+        db_op!(self, "outbox_retry_now", conn => {
+            let r = sqlx::query(
+                "UPDATE outbox SET next_attempt_at = $1 \
+                 WHERE dead_at IS NULL AND claimed_until IS NULL AND last_error IS NOT NULL \
+                 AND next_attempt_at > $1",
+            )
+            .bind(now)
+            .execute(&mut *conn)
+            .await?;
+            Ok(r.rows_affected())
+        })
+    }
+
     /// Gives up on a message: it stays, sealed, as a dead letter (for an
     /// operator to see in `last_error`) until [`Store::purge_dead_letters`].
     pub async fn outbox_dead(&self, id: i64, now: i64, error: &str) -> StoreResult<()> {

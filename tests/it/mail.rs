@@ -84,6 +84,30 @@ async fn smtp_delivery_and_an_outage_that_loses_nothing() {
     app.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mail_queued_in_an_outage_goes_out_when_the_relay_is_back_not_when_its_backoff_ends() {
+    let port = free_port();
+    let inbox = tempfile::tempdir().unwrap();
+    let app = TestApp::embedded(&[("mail", &format!("smtp://127.0.0.1:{port}?tls=none"))]).await;
+    let early = unique_email("outage-early");
+    let r = app
+        .post("/auth/register", json!({"email": early, "password": PASSWORD}))
+        .await;
+    assert_eq!(r.status(), 201);
+    // Tried at 0, 1, 3 and 7 s: its next try is 8 s after the last.
+    tokio::time::sleep(Duration::from_millis(7500)).await;
+    let _smtp = smtp_sink(inbox.path(), port);
+    let late = unique_email("outage-late");
+    let r = app
+        .post("/auth/register", json!({"email": late, "password": PASSWORD}))
+        .await;
+    assert_eq!(r.status(), 201);
+    wait_mail(inbox.path(), &late, Duration::from_secs(5)).await;
+    // The first success brings the backlog forward: well before 15 s.
+    wait_mail(inbox.path(), &early, Duration::from_secs(3)).await;
+    app.stop().await;
+}
+
 struct Server {
     child: Child,
 }
