@@ -318,10 +318,10 @@ class Haproxy:
         self.stats_port = free_port()
         self.proc = None
 
-    def config(self):
+    def config(self, servers=None):
         servers = "\n".join(
             f"    server latchkey{i.i} 127.0.0.1:{i.port} check inter {HEALTH_INTERVAL_MS}ms fall 2 rise 2"
-            for i in self.rig.instances)
+            for i in self.rig.instances[:servers])
         errors = self.rig.root / "haproxy-503.http"
         # HAProxy's own 503 (no server up) says when to retry, as latchkey's do.
         errors.write_text("HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
@@ -368,9 +368,10 @@ backend latchkey
 {servers}
 """
 
-    def start(self):
+    def start(self, servers=None):
+        """With the first `servers` instances (default: all)."""
         cfg = self.rig.root / "haproxy.cfg"
-        cfg.write_text(self.config())
+        cfg.write_text(self.config(servers))
         log = open(self.rig.root / "haproxy.log", "a")
         self.proc = subprocess.Popen(["haproxy", "-f", str(cfg), "-db"], stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
@@ -381,6 +382,12 @@ backend latchkey
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(10)
+
+    def restart(self, servers=None):
+        self.stop()
+        self.start(servers)
+        wait_until(lambda: http("GET", f"http://127.0.0.1:{self.port}/health/ready", timeout=1)[0] == 200,
+                   "HAProxy", timeout=20)
 
 
 class Rig:
