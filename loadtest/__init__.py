@@ -2,8 +2,8 @@
 `python3 -m loadtest` with the repository root on PYTHONPATH.
 
 Modules:
-  __main__       the command line: gateway / limiter go to their modules,
-                 everything else to service
+  __main__       the command line: gateway / limiter / rig / faults /
+                 scaling go to their modules, everything else to service
   common         paths, messages, ports, HTTP, median / percentile, /proc
                  (CPU, RSS, process trees), the CPU sampler, machine and git
                  revision, result folders
@@ -20,6 +20,13 @@ Modules:
                  (validate-throughput), the CI gate
   gateway_bench  the gateway against the upstream direct and HAProxy
   limiter_bench  /auth/validate unlimited, Redis- and in-process-limited
+  rig            the scale-out rig: N instances behind HAProxy, PostgreSQL,
+                 a Redis Cluster, the SMTP sink; each part can be killed,
+                 frozen, stopped and started (the faults)
+  faults         the fault suite on the rig: mixed load, one fault, the
+                 error budget and the invariants (docs/reliability.md)
+  scaling        1, 2, 3 instances behind HAProxy, CPU and round trips per
+                 request (docs/deploy.md's capacity model)
 
 Data beside the modules: k6/ (scenarios; lib/common.js shared by them),
 wrk/ (Lua scripts; report.lua prints the line every runner parses),

@@ -16,6 +16,7 @@ scripts/loadtest scaling [--seconds 8] [--rounds 3]"""
 import argparse
 import json
 import os
+import resource
 import statistics
 import time
 
@@ -42,7 +43,7 @@ def metric_sums(text, name):
 
 
 def round_trips(inst, do, n):
-    """(database statements, Redis commands) per call of `do`, on `inst`."""
+    """(database operations, Redis commands) per call of `do`, on `inst`."""
     def snapshot():
         _, text = http("GET", f"{inst.admin}/metrics", timeout=5)
         text = text.decode()
@@ -92,7 +93,12 @@ def main(argv):
         say("starting the rig (rate limits off: one address drives all the load)")
         rig.start()
         env0 = rig.instances[0].env()
+        # The seed hashes every password with argon2id at the service's
+        # parameters: its CPU per account is the cost of one hash.
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         seed_users(binary, env0, ACCOUNTS, cwd=rig.instances[0].dir)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        hash_ms = ((after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)) * 1000 / ACCOUNTS
         # Every instance verifies every account once: its credential cache is warm.
         for inst in rig.instances:
             for i in range(1, ACCOUNTS + 1):
@@ -142,6 +148,7 @@ def main(argv):
                    for k, v in results.items()}
         doc = {"started": started.isoformat(), "machine": machine_info(), "revision": git_revision(),
                "seconds": a.seconds, "rounds": a.rounds, "throughput": summary,
+               "argon2id_cpu_ms_per_hash": round(hash_ms, 1),
                "round_trips": {k: {"db": round(v[0], 2), "redis": round(v[1], 2)} for k, v in trips.items()}}
         (outdir / "summary.json").write_text(json.dumps(doc, indent=2))
         text = render(doc, a)
@@ -171,9 +178,11 @@ def render(doc, a):
                      f"{', '.join(f'{x:,}' for x in v['rounds'])} | {v['p50_ms']:.2f} | {v['p99_ms']:.2f} | "
                      f"{v['errors']} | {c['latchkey']:.0f} / {c['haproxy']:.0f} / {c['postgres']:.0f} / "
                      f"{c['redis']:.0f} |")
-    lines += ["", "Round trips per request (one instance, rate limits off; PostgreSQL statements "
-              "from latchkey_db_query_seconds_count, Redis commands from latchkey_redis_command_seconds_count, "
+    lines += ["", "Round trips per request (one instance, rate limits off; PostgreSQL operations, each "
+              "one statement or one short transaction, from latchkey_db_query_seconds_count, Redis commands from latchkey_redis_command_seconds_count, "
               "background work of the request included):", "", "| request | PostgreSQL | Redis |", "|---|---:|---:|"]
     for k, v in doc["round_trips"].items():
         lines.append(f"| {k} | {v['db']} | {v['redis']} |")
+    lines += ["", f"One argon2id hash (m=19456 KiB, t=2, p=1) cost {doc['argon2id_cpu_ms_per_hash']} ms of CPU "
+              f"(`latchkey users seed --count {ACCOUNTS}`: its CPU time over the accounts)."]
     return "\n".join(lines) + "\n"

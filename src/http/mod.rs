@@ -109,7 +109,7 @@ impl Modify for CommonResponses {
                 };
                 add(
                     "503",
-                    "OVERLOADED (with Retry-After), or the request deadline passed",
+                    "OVERLOADED (with Retry-After), or the request deadline passed; UNAVAILABLE (with Retry-After): the database cannot be reached",
                 );
                 if let Some(json) = body {
                     add(
