@@ -1,4 +1,4 @@
-"""python3 -m loadtest [SCENARIO | gateway | limiter | rig | faults | scaling] [options]: what
+"""python3 -m loadtest [SCENARIO | gateway | limiter | overhead | rig | faults | scaling] [options]: what
 scripts/loadtest runs (see `scripts/loadtest --help`)."""
 
 import signal
@@ -27,6 +27,10 @@ def main(argv):
         from . import faults
 
         return faults.main(argv[1:])
+    if argv[:1] == ["overhead"]:
+        from . import overhead
+
+        return overhead.main(argv[1:])
     if argv[:1] == ["scaling"]:
         from . import scaling
 

@@ -449,8 +449,8 @@ class Rig:
         for part in [self.lb, *self.instances, self.smtp, self.redis, self.pg]:
             try:
                 part.stop()
-            except Exception as e:  # keep stopping the rest
-                say(f"warning: stopping {type(part).__name__}: {e}")
+            except BaseException as e:  # keep stopping the rest, even on a second Ctrl-C
+                say(f"warning: stopping {type(part).__name__}: {e!r}")
         if keep_logs:
             keep_logs = Path(keep_logs)
             keep_logs.mkdir(parents=True, exist_ok=True)

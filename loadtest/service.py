@@ -19,6 +19,8 @@ figures the run's report quotes for comparison (docs/performance.md):
                        reference: a Spring Boot 4 service that collapsed at ~50 VUs
   login-mfa            the two-step login (password, then a TOTP code) at RATE/s, on
                        accounts seeded with an authenticator app; P95 of both < 10 ms
+  refresh              token rotation at RATE/s (default 1,000), each VU rotating its own
+                       chain after one login; P95 < 200 ms (latchkey's own goal)
   validate-throughput  wrk on /auth/validate and /health/live at 50..300 connections;
                        reference: JWT validation of a Quarkus native service
   gateway              the gateway benchmark (loadtest/gateway_bench.py): upstream
@@ -114,6 +116,14 @@ SCENARIOS = {
         "seed_args": ["--totp-secret", "JBSWY3DPEHPK3PXPJBSWY3DPEHPK3PXP"],
         "k6_env": {"TOTP_SECRET": "JBSWY3DPEHPK3PXPJBSWY3DPEHPK3PXP", "ACCOUNTS": "4000"},
     },
+    "refresh": {
+        "tool": "k6",
+        "script": "loadtest/k6/refresh.js",
+        "about": "token rotation at RATE/s (default 1,000), each VU rotating its own chain; P95 under 200 ms",
+        "default_scale": 0.1,
+        "everyday": "10 s ramp + 60 s hold (full: 10 s + 600 s)",
+        "accounts": True,
+    },
     "validate-throughput": {
         "tool": "wrk",
         "script": "loadtest/wrk/validate.lua",
@@ -152,7 +162,7 @@ def parse_args(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="See loadtest/README.md and docs/performance.md.")
     p.add_argument("scenario", nargs="?",
-                   help="login-slo | login-mfa | nearyou-flow | stress-mix | validate-throughput | any loadtest/k6/NAME.js "
+                   help="login-slo | login-mfa | refresh | nearyou-flow | stress-mix | validate-throughput | any loadtest/k6/NAME.js "
                         "(gateway and limiter: see above)")
     p.add_argument("--list", action="store_true", help="list the scenarios and their everyday forms")
     p.add_argument("--full", action="store_true",
@@ -160,7 +170,7 @@ def parse_args(argv):
     p.add_argument("--gate", action="store_true",
                    help="CI gate: login-slo, 60 s hold at 100/s, fails on P95 >= 200 ms or success <= 99 %%")
     p.add_argument("--backend", choices=["embedded", "postgres"], default="embedded")
-    p.add_argument("--rate", type=float, help="login-slo, login-mfa: arrivals per second (default 100)")
+    p.add_argument("--rate", type=float, help="login-slo, login-mfa: arrivals per second (default 100); refresh: (default 1000)")
     p.add_argument("--duration-scale", type=float, help="multiplies the full durations (1 = --full)")
     p.add_argument("--ramp-seconds", type=int, help="login-slo: ramp length (default 30)")
     p.add_argument("--vus", type=int, help="nearyou-flow / stress-mix: peak VUs (default 100 / 300)")
@@ -209,8 +219,8 @@ def parse_args(argv):
         p.error("--duration-scale must be > 0")
     if a.rate is not None and a.rate <= 0:
         p.error("--rate must be > 0")
-    for flag, value, applies in (("--rate", a.rate, ("login-slo", "login-mfa")),
-                                 ("--ramp-seconds", a.ramp_seconds, ("login-slo", "login-mfa")),
+    for flag, value, applies in (("--rate", a.rate, ("login-slo", "login-mfa", "refresh")),
+                                 ("--ramp-seconds", a.ramp_seconds, ("login-slo", "login-mfa", "refresh")),
                                  ("--vus", a.vus, ("nearyou-flow", "stress-mix")),
                                  ("--think-time", a.think_time, ("nearyou-flow", "stress-mix")),
                                  ("--connections", a.connections, ("validate-throughput",))):
@@ -273,7 +283,7 @@ def expected_k6_seconds(scenario, scale, env):
     ramp = float(env.get("RAMP_SECONDS", 30))
     if scenario == "login-slo":
         return ramp + max(1, round(600 * scale))
-    if scenario == "login-mfa":
+    if scenario in ("login-mfa", "refresh"):
         return float(env.get("RAMP_SECONDS", 10)) + max(1, round(600 * scale))
     if scenario == "nearyou-flow":
         return sum(max(1, round(s * scale)) for s in (30, 60, 60, 60, 60, 60))

@@ -16,9 +16,12 @@ pub(super) async fn run(st: Arc<Services>, shutdown: Shutdown) {
     let mut keys = Every::new(st.config.tokens.key_refresh_interval);
     // Revocations are reloaded from the database every 5 s while Redis
     // carries them (a safety net), every half second while it cannot: then
-    // a logout on one instance reaches every other within a second.
+    // a logout on one instance reaches every other within a second. Not on
+    // SQLite: its file has one process.
     let mut resync = Every::new(Duration::from_secs(5));
     let mut fast_resync = Every::new(Duration::from_millis(500));
+    let shared_database = st.store.backend_name() != "sqlite";
+    let mut resync_failing = false;
     let mut purge = Every::new(Duration::from_secs(60));
     let mut resync_from = now_ms() - 10_000;
     let mut users_from = now_ms() - 10_000;
@@ -29,11 +32,21 @@ pub(super) async fn run(st: Arc<Services>, shutdown: Shutdown) {
             }
         }
         let upkeep = resync.due();
-        if upkeep || (fast_resync.due() && !st.revocations.hears_other_instances()) {
+        if upkeep || (shared_database && fast_resync.due() && !st.revocations.hears_other_instances()) {
             let now = now_ms();
             match st.revocations.load_from_store(&st.store, resync_from).await {
-                Ok(()) => resync_from = now - 10_000, // overlap absorbs commit delays
-                Err(e) => tracing::warn!(error = %e, "revocation resync failed"),
+                Ok(()) => {
+                    resync_from = now - 10_000; // overlap absorbs commit delays
+                    if std::mem::take(&mut resync_failing) {
+                        tracing::info!("revocation resync works again");
+                    }
+                }
+                // Once per outage, not twice a second.
+                Err(e) if !resync_failing => {
+                    resync_failing = true;
+                    tracing::warn!(error = %e, "revocation resync failed");
+                }
+                Err(_) => {}
             }
         }
         if upkeep {

@@ -5,7 +5,7 @@
 //! Redis is one server or a Redis Cluster (`redis_cluster = true`, with one
 //! or more comma-separated seed URLs). On a cluster every key a script or a
 //! pipeline touches shares a hash tag (`{...}`), so that each runs on one
-//! node: `rl:{policy:key}`, `bf:{account}...`, `{revocations}` and its
+//! node: `rl:{policy:key}`, `bf:{<account digest>}...`, `{revocations}` and its
 //! channel. Pub/sub needs no tag: a cluster forwards every `PUBLISH` to all
 //! of its nodes, so a subscriber on any node hears every instance.
 
@@ -201,6 +201,7 @@ impl RedisHandle {
                         // Moved and failed-over slots are retried briefly; a longer
                         // outage is the callers' fallback, within COMMAND_TIMEOUT.
                         .retries(2)
+                        .min_retry_wait(10)
                         .max_retry_wait(100)
                         .build()?;
                 client.get_async_connection().await.map(Connection::Cluster)
@@ -255,6 +256,10 @@ impl RedisHandle {
 
     pub fn prefix(&self) -> &str {
         &self.prefix
+    }
+
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.conn, Connection::Cluster(_))
     }
 
     /// Runs one command (or pipeline) with a timeout, in a `redis` span,

@@ -35,10 +35,21 @@ use super::RedisHandle;
 use crate::clock::now_ms;
 use crate::store::Store;
 
-/// The sorted set of revoked sessions, and the channel of revocations and
-/// user changes, under the key prefix.
+/// The sorted set of revoked sessions, and the channel of revocations, user
+/// changes and heartbeats, under the key prefix.
 const SET: &str = "{revocations}";
 const CHANNEL: &str = "{revocations}:events";
+/// The names before Redis Cluster support. On one Redis server (never on a
+/// cluster, which that version could not use) revocations and user changes
+/// are also written and heard there, so that instances of either version
+/// hear each other during a rolling upgrade. To be dropped in a later
+/// release.
+const LEGACY_SET: &str = "revoked";
+const LEGACY_CHANNEL: &str = "events";
+/// A listener publishes a heartbeat this often and trusts its subscription
+/// while its own heartbeats come back within `HEARD_WITHIN_MS`.
+const HEARTBEAT: Duration = Duration::from_millis(250);
+const HEARD_WITHIN_MS: i64 = 1000;
 
 type UserListener = Box<dyn Fn(&str) + Send + Sync>;
 
@@ -51,6 +62,11 @@ pub struct Revocations {
     retention_ms: i64,
     /// Subscribed to the Redis channel (resynced), right now.
     subscribed: AtomicBool,
+    /// When this listener last heard its own heartbeat (ms): a subscription
+    /// can stay open and silent (a frozen node, a node the cluster gave up).
+    heard_at: AtomicI64,
+    /// This process's heartbeat, told apart from the other instances'.
+    instance: u64,
     /// When a poll last answered (ms), and how often polls run (0: never).
     polled_at: AtomicI64,
     poll_every_ms: AtomicI64,
@@ -64,6 +80,8 @@ impl Revocations {
             user_listeners: RwLock::new(Vec::new()),
             retention_ms: retention.as_millis() as i64,
             subscribed: AtomicBool::new(false),
+            heard_at: AtomicI64::new(0),
+            instance: u64::from_le_bytes(crate::crypto::random_bytes()),
             polled_at: AtomicI64::new(0),
             poll_every_ms: AtomicI64::new(0),
         }
@@ -77,7 +95,7 @@ impl Revocations {
         if self.redis.is_none() && every == 0 {
             return true;
         }
-        self.subscribed.load(Ordering::Relaxed)
+        self.hears_redis(2 * HEARD_WITHIN_MS)
             || (every > 0 && now_ms() - self.polled_at.load(Ordering::Relaxed) <= 3 * every)
     }
 
@@ -87,9 +105,14 @@ impl Revocations {
     /// service reloads them from the database every half second.
     pub fn hears_other_instances(&self) -> bool {
         match &self.redis {
-            Some(r) => self.subscribed.load(Ordering::Relaxed) && !r.failed_within(10_000),
+            Some(r) => self.hears_redis(HEARD_WITHIN_MS) && !r.failed_within(10_000),
             None => false,
         }
+    }
+
+    /// Subscribed, and this listener's own heartbeat came back within `ms`.
+    fn hears_redis(&self, ms: i64) -> bool {
+        self.subscribed.load(Ordering::Relaxed) && now_ms() - self.heard_at.load(Ordering::Relaxed) <= ms
     }
 
     /// Polls will come every `every`: until one answers, the view is not current.
@@ -151,12 +174,13 @@ impl Revocations {
         }
         metrics::counter!("latchkey_revocations_total").increment(session_ids.len() as u64);
         if let Some(r) = &self.redis {
-            let zset = r.key(SET);
-            let channel = r.key(CHANNEL);
             let mut pipe = redis::pipe();
-            for sid in session_ids {
-                pipe.zadd(&zset, sid, forget_at).ignore();
-                pipe.publish(&channel, format!("s:{sid}")).ignore();
+            for (set, channel) in names(r) {
+                let (zset, channel) = (r.key(set), r.key(channel));
+                for sid in session_ids {
+                    pipe.zadd(&zset, sid, forget_at).ignore();
+                    pipe.publish(&channel, format!("s:{sid}")).ignore();
+                }
             }
             if let Err(e) = r
                 .run(
@@ -191,16 +215,15 @@ impl Revocations {
     pub async fn user_changed(&self, email: &str) {
         self.tell_user_listeners(email);
         if let Some(r) = &self.redis {
-            let channel = r.key(CHANNEL);
-            let msg = format!("u:{email}");
+            let mut pipe = redis::pipe();
+            for (_, channel) in names(r) {
+                pipe.publish(r.key(channel), format!("u:{email}")).ignore();
+            }
             if let Err(e) = r
-                .run("publish", |mut c| async move {
-                    redis::cmd("PUBLISH")
-                        .arg(&channel)
-                        .arg(msg)
-                        .query_async::<()>(&mut c)
-                        .await
-                })
+                .run(
+                    "publish",
+                    |mut c| async move { pipe.query_async::<()>(&mut c).await },
+                )
                 .await
             {
                 tracing::warn!(error = %e, "publishing a user change to Redis failed");
@@ -239,7 +262,13 @@ impl Revocations {
     }
 
     async fn resync_from_redis(&self, r: &RedisHandle) -> Result<(), super::redis::RedisFailure> {
-        let zset = r.key(SET);
+        for (set, _) in names(r) {
+            self.resync_set(r, r.key(set)).await?;
+        }
+        Ok(())
+    }
+
+    async fn resync_set(&self, r: &RedisHandle, zset: String) -> Result<(), super::redis::RedisFailure> {
         let now = now_ms();
         let z2 = zset.clone();
         let _: () = r
@@ -275,25 +304,51 @@ impl Revocations {
         let Some(r) = self.redis.clone() else {
             return;
         };
-        let channel = r.key(CHANNEL);
+        let channels: Vec<String> = names(&r).iter().map(|(_, c)| r.key(c)).collect();
+        let heartbeat = format!("h:{}", self.instance);
         let mut backoff = Duration::from_millis(100);
         let mut attempt = 0;
         loop {
             let session = async {
                 let mut pubsub = r.subscriber(attempt).get_async_pubsub().await?;
-                pubsub.subscribe(&channel).await?;
+                for channel in &channels {
+                    pubsub.subscribe(channel).await?;
+                }
                 match self.resync_from_redis(&r).await {
-                    Ok(()) => self.subscribed.store(true, Ordering::Relaxed),
+                    Ok(()) => {
+                        self.heard_at.store(now_ms(), Ordering::Relaxed);
+                        self.subscribed.store(true, Ordering::Relaxed);
+                    }
                     Err(e) => tracing::warn!(error = %e, "resyncing revocations from Redis failed"),
                 }
                 tracing::debug!("listening for revocations");
                 let mut stream = pubsub.on_message();
-                while let Some(msg) = stream.next().await {
-                    let payload: String = match msg.get_payload() {
-                        Ok(p) => p,
-                        Err(_) => continue,
-                    };
-                    self.apply(&payload);
+                let mut beats = tokio::time::interval(HEARTBEAT);
+                loop {
+                    tokio::select! {
+                        msg = stream.next() => {
+                            let Some(msg) = msg else { break };
+                            if let Ok(payload) = msg.get_payload::<String>() {
+                                self.apply(&payload);
+                            }
+                        }
+                        _ = beats.tick() => {
+                            // Silent for 3 s although Redis takes commands:
+                            // this subscription hears nothing; take another.
+                            if now_ms() - self.heard_at.load(Ordering::Relaxed) > 3 * HEARD_WITHIN_MS
+                                && !r.failed_within(HEARD_WITHIN_MS)
+                            {
+                                tracing::warn!("no heartbeat heard on the Redis subscription; resubscribing");
+                                break;
+                            }
+                            let (channel, beat) = (channels[0].clone(), heartbeat.clone());
+                            let _ = r
+                                .run("heartbeat", |mut c| async move {
+                                    redis::cmd("PUBLISH").arg(channel).arg(beat).query_async::<()>(&mut c).await
+                                })
+                                .await;
+                        }
+                    }
                 }
                 Ok::<(), redis::RedisError>(())
             };
@@ -322,6 +377,12 @@ impl Revocations {
     }
 
     fn apply(&self, payload: &str) {
+        if let Some(id) = payload.strip_prefix("h:") {
+            if id.parse() == Ok(self.instance) {
+                self.heard_at.store(now_ms(), Ordering::Relaxed);
+            }
+            return;
+        }
         if let Some(sid) = payload.strip_prefix("s:") {
             self.insert_local(sid, now_ms() + self.retention_ms);
         } else if let Some(email) = payload.strip_prefix("u:") {
@@ -335,4 +396,14 @@ impl Revocations {
 pub struct PolledRevocations {
     /// (session id, revoked at, ms).
     pub revoked: Vec<(String, i64)>,
+}
+
+/// The (sorted set, channel) pairs written and heard: the current names,
+/// and on one Redis server the names of the previous version too.
+fn names(r: &RedisHandle) -> &'static [(&'static str, &'static str)] {
+    if r.is_cluster() {
+        &[(SET, CHANNEL)]
+    } else {
+        &[(SET, CHANNEL), (LEGACY_SET, LEGACY_CHANNEL)]
+    }
 }

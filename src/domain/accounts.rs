@@ -340,7 +340,16 @@ impl Accounts {
             self.code_guesses.abandon(&address, &rules).await;
             return Err(l.into());
         }
-        let rec = self.store.code_for(email.as_str(), purpose).await?;
+        let rec = match self.store.code_for(email.as_str(), purpose).await {
+            Ok(rec) => rec,
+            Err(e) => {
+                // Nothing was judged: the guess is taken back, so that a
+                // client retrying through a database outage (as the 503's
+                // Retry-After asks) does not use up its address's allowance.
+                self.code_guesses.abandon(&address, &rules).await;
+                return Err(e.into());
+            }
+        };
         let guess = self.code_hash(purpose, email, code.expose());
         let matches = rec.as_ref().is_some_and(|r| ct_eq(&r.code_hash, &guess));
         let state = rec.as_ref().map(|r| CodeState {

@@ -26,8 +26,8 @@ pub enum AuthError {
     RateLimited(Limited),
     #[error("overloaded")]
     Overloaded { retry_after: u64 },
-    /// A dependency (the database) cannot be reached right now; nothing was
-    /// written. `503 UNAVAILABLE` with `Retry-After`.
+    /// A dependency (the database) cannot be reached right now; the change
+    /// most likely was not made. `503 UNAVAILABLE` with `Retry-After`.
     #[error("unavailable: {0}")]
     Unavailable(String),
     #[error("OAuth client authentication failed")]

@@ -60,7 +60,7 @@ fn restart_only_changes(old: &GatewayConfig, new: &GatewayConfig) -> Vec<&'stati
     let redis = |c: &GatewayConfig| {
         c.redis.as_ref().map(|r| {
             let urls: Vec<String> = r.urls.iter().map(|u| u.expose().clone()).collect();
-            (urls, r.cluster, r.key_prefix.clone())
+            (urls, r.cluster, r.required_for_readiness, r.key_prefix.clone())
         })
     };
     let checks: [(&'static str, bool); 14] = [
@@ -80,7 +80,7 @@ fn restart_only_changes(old: &GatewayConfig, new: &GatewayConfig) -> Vec<&'stati
             old.token_cache_capacity != new.token_cache_capacity,
         ),
         (
-            "redis_url/redis_cluster/redis_key_prefix",
+            "redis_url/redis_cluster/redis_readiness/redis_key_prefix",
             redis(old) != redis(new),
         ),
         ("rate_limit_store", old.limiter != new.limiter),

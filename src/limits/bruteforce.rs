@@ -450,12 +450,28 @@ impl BruteForce {
         }
     }
 
+    /// `{<digest of the account>}`: the hash tag of every key of one
+    /// account, so that they share a slot of a Redis Cluster (an email's own
+    /// characters could hold a `}`, which would end the tag early, or none).
+    /// Redis keys then name no email either.
+    fn tag(account: &str) -> String {
+        use std::fmt::Write;
+        let digest = crate::crypto::sha256(account.as_bytes());
+        let mut t = String::with_capacity(34);
+        t.push('{');
+        for b in &digest[..16] {
+            let _ = write!(t, "{b:02x}");
+        }
+        t.push('}');
+        t
+    }
+
     fn pair_key(account: &str, client: &str) -> String {
-        format!("{{{account}}}:{client}")
+        format!("{}:{client}", Self::tag(account))
     }
 
     fn account_key(account: &str) -> String {
-        format!("{{{account}}}")
+        Self::tag(account)
     }
 
     /// Admits one attempt for `account` from `client` (an address key) and
@@ -545,7 +561,7 @@ impl BruteForce {
     }
 
     fn known_key(account: &str) -> String {
-        format!("bf:{{{account}}}:known")
+        format!("bf:{}:known", Self::tag(account))
     }
 
     async fn remember(&self, account: &str, client: &str) {
@@ -627,6 +643,27 @@ mod tests {
     const MAX_DELAY_MS: i64 = R.max_delay_ms;
     const LOCK_MS: i64 = R.lock_ms;
     const RESET_AFTER_MS: i64 = R.reset_after_ms;
+
+    #[test]
+    fn every_key_of_an_account_shares_one_hash_tag_whatever_its_email_holds() {
+        for account in ["ada@example.com", "}x@example.com", "{a}b@example.com", "@"] {
+            let tag = BruteForce::tag(account);
+            assert_eq!(tag.len(), 34);
+            let keys = [
+                BruteForce::account_key(account),
+                BruteForce::pair_key(account, "10.0.0.1"),
+                BruteForce::known_key(account),
+            ];
+            for k in keys {
+                // Redis hashes the text between the first `{` and the next `}`.
+                let open = k.find('{').unwrap();
+                let close = open + k[open..].find('}').unwrap();
+                assert_eq!(&k[open..=close], tag, "{k}");
+                assert!(!k.contains(account), "{k} names the email");
+            }
+        }
+        assert_ne!(BruteForce::tag("a@b"), BruteForce::tag("a@c"));
+    }
 
     #[test]
     fn free_failures_then_growing_delays_then_lock() {

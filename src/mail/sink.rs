@@ -16,8 +16,14 @@ pub enum SinkError {
     /// Retrying cannot help (a malformed address).
     #[error("permanent: {0}")]
     Permanent(String),
+    /// The server refused this message for now (a 4xx reply: greylisting,
+    /// a full mailbox): this message waits, the others do not.
     #[error("temporary: {0}")]
     Temporary(String),
+    /// The relay could not be reached or did not answer (connection
+    /// refused, a timeout, TLS): every message waits until it is back.
+    #[error("unreachable: {0}")]
+    Unreachable(String),
 }
 
 pub enum MailSink {
@@ -110,7 +116,8 @@ impl MailSink {
                 match transport.send(email).await {
                     Ok(_) => Ok(()),
                     Err(e) if e.is_permanent() => Err(SinkError::Permanent(e.to_string())),
-                    Err(e) => Err(SinkError::Temporary(e.to_string())),
+                    Err(e) if e.is_transient() => Err(SinkError::Temporary(e.to_string())),
+                    Err(e) => Err(SinkError::Unreachable(e.to_string())),
                 }
             }
         }

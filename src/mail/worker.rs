@@ -33,10 +33,11 @@ pub struct OutboxWorker {
     sealer: Arc<Sealer>,
     from: String,
     wake: Arc<Notify>,
-    /// The last delivery failed for a temporary reason: the first one that
-    /// succeeds after it brings every backed-off message forward, so that
-    /// mail queued during an outage goes out when the relay is back, not
-    /// when its backoff (up to an hour) runs out.
+    /// A delivery found the relay unreachable: the first one that succeeds
+    /// after it brings every backed-off message forward, so that mail queued
+    /// during an outage goes out when the relay is back, not when its
+    /// backoff (up to an hour) runs out. A message the relay refused for now
+    /// (a 4xx reply: greylisting) does not set it, and so keeps its backoff.
     relay_failing: std::sync::atomic::AtomicBool,
 }
 
@@ -119,15 +120,19 @@ impl OutboxWorker {
                     tracing::warn!(id = row.id, attempts = row.attempts, error = %e, "outbox: delivery failed");
                     metrics::counter!("latchkey_outbox_failures_total", "sink" => self.sink.kind())
                         .increment(1);
+                    if matches!(e, SinkError::Unreachable(_)) {
+                        self.relay_failing.store(true, Ordering::Relaxed);
+                    }
                     match &e {
-                        SinkError::Temporary(why) if row.attempts < MAX_ATTEMPTS => {
-                            self.relay_failing.store(true, Ordering::Relaxed);
+                        SinkError::Temporary(why) | SinkError::Unreachable(why)
+                            if row.attempts < MAX_ATTEMPTS =>
+                        {
                             let backoff = (1000i64 << row.attempts.clamp(0, 22)).min(MAX_BACKOFF_MS);
                             self.store.outbox_failed(row.id, now_ms() + backoff, why).await?;
                         }
-                        SinkError::Temporary(why) | SinkError::Permanent(why) => {
-                            self.give_up(row.id, why).await?
-                        }
+                        SinkError::Temporary(why)
+                        | SinkError::Unreachable(why)
+                        | SinkError::Permanent(why) => self.give_up(row.id, why).await?,
                     }
                 }
             }

@@ -96,8 +96,9 @@ pub enum StoreError {
     #[error("database pool exhausted")]
     Overloaded,
     /// The database cannot be reached or dropped the connection (a restart,
-    /// a failover, a network fault): the statement's transaction did not
-    /// commit, and asking again shortly is right.
+    /// a failover, a network fault): the transaction rolled back (unless the
+    /// connection was lost during its `COMMIT`), and asking again shortly is
+    /// right.
     #[error("database unavailable: {0}")]
     Unavailable(#[source] sqlx::Error),
     #[error("database error: {0}")]
@@ -118,16 +119,21 @@ impl From<sqlx::Error> for StoreError {
 }
 
 /// A failure of the connection rather than of the statement: the socket
-/// (`Io`), a pool closed under it, or PostgreSQL's SQLSTATE classes 08
-/// (connection exception) and 57P (the server shutting down or starting:
-/// `57P01` admin shutdown, `57P02` crash shutdown, `57P03` cannot connect
-/// now), and `53300` (too many connections).
+/// (`Io`), a pool closed under it, or one of PostgreSQL's SQLSTATEs of a
+/// connection lost or refused: `08000`, `08001`, `08003`, `08004`, `08006`
+/// (connection exceptions), `57P01` (admin shutdown), `57P02` (crash
+/// shutdown), `57P03` (cannot connect now), `53300` (too many connections).
+/// Not `08007` (transaction resolution unknown) nor `08P01` (a protocol
+/// violation: a bug), which stay errors. A connection lost during `COMMIT`
+/// may have committed: the callers' writes are safe to retry (idempotent,
+/// or a retry answers as a replay does).
 fn is_transient(e: &sqlx::Error) -> bool {
+    const CODES: [&str; 9] = [
+        "08000", "08001", "08003", "08004", "08006", "57P01", "57P02", "57P03", "53300",
+    ];
     match e {
-        sqlx::Error::Io(_) | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(db) => db
-            .code()
-            .is_some_and(|c| c.starts_with("08") || c.starts_with("57P") || c == "53300"),
+        sqlx::Error::Io(_) | sqlx::Error::PoolClosed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| CODES.contains(&c.as_ref())),
         _ => false,
     }
 }

@@ -108,6 +108,44 @@ async fn mail_queued_in_an_outage_goes_out_when_the_relay_is_back_not_when_its_b
     app.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_greylisted_message_keeps_its_backoff_while_other_mail_flows() {
+    let port = free_port();
+    let inbox = tempfile::tempdir().unwrap();
+    let _smtp = smtp_sink(inbox.path(), port);
+    let app = TestApp::embedded(&[("mail", &format!("smtp://127.0.0.1:{port}?tls=none"))]).await;
+    let failures = |m: &str| -> f64 {
+        m.lines()
+            .filter(|l| l.starts_with("latchkey_outbox_failures_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let before = failures(&app.metrics().await);
+    let greylisted = format!("greylist-{}", unique_email("g"));
+    let r = app
+        .post(
+            "/auth/register",
+            json!({"email": greylisted, "password": PASSWORD}),
+        )
+        .await;
+    assert_eq!(r.status(), 201);
+    // Other mail goes out every 300 ms for 3.5 s: each delivery is a success
+    // after the greylisted message's failure, and must not pull it forward.
+    for _ in 0..12 {
+        let other = unique_email("flowing");
+        app.post("/auth/register", json!({"email": other, "password": PASSWORD}))
+            .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Its own backoff: tried at 0, 1 and 3 s.
+    let tries = failures(&app.metrics().await) - before;
+    assert!(
+        (1.0..=3.0).contains(&tries),
+        "the greylisted message was tried {tries} times"
+    );
+    app.stop().await;
+}
+
 struct Server {
     child: Child,
 }

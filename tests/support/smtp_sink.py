@@ -1,6 +1,7 @@
 """A real SMTP server for tests (aiosmtpd): stores every message it accepts
 as DIR/<n>.eml and prints "READY <port>" once it listens. Recipients whose
-address starts with "bounce" are refused with 550 (a permanent failure).
+address starts with "bounce" are refused with 550 (a permanent failure), and
+those starting with "greylist" with 450 (a temporary one, as greylisting does).
 
 usage: smtp_sink.py DIR PORT [plain|starttls|implicit]   (PORT 0 picks a free port)
 
@@ -27,6 +28,8 @@ class Store:
     async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
         if address.lower().startswith("bounce"):
             return "550 5.1.1 no such mailbox"
+        if address.lower().startswith("greylist"):
+            return "450 4.7.1 greylisted, try again later"
         envelope.rcpt_tos.append(address)
         return "250 OK"
 
