@@ -39,6 +39,17 @@ pub struct OutboxWorker {
     /// backoff (up to an hour) runs out. A message the relay refused for now
     /// (a 4xx reply: greylisting) does not set it, and so keeps its backoff.
     relay_failing: std::sync::atomic::AtomicBool,
+    /// What a database error left unsettled, settled first thing next time:
+    /// messages delivered whose rows could not be deleted (else they would
+    /// be sent again when their lease ends), and messages claimed but not
+    /// tried (else they would wait out the whole lease, a minute).
+    unsettled: std::sync::Mutex<Unsettled>,
+}
+
+#[derive(Default)]
+struct Unsettled {
+    delivered: Vec<i64>,
+    untried: Vec<i64>,
 }
 
 impl OutboxWorker {
@@ -50,6 +61,7 @@ impl OutboxWorker {
             from,
             wake,
             relay_failing: Default::default(),
+            unsettled: Default::default(),
         }
     }
 
@@ -87,57 +99,111 @@ impl OutboxWorker {
         }
     }
 
+    /// Settles what an earlier database error left: deletes the rows of
+    /// messages already delivered, releases the claims of those not tried.
+    async fn settle(&self) -> anyhow::Result<()> {
+        let left = std::mem::take(&mut *self.unsettled.lock().expect("unsettled"));
+        let mut rest = Unsettled::default();
+        let mut failed = None;
+        for id in left.delivered {
+            if failed.is_none() {
+                if let Err(e) = self.store.outbox_delivered(id).await {
+                    failed = Some(e);
+                }
+            }
+            if failed.is_some() {
+                rest.delivered.push(id);
+            }
+        }
+        for id in left.untried {
+            if failed.is_none() {
+                if let Err(e) = self.store.release_outbox_claim(id).await {
+                    failed = Some(e);
+                }
+            }
+            if failed.is_some() {
+                rest.untried.push(id);
+            }
+        }
+        let mut u = self.unsettled.lock().expect("unsettled");
+        u.delivered.extend(rest.delivered);
+        u.untried.extend(rest.untried);
+        match failed {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
     /// Delivers one batch; returns how many were claimed.
     pub async fn deliver_batch(&self) -> anyhow::Result<usize> {
+        self.settle().await?;
         let rows = self.store.claim_outbox(now_ms(), LEASE_MS, BATCH).await?;
         let n = rows.len();
-        for row in rows {
-            let Some(msg) = Message::open(&row.payload, &self.sealer) else {
-                tracing::error!(
-                    id = row.id,
-                    "outbox: message cannot be unsealed (secret key changed?)"
-                );
-                self.give_up(row.id, "cannot unseal").await?;
-                continue;
-            };
-            match self.sink.deliver(&self.from, row.id, &msg).await {
-                Ok(()) => {
-                    self.store.outbox_delivered(row.id).await?;
-                    metrics::counter!("latchkey_outbox_deliveries_total", "sink" => self.sink.kind())
-                        .increment(1);
-                    if self.relay_failing.swap(false, Ordering::Relaxed) {
-                        let n = self.store.outbox_retry_now(now_ms()).await?;
-                        if n > 0 {
-                            tracing::info!(
-                                messages = n,
-                                "outbox: the relay answers again; retrying the backlog now"
-                            );
-                            self.wake.notify_one();
-                        }
+        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+        for (i, row) in rows.into_iter().enumerate() {
+            if let Err(e) = self.deliver_one(row).await {
+                // The rows after this one were claimed but not tried.
+                self.unsettled
+                    .lock()
+                    .expect("unsettled")
+                    .untried
+                    .extend(&ids[i + 1..]);
+                return Err(e);
+            }
+        }
+        Ok(n)
+    }
+
+    async fn deliver_one(&self, row: crate::store::OutboxRow) -> anyhow::Result<()> {
+        let Some(msg) = Message::open(&row.payload, &self.sealer) else {
+            tracing::error!(
+                id = row.id,
+                "outbox: message cannot be unsealed (secret key changed?)"
+            );
+            return self.give_up(row.id, "cannot unseal").await;
+        };
+        match self.sink.deliver(&self.from, row.id, &msg).await {
+            Ok(()) => {
+                metrics::counter!("latchkey_outbox_deliveries_total", "sink" => self.sink.kind())
+                    .increment(1);
+                if let Err(e) = self.store.outbox_delivered(row.id).await {
+                    self.unsettled.lock().expect("unsettled").delivered.push(row.id);
+                    return Err(e.into());
+                }
+                if self.relay_failing.swap(false, Ordering::Relaxed) {
+                    let n = self.store.outbox_retry_now(now_ms()).await?;
+                    if n > 0 {
+                        tracing::info!(
+                            messages = n,
+                            "outbox: the relay answers again; retrying the backlog now"
+                        );
+                        self.wake.notify_one();
                     }
                 }
-                Err(e) => {
-                    tracing::warn!(id = row.id, attempts = row.attempts, error = %e, "outbox: delivery failed");
-                    metrics::counter!("latchkey_outbox_failures_total", "sink" => self.sink.kind())
-                        .increment(1);
-                    if matches!(e, SinkError::Unreachable(_)) {
-                        self.relay_failing.store(true, Ordering::Relaxed);
-                    }
-                    match &e {
-                        SinkError::Temporary(why) | SinkError::Unreachable(why)
-                            if row.attempts < MAX_ATTEMPTS =>
-                        {
-                            let backoff = (1000i64 << row.attempts.clamp(0, 22)).min(MAX_BACKOFF_MS);
-                            self.store.outbox_failed(row.id, now_ms() + backoff, why).await?;
+            }
+            Err(e) => {
+                tracing::warn!(id = row.id, attempts = row.attempts, error = %e, "outbox: delivery failed");
+                metrics::counter!("latchkey_outbox_failures_total", "sink" => self.sink.kind()).increment(1);
+                if matches!(e, SinkError::Unreachable(_)) {
+                    self.relay_failing.store(true, Ordering::Relaxed);
+                }
+                match &e {
+                    SinkError::Temporary(why) | SinkError::Unreachable(why)
+                        if row.attempts < MAX_ATTEMPTS =>
+                    {
+                        let backoff = (1000i64 << row.attempts.clamp(0, 22)).min(MAX_BACKOFF_MS);
+                        if let Err(e) = self.store.outbox_failed(row.id, now_ms() + backoff, why).await {
+                            self.unsettled.lock().expect("unsettled").untried.push(row.id);
+                            return Err(e.into());
                         }
-                        SinkError::Temporary(why)
-                        | SinkError::Unreachable(why)
-                        | SinkError::Permanent(why) => self.give_up(row.id, why).await?,
+                    }
+                    SinkError::Temporary(why) | SinkError::Unreachable(why) | SinkError::Permanent(why) => {
+                        self.give_up(row.id, why).await?
                     }
                 }
             }
         }
-        Ok(n)
+        Ok(())
     }
 
     async fn give_up(&self, id: i64, why: &str) -> anyhow::Result<()> {

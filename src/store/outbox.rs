@@ -124,6 +124,17 @@ impl Store {
     }
 
     /// Releases every claim (start-up of the single-process embedded backend).
+    /// Releases one message's claim: it is due again at once.
+    pub async fn release_outbox_claim(&self, id: i64) -> StoreResult<()> {
+        db_op!(self, "release_outbox_claim", conn => {
+            sqlx::query("UPDATE outbox SET claimed_until = NULL WHERE id = $1")
+                .bind(id)
+                .execute(&mut *conn)
+                .await?;
+            Ok(())
+        })
+    }
+
     pub async fn release_outbox_claims(&self) -> StoreResult<u64> {
         db_op!(self, "release_outbox_claims", conn => {
             Ok(sqlx::query("UPDATE outbox SET claimed_until = NULL WHERE claimed_until IS NOT NULL")
