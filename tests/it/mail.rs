@@ -139,7 +139,10 @@ async fn a_greylisted_message_keeps_its_backoff_while_other_mail_flows() {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     // Its own backoff: tried at 0, 1, 3, 7, 15 ... s (a slow machine makes
-    // the loop above longer; pulled forward, it was tried 13 times).
+    // the loop above longer). On a loaded machine another delivery can time
+    // out (an unreachable relay, which rightly brings the backlog forward)
+    // once or twice; pulled forward after every delivery, it was tried 13
+    // times.
     let elapsed = start.elapsed().as_secs_f64() + 1.0;
     let allowed = [0.0, 1.0, 3.0, 7.0, 15.0, 31.0]
         .iter()
@@ -147,7 +150,7 @@ async fn a_greylisted_message_keeps_its_backoff_while_other_mail_flows() {
         .count() as f64;
     let tries = failures(&app.metrics().await) - before;
     assert!(
-        (1.0..=allowed).contains(&tries),
+        (1.0..=allowed + 2.0).contains(&tries),
         "the greylisted message was tried {tries} times in {elapsed:.1} s"
     );
     app.stop().await;
