@@ -1,6 +1,7 @@
 """python3 -m loadtest [SCENARIO | gateway | limiter | overhead | rig | faults | scaling] [options]: what
 scripts/loadtest runs (see `scripts/loadtest --help`)."""
 
+import importlib
 import signal
 import sys
 
@@ -8,33 +9,22 @@ from .common import RunError, say
 from .runners import stop_children
 
 
+# Families with a module and flags of their own (each starts its servers
+# and generators); anything else is a service scenario.
+FAMILIES = {
+    "gateway": "gateway_bench",
+    "limiter": "limiter_bench",
+    "overhead": "overhead",
+    "rig": "rig",
+    "faults": "faults",
+    "scaling": "scaling",
+}
+
+
 def main(argv):
-    # The gateway and limiter benchmarks start several servers and
-    # generators of their own; each has its own flags.
-    if argv[:1] == ["gateway"]:
-        from . import gateway_bench
-
-        return gateway_bench.main(argv[1:])
-    if argv[:1] == ["limiter"]:
-        from . import limiter_bench
-
-        return limiter_bench.main(argv[1:])
-    if argv[:1] == ["rig"]:
-        from . import rig
-
-        return rig.main(argv[1:])
-    if argv[:1] == ["faults"]:
-        from . import faults
-
-        return faults.main(argv[1:])
-    if argv[:1] == ["overhead"]:
-        from . import overhead
-
-        return overhead.main(argv[1:])
-    if argv[:1] == ["scaling"]:
-        from . import scaling
-
-        return scaling.main(argv[1:])
+    module = FAMILIES.get(argv[0]) if argv else None
+    if module:
+        return importlib.import_module(f".{module}", __package__).main(argv[1:])
     from . import service
 
     return service.main(argv)

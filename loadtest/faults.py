@@ -100,12 +100,14 @@ class Recorder:
 
 
 class Client:
-    """One keep-alive connection to HAProxy from its own loopback address
-    (its own rate-limit buckets, as a real client has)."""
+    """Keep-alive connections from one loopback address (its own rate-limit
+    buckets, as a real client has): to HAProxy, whose answers are recorded,
+    and to single instances (`base`: the logout propagation check and the
+    invariants), whose answers are not."""
 
     def __init__(self, host, port, source, rec):
         self.host, self.port, self.source, self.rec = host, port, source, rec
-        self.conn = None
+        self.conns = {}  # (host, port): its connection
 
     def call(self, op, method, path, body=None, token=None, base=None):
         t0 = time.time()
@@ -114,15 +116,12 @@ class Client:
             headers["authorization"] = f"Bearer {token}"
         data = json.dumps(body).encode() if body is not None else None
         status, retry_after, answer = None, None, None
+        target = base or (self.host, self.port)
         try:
-            if base:  # one instance directly (the logout propagation check)
-                host, port = base
-                conn = http.client.HTTPConnection(host, port, timeout=HANG + 4)
-            else:
-                if self.conn is None:
-                    self.conn = http.client.HTTPConnection(self.host, self.port, timeout=HANG + 4,
-                                                           source_address=(self.source, 0))
-                conn = self.conn
+            conn = self.conns.get(target)
+            if conn is None:
+                conn = http.client.HTTPConnection(*target, timeout=HANG + 4, source_address=(self.source, 0))
+                self.conns[target] = conn
             conn.request(method, path, body=data, headers=headers)
             r = conn.getresponse()
             raw = r.read()
@@ -131,16 +130,12 @@ class Client:
                 answer = json.loads(raw) if raw else None
             except ValueError:
                 answer = None
-            if base:
-                conn.close()
-            elif r.getheader("connection", "").lower() == "close":
-                self.conn.close()
-                self.conn = None
+            if r.getheader("connection", "").lower() == "close":
+                self.conns.pop(target).close()
         except (OSError, http.client.HTTPException) as e:
             status = f"error:{type(e).__name__}"
-            if not base and self.conn is not None:
-                self.conn.close()
-                self.conn = None
+            if target in self.conns:
+                self.conns.pop(target).close()
         dt = time.time() - t0
         if base is None:
             self.rec.add(t=t0, dt=dt, op=op, status=status, retry_after=retry_after,
@@ -324,13 +319,18 @@ def fault_pg_restart(rig, pause):
     return t0, time.time()
 
 
-def fault_pg_stop(rig, pause, down=10):
+def outage(pause, down, stop, start):
+    """`stop()` after `pause` seconds, `start()` `down` seconds later."""
     time.sleep(pause)
     t0 = time.time()
-    rig.pg.stop_fast()
+    stop()
     time.sleep(down)
-    rig.pg.start()
+    start()
     return t0, time.time()
+
+
+def fault_pg_stop(rig, pause, down=10):
+    return outage(pause, down, rig.pg.stop_fast, rig.pg.start)
 
 
 def fault_redis_master(rig, pause):
@@ -351,21 +351,11 @@ def fault_redis_master(rig, pause):
 
 
 def fault_redis_freeze(rig, pause, down=10):
-    time.sleep(pause)
-    t0 = time.time()
-    rig.redis.freeze()
-    time.sleep(down)
-    rig.redis.thaw()
-    return t0, time.time()
+    return outage(pause, down, rig.redis.freeze, rig.redis.thaw)
 
 
 def fault_smtp_down(rig, pause, down=60):
-    time.sleep(pause)
-    t0 = time.time()
-    rig.smtp.stop()
-    time.sleep(down)
-    rig.smtp.start()
-    return t0, time.time()
+    return outage(pause, down, rig.smtp.stop, rig.smtp.start)
 
 
 FAULTS = {
@@ -447,9 +437,9 @@ def check(rig, load, rec, fault_window, name, mail_wait):
 
     # Tokens: every pair validates on every instance unless logged out.
     refused_live = accepted_dead = 0
+    c = Client("127.0.0.1", rig.lb.port, "127.0.0.1", Recorder())
     for pair in load.pairs:
         for inst in rig.instances:
-            c = Client("127.0.0.1", inst.port, "127.0.0.1", Recorder())
             for token in pair["issued"]:
                 status, _ = c.call("validate", "GET", "/auth/validate", token=token, base=("127.0.0.1", inst.port))
                 if pair["logged_out_at"] is None and status != 200:

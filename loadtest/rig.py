@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from .common import ROOT, RunError, free_port, http, say, wait_port, wait_until
-from .tools import apt_install
+from .tools import apt_install, pip_install
 
 ISSUER = "http://latchkey.rig"
 HEALTH_INTERVAL_MS = 500  # HAProxy's check interval; 2 failures mark a server down, 2 successes up
@@ -72,7 +72,7 @@ def ensure_rig_tools():
         if marker.exists():
             apt_install(["python3-aiosmtpd"])
         else:
-            subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "aiosmtpd"], check=True)
+            pip_install(sys.executable, ["aiosmtpd"])
 
 
 def as_nobody(cmd):

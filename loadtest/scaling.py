@@ -20,8 +20,8 @@ import resource
 import statistics
 import time
 
-from .common import (ROOT, RunError, cpu_seconds, git_revision, http, login_token, machine_info, proc_tree,
-                     result_dir, say, set_prog, utc_now)
+from .common import (ROOT, RunError, cpu_seconds, git_revision, http, login_token, machine_info, metric_total,
+                     proc_tree, result_dir, say, set_prog, utc_now)
 from .rig import Rig
 from .runners import run_wrk
 from .servers import SEED_PASSWORD, seed_users
@@ -31,24 +31,13 @@ ACCOUNTS = 100
 WRK = ROOT / "loadtest" / "wrk"
 
 
-def metric_sums(text, name):
-    """{op: count} of a histogram's _count series by its op label."""
-    out = {}
-    for line in text.splitlines():
-        if line.startswith(f"{name}_count{{"):
-            labels, value = line[len(name) + 7:].rsplit("} ", 1)
-            op = dict(kv.split("=", 1) for kv in labels.split(",")).get("op", '""').strip('"')
-            out[op] = out.get(op, 0) + float(value)
-    return out
-
-
 def round_trips(inst, do, n):
     """(database operations, Redis commands) per call of `do`, on `inst`."""
     def snapshot():
         _, text = http("GET", f"{inst.admin}/metrics", timeout=5)
         text = text.decode()
-        return (sum(metric_sums(text, "latchkey_db_query_seconds").values()),
-                sum(metric_sums(text, "latchkey_redis_command_seconds").values()))
+        return (metric_total(text, "latchkey_db_query_seconds_count") or 0.0,
+                metric_total(text, "latchkey_redis_command_seconds_count") or 0.0)
     db0, r0 = snapshot()
     for i in range(n):
         do(i)

@@ -219,13 +219,12 @@ impl Readiness {
     }
 
     /// A check that must pass for the process to be ready.
-    pub fn check(mut self, name: &'static str, ok: bool) -> Readiness {
-        self.checks
-            .insert(name.into(), if ok { "ok" } else { "failing" }.into());
+    pub fn check(self, name: &'static str, ok: bool) -> Readiness {
+        let mut r = self.report(name, ok);
         if !ok {
-            self.failing.push(name);
+            r.failing.push(name);
         }
-        self
+        r
     }
 
     /// A check shown as `ok` or `failing` that never fails readiness (a

@@ -27,7 +27,7 @@ import { check, fail } from 'k6';
 import { Rate, Trend } from 'k6/metrics';
 import {
   BASE_URL, SEED_PASSWORD, TREND_STATS, JSON_HEADERS,
-  envNumber, durationScale, seededEmail, classify, accessToken,
+  envNumber, durationScale, rampThenHold, seededEmail, classify, accessToken,
 } from './lib/common.js';
 
 const SCALE = durationScale(0.1);
@@ -43,18 +43,7 @@ const loginSuccess = new Rate('login_success');
 export const options = {
   setupTimeout: '600s',
   scenarios: {
-    logins: {
-      executor: 'ramping-arrival-rate',
-      startRate: 0,
-      timeUnit: '1s',
-      preAllocatedVUs: Math.max(10, Math.ceil(RATE / 2)),
-      maxVUs: Math.max(50, RATE * 5),
-      stages: [
-        ...(RAMP_S > 0 ? [{ duration: `${RAMP_S}s`, target: RATE }] : []),
-        { duration: `${HOLD_S}s`, target: RATE },
-      ],
-      gracefulStop: '10s',
-    },
+    logins: rampThenHold(RATE, RAMP_S, HOLD_S, Math.max(10, Math.ceil(RATE / 2)), Math.max(50, RATE * 5)),
   },
   thresholds: {
     // Both requests of a login, added up.

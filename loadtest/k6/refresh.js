@@ -17,7 +17,7 @@ import { check, fail } from 'k6';
 import { Rate } from 'k6/metrics';
 import {
   BASE_URL, SEED_PASSWORD, TREND_STATS, JSON_HEADERS,
-  envNumber, durationScale, seededEmail, classify,
+  envNumber, durationScale, rampThenHold, seededEmail, classify,
 } from './lib/common.js';
 
 const SCALE = durationScale(0.1);
@@ -31,18 +31,7 @@ const refreshSuccess = new Rate('refresh_success');
 export const options = {
   setupTimeout: '300s',
   scenarios: {
-    refreshes: {
-      executor: 'ramping-arrival-rate',
-      startRate: 0,
-      timeUnit: '1s',
-      preAllocatedVUs: Math.max(20, Math.ceil(RATE / 10)),
-      maxVUs: Math.max(100, RATE),
-      stages: [
-        ...(RAMP_S > 0 ? [{ duration: `${RAMP_S}s`, target: RATE }] : []),
-        { duration: `${HOLD_S}s`, target: RATE },
-      ],
-      gracefulStop: '10s',
-    },
+    refreshes: rampThenHold(RATE, RAMP_S, HOLD_S, Math.max(20, Math.ceil(RATE / 10)), Math.max(100, RATE)),
   },
   thresholds: {
     'http_req_duration{endpoint:refresh}': ['p(95)<200'],

@@ -156,8 +156,7 @@ impl IntoResponse for ApiError {
                 AuthError::InvalidToken => invalid_token(),
                 AuthError::RateLimited(l) => rate_limited(&l),
                 AuthError::Overloaded { retry_after } => overloaded(retry_after),
-                AuthError::Unavailable(why) => {
-                    tracing::warn!(error = %why, "database unavailable; answered 503");
+                AuthError::Unavailable(_) => {
                     let r = error_response(
                         StatusCode::SERVICE_UNAVAILABLE,
                         "UNAVAILABLE",

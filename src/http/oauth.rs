@@ -108,17 +108,14 @@ impl From<AuthError> for OAuthError {
                     "the service is busy",
                 )
             },
-            AuthError::Unavailable(why) => {
-                tracing::warn!(error = %why, "database unavailable; answered 503");
-                OAuthError {
-                    retry_after: Some(1),
-                    ..OAuthError::new(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "temporarily_unavailable",
-                        "the service cannot reach its database right now",
-                    )
-                }
-            }
+            AuthError::Unavailable(_) => OAuthError {
+                retry_after: Some(1),
+                ..OAuthError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "temporarily_unavailable",
+                    "the service cannot reach its database right now",
+                )
+            },
             AuthError::Internal(e) => {
                 tracing::error!(error = ?e, "internal error");
                 OAuthError::new(

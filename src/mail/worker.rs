@@ -39,17 +39,18 @@ pub struct OutboxWorker {
     /// backoff (up to an hour) runs out. A message the relay refused for now
     /// (a 4xx reply: greylisting) does not set it, and so keeps its backoff.
     relay_failing: std::sync::atomic::AtomicBool,
-    /// What a database error left unsettled, settled first thing next time:
-    /// messages delivered whose rows could not be deleted (else they would
-    /// be sent again when their lease ends), and messages claimed but not
-    /// tried (else they would wait out the whole lease, a minute).
-    unsettled: std::sync::Mutex<Unsettled>,
+    /// What a database error left unsettled, settled first thing next time.
+    /// Only the worker's own task touches it (one batch at a time).
+    unsettled: std::sync::Mutex<Vec<Unsettled>>,
 }
 
-#[derive(Default)]
-struct Unsettled {
-    delivered: Vec<i64>,
-    untried: Vec<i64>,
+#[derive(Clone, Copy)]
+enum Unsettled {
+    /// Delivered, but its row could not be deleted: it would be sent again
+    /// when its lease ends.
+    Delivered(i64),
+    /// Claimed but not tried: it would wait out the whole lease, a minute.
+    Untried(i64),
 }
 
 impl OutboxWorker {
@@ -99,38 +100,18 @@ impl OutboxWorker {
         }
     }
 
-    /// Settles what an earlier database error left: deletes the rows of
-    /// messages already delivered, releases the claims of those not tried.
+    /// Settles what an earlier database error left, one row at a time,
+    /// stopping (and keeping the rest) at the first error.
     async fn settle(&self) -> anyhow::Result<()> {
-        let left = std::mem::take(&mut *self.unsettled.lock().expect("unsettled"));
-        let mut rest = Unsettled::default();
-        let mut failed = None;
-        for id in left.delivered {
-            if failed.is_none() {
-                if let Err(e) = self.store.outbox_delivered(id).await {
-                    failed = Some(e);
-                }
+        loop {
+            let Some(next) = self.unsettled.lock().expect("unsettled").last().copied() else {
+                return Ok(());
+            };
+            match next {
+                Unsettled::Delivered(id) => self.store.outbox_delivered(id).await?,
+                Unsettled::Untried(id) => self.store.release_outbox_claim(id).await?,
             }
-            if failed.is_some() {
-                rest.delivered.push(id);
-            }
-        }
-        for id in left.untried {
-            if failed.is_none() {
-                if let Err(e) = self.store.release_outbox_claim(id).await {
-                    failed = Some(e);
-                }
-            }
-            if failed.is_some() {
-                rest.untried.push(id);
-            }
-        }
-        let mut u = self.unsettled.lock().expect("unsettled");
-        u.delivered.extend(rest.delivered);
-        u.untried.extend(rest.untried);
-        match failed {
-            Some(e) => Err(e.into()),
-            None => Ok(()),
+            self.unsettled.lock().expect("unsettled").pop();
         }
     }
 
@@ -146,8 +127,7 @@ impl OutboxWorker {
                 self.unsettled
                     .lock()
                     .expect("unsettled")
-                    .untried
-                    .extend(&ids[i + 1..]);
+                    .extend(ids[i + 1..].iter().map(|&id| Unsettled::Untried(id)));
                 return Err(e);
             }
         }
@@ -167,7 +147,10 @@ impl OutboxWorker {
                 metrics::counter!("latchkey_outbox_deliveries_total", "sink" => self.sink.kind())
                     .increment(1);
                 if let Err(e) = self.store.outbox_delivered(row.id).await {
-                    self.unsettled.lock().expect("unsettled").delivered.push(row.id);
+                    self.unsettled
+                        .lock()
+                        .expect("unsettled")
+                        .push(Unsettled::Delivered(row.id));
                     return Err(e.into());
                 }
                 if self.relay_failing.swap(false, Ordering::Relaxed) {
@@ -193,7 +176,10 @@ impl OutboxWorker {
                     {
                         let backoff = (1000i64 << row.attempts.clamp(0, 22)).min(MAX_BACKOFF_MS);
                         if let Err(e) = self.store.outbox_failed(row.id, now_ms() + backoff, why).await {
-                            self.unsettled.lock().expect("unsettled").untried.push(row.id);
+                            self.unsettled
+                                .lock()
+                                .expect("unsettled")
+                                .push(Unsettled::Untried(row.id));
                             return Err(e.into());
                         }
                     }

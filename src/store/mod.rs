@@ -109,6 +109,7 @@ impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
         if is_transient(&e) {
             metrics::counter!("latchkey_db_unavailable_total").increment(1);
+            tracing::warn!(error = %e, "database unavailable; the request answers 503");
             return StoreError::Unavailable(e);
         }
         match e {

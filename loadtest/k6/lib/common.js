@@ -50,6 +50,23 @@ export function rampingVUs(scale, steps) {
   };
 }
 
+// An open-model scenario: arrivals ramp from 0 to `rate` a second over
+// `rampS` seconds (none when 0), then hold `rate` for `holdS` seconds.
+export function rampThenHold(rate, rampS, holdS, preAllocatedVUs, maxVUs) {
+  return {
+    executor: 'ramping-arrival-rate',
+    startRate: 0,
+    timeUnit: '1s',
+    preAllocatedVUs,
+    maxVUs,
+    stages: [
+      ...(rampS > 0 ? [{ duration: `${rampS}s`, target: rate }] : []),
+      { duration: `${holdS}s`, target: rate },
+    ],
+    gracefulStop: '10s',
+  };
+}
+
 export function seededEmail(i) {
   return SEED_EMAIL.replace('{}', String(i));
 }
