@@ -6,6 +6,7 @@ varies from day to day while the share does not.
 
 Usage (from the repository root):
   scripts/loadtest overhead [--secs 6] [--rounds 4] [--conns 50] [--gate]
+                            [--compare OTHER_LATCHKEY_BINARY]
 
 - builds target/release/latchkey and target/release/examples/bare_handler
   when they are missing or older than the sources;
@@ -16,6 +17,9 @@ Usage (from the repository root):
 - wrk -t2 -cCONNS for SECS seconds per cell, the three cells (bare, live,
   validate) interleaved round by round; the median of the rounds per cell,
   and each round's share of the bare handler of the same round;
+- --compare BINARY: also measures another latchkey build (say, the
+  previous commit's) in the same interleaved rounds, on the same data:
+  a before/after figure from one run;
 - --gate: exits 1 when the median share of /health/live falls under
   LIVE_FLOOR or that of /auth/validate under VALIDATE_FLOOR (below): CI's
   regression gate on the per-request overhead;
@@ -67,6 +71,8 @@ def main(argv):
     ap.add_argument("--conns", type=int, default=50)
     ap.add_argument("--gate", action="store_true", help="exit 1 if a median share falls under its floor")
     ap.add_argument("--binary", help="the latchkey binary (default: target/release/latchkey, built if stale)")
+    ap.add_argument("--compare", help="another latchkey binary measured in the same rounds (cells live-other, "
+                                      "validate-other)")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     latchkey, _ = ensure_binary(args.binary)
@@ -92,6 +98,18 @@ def main(argv):
         cells = {"bare": (f"{bare_base}/", bp.pid, {}),
                  "live": (f"{base}/health/live", lk.pid, {}),
                  "validate": (f"{base}/auth/validate", lk.pid, {"LATCHKEY_TOKEN": token})}
+        if args.compare:
+            oport, oadmin = free_port(), free_port()
+            other = procs.start("latchkey-other", [args.compare, "serve"], raw / "latchkey-other.log",
+                                env={**env, "LATCHKEY_LISTEN": f"127.0.0.1:{oport}",
+                                     "LATCHKEY_ADMIN_LISTEN": f"127.0.0.1:{oadmin}"})
+            obase = f"http://127.0.0.1:{oport}"
+            wait_until(lambda: http("GET", f"{obase}/health/live", timeout=1)[0] == 200, "the other latchkey",
+                       proc=other)
+            if http("GET", f"{obase}/auth/validate", headers={"Authorization": f"Bearer {token}"})[0] != 200:
+                raise RunError("the other latchkey refused a fresh token")
+            cells["live-other"] = (f"{obase}/health/live", other.pid, {})
+            cells["validate-other"] = (f"{obase}/auth/validate", other.pid, {"LATCHKEY_TOKEN": token})
         for name, (url, _, extra) in cells.items():  # warm-up
             run_wrk(url, LUA, args.conns, 2, raw / f"wrk-{name}-warmup.txt", env={**os.environ, **extra})
         for rnd in range(1, args.rounds + 1):
@@ -103,7 +121,7 @@ def main(argv):
                 results.setdefault(name, []).append(w)
                 say(f"round {rnd}, {name}: {w['rps']:,.0f} req/s, P99 {w['latency_us']['p99'] / 1000:.2f} ms, "
                     f"non-2xx {w['errors']['status']}, {w['cpu_us']:.1f} us CPU/request")
-    shares = {n: [w["rps"] / b["rps"] for w, b in zip(results[n], results["bare"])] for n in ("live", "validate")}
+    shares = {n: [w["rps"] / b["rps"] for w, b in zip(results[n], results["bare"])] for n in results if n != "bare"}
     med = {n: statistics.median(w["rps"] for w in v) for n, v in results.items()}
     share = {n: statistics.median(v) for n, v in shares.items()}
     cpu = {n: statistics.median(w["cpu_us"] for w in v) for n, v in results.items()}
@@ -116,8 +134,13 @@ def main(argv):
              "server and wrk share the machine's cores.", "",
              "| cell | req/s (median) | rounds | share of bare (median of rounds) | P99 ms (median) | "
              "server CPU us/request |", "|---|---:|---|---:|---:|---:|"]
-    for n, label in (("bare", "bare axum handler (examples/bare_handler.rs)"), ("live", "latchkey /health/live"),
-                     ("validate", "latchkey /auth/validate, cached token")):
+    labels = [("bare", "bare axum handler (examples/bare_handler.rs)"), ("live", "latchkey /health/live"),
+              ("validate", "latchkey /auth/validate, cached token")]
+    if args.compare:
+        lines[5:5] = [f"Other build (`--compare`): `{args.compare}`  "]
+        labels += [("live-other", "other build: /health/live"),
+                   ("validate-other", "other build: /auth/validate, cached token")]
+    for n, label in labels:
         p99 = statistics.median(w["latency_us"]["p99"] for w in results[n]) / 1000
         sh = f"{share[n]:.3f}" if n in share else "1"
         rounds = ", ".join(f"{w['rps']:,.0f}" for w in results[n])

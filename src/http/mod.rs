@@ -229,14 +229,13 @@ pub fn router(state: AppState) -> Router {
         .route("/ui/account", get(ui::page))
         .route("/ui/account.js", get(ui::script))
         .route("/ui/account.css", get(ui::style))
-        .route_layer(axum::middleware::from_fn(middleware::tag_route))
+        .route_layer(middleware::TagRouteLayer)
         .fallback(|| async { ApiError::NotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(body_limit))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            middleware::request_context,
-        ))
+        .layer(middleware::RequestContextLayer {
+            deadline: state.settings.request_timeout,
+        })
         .with_state(state)
 }
 

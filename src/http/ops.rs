@@ -27,6 +27,7 @@ pub async fn ready(State(st): State<AppState>) -> Response {
 
 /// Prometheus text format; served on the admin listener only.
 pub async fn metrics(State(st): State<AppState>) -> Response {
+    super::middleware::publish_in_flight();
     (
         [(
             header::CONTENT_TYPE,

@@ -1,8 +1,8 @@
 //! Handlers of the Tokens section: validation, JWKS and discovery.
 
 use axum::body::Body;
-use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
@@ -16,7 +16,7 @@ use crate::limits::PolicyName;
 #[utoipa::path(get, path = "/auth/validate", tag = "tokens", security(("bearer" = [])),
     responses((status = 200, body = AccessClaims, description = "The token's claims"),
               (status = 401, body = ErrorBody, description = "INVALID_TOKEN, with WWW-Authenticate")))]
-pub async fn validate(State(st): State<AppState>, ClientIp(ip): ClientIp, headers: HeaderMap) -> Response {
+pub async fn validate(State(st): State<AppState>, ClientIp(ip): ClientIp, req: Request) -> Response {
     // Unlimited by default; `rate_limit_validate` turns a per-IP limit on.
     if st.limiter.is_active(PolicyName::Validate) {
         if let Err(l) = st
@@ -27,7 +27,10 @@ pub async fn validate(State(st): State<AppState>, ClientIp(ip): ClientIp, header
             return rate_limited(&l);
         }
     }
-    let Some(token) = headers
+    // The request itself, not a `HeaderMap` extractor: that would copy
+    // every header on the hottest path.
+    let Some(token) = req
+        .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(bearer_token)
