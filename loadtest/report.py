@@ -312,6 +312,18 @@ def write_k6_report(ctx):
     lines.append(f"| server RSS max | {fmt_num(res['server_rss'][1])} MiB |")
     lines.append(f"| k6 CPU avg / max | {fmt_avg_max(res['gen_cpu'])} |")
     lines.append(f"| machine CPU avg / max | {fmt_avg_max(res['machine_cpu'])} (everything, incl. PostgreSQL / Redis) |")
+    hashes, capacity = ctx["server_metrics"].get("hashes"), ctx.get("hash_capacity")
+    if hashes is not None and capacity and ctx.get("k6_seconds"):
+        rate = hashes / ctx["k6_seconds"]
+        lines.append(f"| server: hashes completed per s (latchkey_hash_seconds_count over the k6 run) | "
+                     f"{rate:,.1f} ({rate / capacity:.0%} of the capacity) |")
+        lines.append(f"| hashing capacity (`latchkey hash-capacity`, measured before the run) | {capacity:,.1f}/s |")
+        windows = sorted(ctx.get("hash_windows") or [])
+        if windows:
+            med = windows[len(windows) // 2]
+            lines.append(f"| server: hashes per s in the {len(windows)} windows of 5 s with hashes waiting "
+                         f"(median / lowest) | {med:,.1f} ({med / capacity:.0%}) / {windows[0]:,.1f} "
+                         f"({windows[0] / capacity:.0%}) |")
     for k, label in (("shed", "server: requests shed (latchkey_http_shed_total)"),
                      ("deadline", "server: deadlines exceeded (latchkey_http_deadline_exceeded_total)")):
         if ctx["server_metrics"].get(k) is not None:

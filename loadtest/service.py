@@ -62,8 +62,10 @@ import argparse
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 from pathlib import Path
@@ -95,6 +97,8 @@ SCENARIOS = {
         "default_scale": 0.25,
         "everyday": "stages x 0.25, about 80 s (full: 330 s)",
         "accounts": False,
+        # Measure the hashing capacity first; report the run's hashing rate against it.
+        "hashing": True,
     },
     "stress-mix": {
         "tool": "k6",
@@ -103,6 +107,7 @@ SCENARIOS = {
         "default_scale": 0.1,
         "everyday": "stages x 0.1, about 2 min (full: 21 min)",
         "accounts": True,
+        "hashing": True,
     },
     "login-mfa": {
         "tool": "k6",
@@ -143,6 +148,57 @@ FAMILIES = {
     "faults": "the fault suite on the rig (loadtest/faults.py, docs/reliability.md)",
     "scaling": "1, 2, 3 instances behind HAProxy; CPU and round trips per request (loadtest/scaling.py)",
 }
+
+
+class HashRate(threading.Thread):
+    """Every 5 s: the server's hashes completed and hashes waiting (its
+    /metrics), to raw/hash-rate.csv; `windows()` gives the hashes per second
+    of each 5 s window in which hashes were waiting (overload: the rate then
+    is what the pool gets, not what the load asks for)."""
+
+    PERIOD = 5.0
+
+    def __init__(self, admin_url, path):
+        super().__init__(daemon=True)
+        self.url, self.path, self.rows = f"{admin_url}/metrics", path, []
+        self._stop_event = threading.Event()
+
+    def run(self):
+        start = time.monotonic()
+        while True:
+            try:
+                _, body = http("GET", self.url, timeout=2)
+                text = body.decode(errors="replace")
+                self.rows.append((time.monotonic() - start, metric_total(text, "latchkey_hash_seconds_count") or 0,
+                                  metric_total(text, "latchkey_hash_queue_depth") or 0))
+            except (urllib.error.URLError, OSError):
+                pass
+            if self._stop_event.wait(self.PERIOD):
+                break
+        self.path.write_text("seconds,hashes,waiting\n" + "".join(f"{t:.1f},{h:.0f},{q:.0f}\n"
+                                                                   for t, h, q in self.rows))
+
+    def stop(self):
+        self._stop_event.set()
+        self.join(timeout=5)
+
+    def windows(self):
+        return [(h1 - h0) / (t1 - t0) for (t0, h0, q0), (t1, h1, q1) in zip(self.rows, self.rows[1:])
+                if (q0 > 0 or q1 > 0) and t1 > t0]
+
+
+def hash_capacity(binary, env, cwd, raw):
+    """`latchkey hash-capacity`: hashes per second of this machine with the
+    server's settings, measured right before the load (so that the run's
+    hashing rate is compared with the same host's ceiling)."""
+    r = subprocess.run([str(binary), "hash-capacity", "--seconds", "5"], cwd=cwd, env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    (raw / "hash-capacity.txt").write_text(r.stdout)
+    if r.returncode != 0:
+        raise RunError(f"latchkey hash-capacity failed: {r.stdout.strip()[-300:]}")
+    per_second = float(r.stdout.split()[0])
+    say(f"hashing capacity: {r.stdout.strip()}")
+    return per_second
 
 
 def spec_for(name):
@@ -425,6 +481,8 @@ def main(argv):
             with open(raw / "seed.log", "w") as log:
                 ctx["seed_output"] = seed_users(binary, server_env(backend, 0), count,
                                                 cwd=backend.workdir, log=log, extra=extra)
+        if spec.get("hashing"):
+            ctx["hash_capacity"] = hash_capacity(binary, server_env(backend, 0), backend.workdir, raw)
         server = Server(binary, backend, raw)
         server.start()
         say(f"latchkey is ready at {server.base_url} ({backend.kind}); results in {rel(outdir)}")
@@ -432,8 +490,16 @@ def main(argv):
         sampler = Sampler(raw / "resources.csv", server.proc.pid)
         sampler.start()
         ctx["sampler"] = sampler
+        if spec.get("hashing"):
+            hash_rate = HashRate(f"http://127.0.0.1:{server.admin_port}", raw / "hash-rate.csv")
+            hash_rate.start()
         if spec["tool"] == "k6":
+            k6_started = time.monotonic()
             ctx["k6"] = run_k6_scenario(args, scenario, scale, server, outdir, raw, sampler)
+            ctx["k6_seconds"] = time.monotonic() - k6_started
+        if spec.get("hashing"):
+            hash_rate.stop()
+            ctx["hash_windows"] = hash_rate.windows()
             ctx["k6_version"] = tool_version([find_k6(), "version"])
         else:
             ctx["wrk"] = run_wrk_steps(args, scale, server, raw, sampler)
@@ -443,7 +509,8 @@ def main(argv):
             text = body.decode(errors="replace")
             (raw / "metrics-end.txt").write_text(text)
             ctx["server_metrics"] = {"shed": metric_total(text, "latchkey_http_shed_total"),
-                                     "deadline": metric_total(text, "latchkey_http_deadline_exceeded_total")}
+                                     "deadline": metric_total(text, "latchkey_http_deadline_exceeded_total"),
+                                     "hashes": metric_total(text, "latchkey_hash_seconds_count")}
         except (urllib.error.URLError, OSError) as e:
             say(f"warning: cannot read /metrics at the end: {e}")
     finally:

@@ -48,6 +48,14 @@ pub enum Command {
     },
     /// Run the API gateway (`--config gateway.toml`; see deploy/gateway.example.toml).
     Gateway,
+    /// Measure this machine's password-hashing capacity: the configured
+    /// argon2id on `hash_threads` threads for `--seconds`, nothing else
+    /// running; prints hashes per second (what logins that miss the
+    /// credential cache and sign-ups can reach at most).
+    HashCapacity {
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+    },
 }
 
 #[derive(Subcommand)]
@@ -259,6 +267,25 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
                 password,
             } => seed_users(config, count, &email, &password, totp_secret.as_deref()).await,
         },
+        Command::HashCapacity { seconds } => {
+            let seconds = if seconds.is_finite() {
+                seconds.clamp(0.1, 600.0)
+            } else {
+                5.0
+            };
+            let h = &config.hashing;
+            let c = crate::domain::hashing::measure_capacity(h, std::time::Duration::from_secs_f64(seconds))?;
+            println!(
+                "{:.1} hashes/s on {} threads (one hash: {:.1} ms; argon2id m={} KiB, t={}, p={})",
+                c.per_second,
+                h.threads,
+                c.one_hash.as_secs_f64() * 1000.0,
+                h.argon2.memory_kib,
+                h.argon2.iterations,
+                h.argon2.parallelism
+            );
+            Ok(())
+        }
         Command::Gateway => unreachable!("handled before the service configuration is read"),
     }
 }

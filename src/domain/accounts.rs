@@ -202,10 +202,8 @@ impl Accounts {
             .check(PolicyName::RegisterEmail, email.as_str())
             .await?;
         // Hash even when the email is taken, so timing does not tell.
-        let hash = self
-            .hashing
-            .run("hash", move |p| p.hash(password.expose()))
-            .await?;
+        let pw = password.clone();
+        let hash = self.hashing.run("hash", move |p| p.hash(pw.expose())).await?;
         let code = random_code();
         let code_hash = self.code_hash(Purpose::VerifyEmail, &email, &code);
         let now = now_ms();
@@ -236,6 +234,22 @@ impl Accounts {
         if outcome == RegisterOutcome::ResentCode {
             // The unverified account now holds this registration's password.
             self.revocations.user_changed(email.as_str()).await;
+        }
+        // The account now holds `hash` of `password`, just computed here:
+        // what a verification would have established. The login that
+        // usually follows a sign-up skips argon2, which halves the hashing
+        // a sign-up costs. (An unverified account taken over by this
+        // registration is remembered too, so that the two cases answer that
+        // login alike.)
+        if let Some(c) = &self.credentials {
+            let id = match outcome {
+                RegisterOutcome::Created => Some(id),
+                RegisterOutcome::ResentCode => self.store.user_by_email(email.as_str()).await?.map(|u| u.id),
+                RegisterOutcome::NoticeSent => None,
+            };
+            if let Some(id) = id {
+                c.remember(&id, &hash, password.expose());
+            }
         }
         tracing::debug!(?outcome, "register");
         self.mail_wake.notify_one();

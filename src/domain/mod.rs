@@ -3,6 +3,7 @@
 
 pub mod accounts;
 pub mod admin;
+pub mod admission;
 pub mod clients;
 pub mod codes;
 pub mod credcache;

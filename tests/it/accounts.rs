@@ -21,6 +21,7 @@ crate::on_every_backend!(
     password_change_revokes_other_sessions,
     password_reset_flow,
     nothing_secret_is_stored_in_clear,
+    a_sign_up_remembers_its_password_for_the_login_that_follows,
 );
 
 fn is_token_pair(v: &Value) {
@@ -578,4 +579,51 @@ async fn nothing_secret_is_stored_in_clear(app: &TestApp) {
         );
     }
     assert!(dump.contains(&email), "the dump is real");
+}
+
+/// Whether the credential cache would let `password` log in to `email`
+/// without argon2.
+async fn cached(app: &TestApp, email: &str, password: &str) -> bool {
+    let u = app.services.store.user_by_email(email).await.unwrap().unwrap();
+    let cache = app.services.accounts.credentials.as_ref().unwrap();
+    cache.check(&u.id, &u.password_hash, password)
+}
+
+async fn a_sign_up_remembers_its_password_for_the_login_that_follows(app: &TestApp) {
+    // A new account: the password just hashed is remembered.
+    let email = unique_email("primed");
+    app.register(&email, PASSWORD).await;
+    assert!(cached(app, &email, PASSWORD).await);
+    assert!(!cached(app, &email, "another password").await);
+    // An unverified account taken over by a second sign-up: the new
+    // password, not the old one (and the login answers as for a new account).
+    app.register(&email, "second password").await;
+    assert!(cached(app, &email, "second password").await);
+    assert!(!cached(app, &email, PASSWORD).await);
+    assert_eq!(
+        error_code(app.login(&email, "second password").await).await,
+        (401, "VERIFICATION_PENDING".into())
+    );
+    // A verified account: a sign-up with its email changes nothing, and its
+    // password is not remembered.
+    let verified = unique_email("primed-verified");
+    app.register_verified(&verified, PASSWORD).await;
+    let cache = app.services.accounts.credentials.as_ref().unwrap();
+    let u = app
+        .services
+        .store
+        .user_by_email(&verified)
+        .await
+        .unwrap()
+        .unwrap();
+    cache.forget(&u.id);
+    let r = app
+        .post(
+            "/auth/register",
+            json!({"email": verified, "password": "not the owner's"}),
+        )
+        .await;
+    assert_eq!(r.status(), 201);
+    assert!(!cached(app, &verified, "not the owner's").await);
+    assert!(!cached(app, &verified, PASSWORD).await);
 }
