@@ -47,6 +47,17 @@ LUA = ROOT / "loadtest" / "wrk" / "validate.lua"
 # 0.79-0.92 and 0.56-0.89 that day; the gate takes the median of 4).
 LIVE_FLOOR = 0.70
 VALIDATE_FLOOR = 0.65
+# Memory under this load (docs/performance.md, "Memory and start-up").
+PEAK_RSS_LIMIT_MIB = 128
+
+
+def peak_rss_mib(pid):
+    """The process's peak resident memory (VmHWM), MiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def ensure_bare():
@@ -119,6 +130,7 @@ def main(argv):
                             env={**os.environ, **extra})
                 w["cpu_us"] = (cpu_seconds(pid) - c0) * 1e6 / max(1, w["requests"])
                 results.setdefault(name, []).append(w)
+                peak_rss = peak_rss_mib(lk.pid)
                 say(f"round {rnd}, {name}: {w['rps']:,.0f} req/s, P99 {w['latency_us']['p99'] / 1000:.2f} ms, "
                     f"non-2xx {w['errors']['status']}, {w['cpu_us']:.1f} us CPU/request")
     shares = {n: [w["rps"] / b["rps"] for w, b in zip(results[n], results["bare"])] for n in results if n != "bare"}
@@ -145,17 +157,22 @@ def main(argv):
         sh = f"{share[n]:.3f}" if n in share else "1"
         rounds = ", ".join(f"{w['rps']:,.0f}" for w in results[n])
         lines.append(f"| {label} | {med[n]:,.0f} | {rounds} | {sh} | {p99:.2f} | {cpu[n]:.1f} |")
+    lines += ["", f"latchkey's peak RSS (VmHWM) after the rounds: {peak_rss:.1f} MiB"]
     failed = []
     if args.gate:
+        if peak_rss >= PEAK_RSS_LIMIT_MIB:
+            failed.append(f"peak RSS {peak_rss:.1f} MiB, at or over {PEAK_RSS_LIMIT_MIB} MiB")
         if share["live"] < LIVE_FLOOR:
             failed.append(f"/health/live at {share['live']:.3f} of bare, under the floor {LIVE_FLOOR}")
         if share["validate"] < VALIDATE_FLOOR:
             failed.append(f"/auth/validate at {share['validate']:.3f} of bare, under the floor {VALIDATE_FLOOR}")
-        lines += ["", f"Gate (floors: live {LIVE_FLOOR}, validate {VALIDATE_FLOOR}): "
+        lines += ["", f"Gate (floors: live {LIVE_FLOOR}, validate {VALIDATE_FLOOR}; peak RSS under "
+                  f"{PEAK_RSS_LIMIT_MIB} MiB): "
                   + ("FAIL: " + "; ".join(failed) if failed else "PASS")]
     text = "\n".join(lines) + "\n"
     (outdir / "report.md").write_text(text)
     (outdir / "summary.json").write_text(json.dumps({"median_rps": med, "share": share, "cpu_us": cpu,
+                                                     "peak_rss_mib": peak_rss,
                                                      "rounds": {n: [w["rps"] for w in v] for n, v in
                                                                 results.items()}}, indent=2))
     print(text)

@@ -231,7 +231,7 @@ impl Accounts {
                 &notice,
             )
             .await?;
-        if outcome == RegisterOutcome::ResentCode {
+        if matches!(outcome, RegisterOutcome::ResentCode(_)) {
             // The unverified account now holds this registration's password.
             self.revocations.user_changed(email.as_str()).await;
         }
@@ -242,13 +242,10 @@ impl Accounts {
         // registration is remembered too, so that the two cases answer that
         // login alike.)
         if let Some(c) = &self.credentials {
-            let id = match outcome {
-                RegisterOutcome::Created => Some(id),
-                RegisterOutcome::ResentCode => self.store.user_by_email(email.as_str()).await?.map(|u| u.id),
-                RegisterOutcome::NoticeSent => None,
-            };
-            if let Some(id) = id {
-                c.remember(&id, &hash, password.expose());
+            match &outcome {
+                RegisterOutcome::Created => c.remember(&id, &hash, password.expose()),
+                RegisterOutcome::ResentCode(id) => c.remember(id, &hash, password.expose()),
+                RegisterOutcome::NoticeSent => {}
             }
         }
         tracing::debug!(?outcome, "register");

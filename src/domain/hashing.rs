@@ -50,6 +50,10 @@ pub struct Argon2Config {
 pub struct HashSettings {
     pub argon2: Argon2Config,
     pub threads: usize,
+    /// How many of the `threads` run at ordinary priority, competing for
+    /// the CPU like the request threads; the others run only on CPU nothing
+    /// else wants ([`lower_priority`]).
+    pub ordinary_threads: usize,
     /// At most this many jobs wait at once (a bound on memory; the
     /// objective decides first).
     pub queue: usize,
@@ -68,6 +72,7 @@ impl HashSettings {
                 parallelism: src.get("argon2_parallelism", 1, number(1, 64))?,
             },
             threads: src.get("hash_threads", cores, number(1, 256))?,
+            ordinary_threads: src.get("hash_ordinary_threads", 0, number(0, 256))?,
             queue: src.get("hash_queue", 1024, number(0, 100_000))?,
             // `hash_budget_ms`, its name before it became an objective, is still read.
             objective: src.get(
@@ -107,10 +112,13 @@ impl HashPool {
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..threads {
             let rx = rx.clone();
+            let ordinary = i < settings.ordinary_threads;
             std::thread::Builder::new()
                 .name(format!("latchkey-hash-{i}"))
                 .spawn(move || {
-                    lower_priority();
+                    if !ordinary {
+                        lower_priority();
+                    }
                     loop {
                         let job = match rx.lock() {
                             Ok(guard) => guard.recv(),
@@ -157,35 +165,38 @@ impl HashPool {
         R: Send + 'static,
     {
         let queued = Instant::now();
+        // A free thread is taken at once (the semaphore hands released
+        // permits to the jobs already waiting first, so a free one means
+        // nobody waits for it).
         let permit = match self.permits.clone().try_acquire_owned() {
-            Ok(p) if self.waiting.load(Ordering::SeqCst) == 0 => p,
-            early => {
-                drop(early); // nobody jumps the queue
-                let waiting = self.waiting.fetch_add(1, Ordering::SeqCst);
+            Ok(p) => p,
+            Err(_) => {
+                let waiting = Waiting::join(&self.waiting);
                 let running = self.threads - self.permits.available_permits().min(self.threads);
-                let decision = self.admission().decide(running, waiting);
-                let at_most = match decision {
-                    _ if waiting >= self.queue => None,
-                    Decision::Shed => None,
-                    Decision::Start => Some(Duration::ZERO),
-                    Decision::Wait { at_most } => Some(at_most),
+                let decision = if waiting.ahead >= self.queue {
+                    Decision::Shed
+                } else {
+                    self.admission().decide(running, waiting.ahead)
                 };
-                let Some(at_most) = at_most else {
-                    self.waiting.fetch_sub(1, Ordering::SeqCst);
-                    let why = if waiting >= self.queue {
-                        "queue_full"
-                    } else {
-                        "objective"
-                    };
-                    let refused = self.shed(why);
-                    // Refused now, answered at the objective (see the module notes).
-                    tokio::time::sleep(self.objective).await;
-                    return Err(refused);
+                let got = match decision {
+                    Decision::Start => Ok(self.permits.clone().acquire_owned().await),
+                    Decision::Wait { at_most } => {
+                        tokio::time::timeout(at_most, self.permits.clone().acquire_owned()).await
+                    }
+                    Decision::Shed => {
+                        let why = if waiting.ahead >= self.queue {
+                            "queue_full"
+                        } else {
+                            "objective"
+                        };
+                        drop(waiting);
+                        let refused = self.shed(why);
+                        // Refused now, answered at the objective (see the module notes).
+                        tokio::time::sleep(self.objective).await;
+                        return Err(refused);
+                    }
                 };
-                metrics::gauge!("latchkey_hash_queue_depth").increment(1.0);
-                let got = tokio::time::timeout(at_most, self.permits.clone().acquire_owned()).await;
-                self.waiting.fetch_sub(1, Ordering::SeqCst);
-                metrics::gauge!("latchkey_hash_queue_depth").decrement(1.0);
+                drop(waiting);
                 match got {
                     Ok(Ok(p)) => p,
                     _ => return Err(self.shed("late")),
@@ -200,12 +211,18 @@ impl HashPool {
         span.record("wait_us", waited.as_micros() as i64);
         let (tx, rx) = oneshot::channel();
         let passwords = self.argon2.clone();
-        let admission = self.admission.clone();
+        let (admission, objective) = (self.admission.clone(), self.objective);
         let job: Job = Box::new(move || {
             let start = Instant::now();
             let out = span.in_scope(|| f(&passwords));
             let took = start.elapsed();
-            admission.lock().unwrap_or_else(|e| e.into_inner()).observe(took);
+            // One pathological job (an imported hash with costly parameters)
+            // counts as at most the objective: it cannot make the pool
+            // refuse everything.
+            admission
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .observe(took.min(objective));
             metrics::histogram!("latchkey_hash_seconds").record(took.as_secs_f64());
             span.record("hash_us", took.as_micros() as i64);
             drop(span);
@@ -265,8 +282,33 @@ pub fn measure_capacity(settings: &HashSettings, duration: Duration) -> anyhow::
     let elapsed = start.elapsed().as_secs_f64();
     Ok(Capacity {
         per_second: hashes as f64 / elapsed,
-        one_hash: busy / hashes.max(1) as u32,
+        one_hash: busy.div_f64(hashes.max(1) as f64),
     })
+}
+
+/// One job in the queue, counted in `waiting` and the queue-depth gauge
+/// until it leaves it, however it leaves: with a thread, refused, or
+/// dropped with its request (a client that hangs up mid-wait must not leave
+/// a phantom in the count that admission decides by).
+struct Waiting<'a> {
+    count: &'a AtomicUsize,
+    /// The jobs that were waiting when this one arrived.
+    ahead: usize,
+}
+
+impl<'a> Waiting<'a> {
+    fn join(count: &'a AtomicUsize) -> Waiting<'a> {
+        let ahead = count.fetch_add(1, Ordering::SeqCst);
+        metrics::gauge!("latchkey_hash_queue_depth").increment(1.0);
+        Waiting { count, ahead }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::SeqCst);
+        metrics::gauge!("latchkey_hash_queue_depth").decrement(1.0);
+    }
 }
 
 thread_local! {
@@ -416,6 +458,7 @@ mod tests {
         HashSettings {
             argon2: cheap(),
             threads: 1,
+            ordinary_threads: 0,
             queue,
             objective: Duration::from_millis(objective_ms),
         }
@@ -568,5 +611,26 @@ mod tests {
             "{ends:?}"
         );
         assert_eq!(pool.waiting.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_dropped_while_its_hash_waits_leaves_no_trace_in_the_queue() {
+        // A client that hangs up drops its request's future mid-wait; the
+        // queue count that admission decides by must not keep it.
+        let pool = Arc::new(HashPool::new(&pool_of(1024, 5000)).unwrap());
+        let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+        let p2 = pool.clone();
+        let busy = tokio::spawn(async move { p2.run("test", move |_| hold_rx.recv().ok()).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let p3 = pool.clone();
+        let queued = tokio::spawn(async move { p3.run("test", |_| ()).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(pool.waiting.load(Ordering::SeqCst), 1);
+        queued.abort();
+        let _ = queued.await;
+        assert_eq!(pool.waiting.load(Ordering::SeqCst), 0);
+        hold_tx.send(()).unwrap();
+        busy.await.unwrap().unwrap();
+        assert_eq!(pool.run("test", |_| 7).await, Ok(7));
     }
 }

@@ -81,8 +81,9 @@ pub struct UserFilter {
 #[derive(Debug, PartialEq, Eq)]
 pub enum RegisterOutcome {
     Created,
-    /// The email belongs to an unverified account: it got a fresh code.
-    ResentCode,
+    /// The email belongs to an unverified account (this id): it got a fresh
+    /// code, and now holds this registration's password.
+    ResentCode(String),
     /// The email belongs to a verified account: it got a notice.
     NoticeSent,
 }
@@ -341,19 +342,21 @@ impl Store {
             .await?
             .rows_affected()
                 == 1;
-            let verified = !inserted
-                && sqlx::query(
+            let taken_over: Option<(String,)> = if inserted {
+                None
+            } else {
+                sqlx::query_as(
                     "UPDATE users SET password_hash = $2, name = $3, updated_at = $4 \
-                     WHERE email = $1 AND email_verified_at IS NULL",
+                     WHERE email = $1 AND email_verified_at IS NULL RETURNING id",
                 )
                 .bind(new.email)
                 .bind(new.password_hash)
                 .bind(new.name)
                 .bind(new.now)
-                .execute(&mut *tx)
+                .fetch_optional(&mut *tx)
                 .await?
-                .rows_affected()
-                    == 0;
+            };
+            let verified = !inserted && taken_over.is_none();
             let (code_hash, pending, message) = if verified {
                 (shadow_code_hash, None, notice)
             } else {
@@ -379,10 +382,10 @@ impl Store {
                 record_event!(tx, &Event::new("user.registered", new.now).user(new.id).ip(new.ip));
             }
             tx.commit().await?;
-            Ok(match (inserted, verified) {
+            Ok(match (inserted, taken_over) {
                 (true, _) => RegisterOutcome::Created,
-                (false, false) => RegisterOutcome::ResentCode,
-                (false, true) => RegisterOutcome::NoticeSent,
+                (false, Some((id,))) => RegisterOutcome::ResentCode(id),
+                (false, None) => RegisterOutcome::NoticeSent,
             })
         })
     }
