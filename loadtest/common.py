@@ -180,11 +180,13 @@ def stopped(pid):
     return bool(fields) and fields[0] in ("T", "t")
 
 
-def proc_rss_kib(pid):
+def proc_rss_kib(pid, field="VmRSS"):
+    """A memory figure of /proc/PID/status in KiB: VmRSS (resident now) or
+    VmHWM (the peak); None once the process is gone."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1])
     except OSError:
         return None

@@ -34,7 +34,7 @@ import statistics
 import subprocess
 
 from . import common
-from .common import ROOT, RunError, cpu_seconds, free_port, http, login_token, say, wait_until
+from .common import ROOT, RunError, cpu_seconds, free_port, http, login_token, proc_rss_kib, say, wait_until
 from .runners import run_wrk
 from .servers import SEED_PASSWORD, bench_env, bench_workspace, seed_users
 from .tools import ensure_binary, find_wrk
@@ -49,15 +49,6 @@ LIVE_FLOOR = 0.70
 VALIDATE_FLOOR = 0.65
 # Memory under this load (docs/performance.md, "Memory and start-up").
 PEAK_RSS_LIMIT_MIB = 128
-
-
-def peak_rss_mib(pid):
-    """The process's peak resident memory (VmHWM), MiB."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def ensure_bare():
@@ -130,9 +121,9 @@ def main(argv):
                             env={**os.environ, **extra})
                 w["cpu_us"] = (cpu_seconds(pid) - c0) * 1e6 / max(1, w["requests"])
                 results.setdefault(name, []).append(w)
-                peak_rss = peak_rss_mib(lk.pid)
                 say(f"round {rnd}, {name}: {w['rps']:,.0f} req/s, P99 {w['latency_us']['p99'] / 1000:.2f} ms, "
                     f"non-2xx {w['errors']['status']}, {w['cpu_us']:.1f} us CPU/request")
+        peak_rss = (proc_rss_kib(lk.pid, "VmHWM") or 0) / 1024
     shares = {n: [w["rps"] / b["rps"] for w, b in zip(results[n], results["bare"])] for n in results if n != "bare"}
     med = {n: statistics.median(w["rps"] for w in v) for n, v in results.items()}
     share = {n: statistics.median(v) for n, v in shares.items()}

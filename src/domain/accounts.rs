@@ -241,12 +241,13 @@ impl Accounts {
         // a sign-up costs. (An unverified account taken over by this
         // registration is remembered too, so that the two cases answer that
         // login alike.)
-        if let Some(c) = &self.credentials {
-            match &outcome {
-                RegisterOutcome::Created => c.remember(&id, &hash, password.expose()),
-                RegisterOutcome::ResentCode(id) => c.remember(id, &hash, password.expose()),
-                RegisterOutcome::NoticeSent => {}
-            }
+        let holder = match &outcome {
+            RegisterOutcome::Created => Some(&id),
+            RegisterOutcome::ResentCode(id) => Some(id),
+            RegisterOutcome::NoticeSent => None,
+        };
+        if let (Some(c), Some(holder)) = (&self.credentials, holder) {
+            c.remember(holder, &hash, password.expose());
         }
         tracing::debug!(?outcome, "register");
         self.mail_wake.notify_one();

@@ -4,6 +4,8 @@
 //! ```text
 //!   a job arrives ── a thread is free and nobody waits ──────────► Start
 //!        │
+//!        ├── `queue` jobs wait already (the memory bound) ──────────► QueueFull
+//!        │
 //!        │ predicted answer = wait for a thread + one hash
 //!        ├── predicted > objective ─────────────────────────────► Shed (at once)
 //!        ▼
@@ -38,6 +40,8 @@ pub enum Decision {
     Wait { at_most: Duration },
     /// The objective cannot be met: refuse now.
     Shed,
+    /// The queue holds its maximum (a bound on memory): refuse now.
+    QueueFull,
 }
 
 /// The learnt hash time and the objective it is held to.
@@ -45,6 +49,8 @@ pub enum Decision {
 pub struct Admission {
     threads: usize,
     objective: Duration,
+    /// At most this many jobs wait at once.
+    queue: usize,
     /// Exponentially weighted mean of the recent hashes' wall time; zero
     /// until the first hash is timed (the first jobs are admitted).
     mean: Duration,
@@ -59,8 +65,14 @@ impl Admission {
         Admission {
             threads: threads.max(1),
             objective,
+            queue: usize::MAX,
             mean: Duration::ZERO,
         }
+    }
+
+    /// At most `queue` jobs may wait at once, whatever the objective allows.
+    pub fn with_queue(self, queue: usize) -> Admission {
+        Admission { queue, ..self }
     }
 
     /// The decision for a job that finds `running` jobs on the threads and
@@ -68,6 +80,9 @@ impl Admission {
     pub fn decide(&self, running: usize, waiting: usize) -> Decision {
         if running < self.threads && waiting == 0 {
             return Decision::Start;
+        }
+        if waiting >= self.queue {
+            return Decision::QueueFull;
         }
         let hashes_ahead = waiting as f64 / self.threads as f64 + 0.5;
         let predicted = self.mean.mul_f64(hashes_ahead) + self.mean;
@@ -79,8 +94,11 @@ impl Admission {
         }
     }
 
-    /// A hash took `took` on its thread.
+    /// A hash took `took` on its thread. One pathological job (an imported
+    /// hash with costly parameters) counts as at most the objective: it
+    /// cannot make the pool refuse everything.
     pub fn observe(&mut self, took: Duration) {
+        let took = took.min(self.objective);
         self.mean = if self.mean.is_zero() {
             took
         } else {
@@ -91,6 +109,10 @@ impl Admission {
     /// The current estimate of one hash's wall time.
     pub fn mean(&self) -> Duration {
         self.mean
+    }
+
+    pub fn objective(&self) -> Duration {
+        self.objective
     }
 }
 
@@ -171,5 +193,13 @@ mod tests {
         a.observe(150 * MS);
         assert_eq!(a.decide(0, 0), Decision::Start, "a free thread still runs it");
         assert_eq!(a.decide(1, 0), Decision::Shed);
+    }
+
+    #[test]
+    fn the_queue_bound_refuses_whatever_the_objective_allows() {
+        let a = learnt().with_queue(10);
+        assert!(matches!(a.decide(2, 9), Decision::Wait { .. }));
+        assert_eq!(a.decide(2, 10), Decision::QueueFull);
+        assert_eq!(a.decide(0, 0), Decision::Start, "a free thread needs no queue");
     }
 }

@@ -99,15 +99,13 @@ pub struct HashPool {
     threads: usize,
     permits: Arc<Semaphore>,
     waiting: AtomicUsize,
-    queue: usize,
-    objective: Duration,
     admission: Arc<Mutex<Admission>>,
     argon2: Arc<Passwords>,
 }
 
 impl HashPool {
     pub fn new(settings: &HashSettings) -> anyhow::Result<HashPool> {
-        let (threads, queue, cfg) = (settings.threads, settings.queue, &settings.argon2);
+        let (threads, cfg) = (settings.threads, &settings.argon2);
         let (tx, rx) = mpsc::channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..threads {
@@ -136,9 +134,9 @@ impl HashPool {
             threads,
             permits: Arc::new(Semaphore::new(threads)),
             waiting: AtomicUsize::new(0),
-            queue,
-            objective: settings.objective,
-            admission: Arc::new(Mutex::new(Admission::new(threads, settings.objective))),
+            admission: Arc::new(Mutex::new(
+                Admission::new(threads, settings.objective).with_queue(settings.queue),
+            )),
             argon2: Arc::new(Passwords::new(cfg)?),
         })
     }
@@ -147,7 +145,8 @@ impl HashPool {
         &self.argon2
     }
 
-    /// Runs `f` on a hashing thread if it can start within the budget, in a
+    /// Runs `f` on a hashing thread if it can be answered within the latency
+    /// objective ([`Admission`]), in a
     /// `hash` span named by `op` (`hash` or `verify`) that records the wait
     /// for a thread (`wait_us`) apart from the hash itself (`hash_us`).
     pub async fn run<R, F>(&self, op: &'static str, f: F) -> Result<R, Overloaded>
@@ -173,26 +172,24 @@ impl HashPool {
             Err(_) => {
                 let waiting = Waiting::join(&self.waiting);
                 let running = self.threads - self.permits.available_permits().min(self.threads);
-                let decision = if waiting.ahead >= self.queue {
-                    Decision::Shed
-                } else {
-                    self.admission().decide(running, waiting.ahead)
+                let (decision, objective) = {
+                    let admission = self.admission();
+                    (admission.decide(running, waiting.ahead), admission.objective())
                 };
                 let got = match decision {
                     Decision::Start => Ok(self.permits.clone().acquire_owned().await),
                     Decision::Wait { at_most } => {
                         tokio::time::timeout(at_most, self.permits.clone().acquire_owned()).await
                     }
-                    Decision::Shed => {
-                        let why = if waiting.ahead >= self.queue {
-                            "queue_full"
-                        } else {
-                            "objective"
-                        };
+                    Decision::Shed | Decision::QueueFull => {
                         drop(waiting);
-                        let refused = self.shed(why);
+                        let refused = self.shed(if decision == Decision::Shed {
+                            "objective"
+                        } else {
+                            "queue_full"
+                        });
                         // Refused now, answered at the objective (see the module notes).
-                        tokio::time::sleep(self.objective).await;
+                        tokio::time::sleep(objective).await;
                         return Err(refused);
                     }
                 };
@@ -211,18 +208,12 @@ impl HashPool {
         span.record("wait_us", waited.as_micros() as i64);
         let (tx, rx) = oneshot::channel();
         let passwords = self.argon2.clone();
-        let (admission, objective) = (self.admission.clone(), self.objective);
+        let admission = self.admission.clone();
         let job: Job = Box::new(move || {
             let start = Instant::now();
             let out = span.in_scope(|| f(&passwords));
             let took = start.elapsed();
-            // One pathological job (an imported hash with costly parameters)
-            // counts as at most the objective: it cannot make the pool
-            // refuse everything.
-            admission
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .observe(took.min(objective));
+            admission.lock().unwrap_or_else(|e| e.into_inner()).observe(took);
             metrics::histogram!("latchkey_hash_seconds").record(took.as_secs_f64());
             span.record("hash_us", took.as_micros() as i64);
             drop(span);

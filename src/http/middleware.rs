@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{OnceLock, RwLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use metrics::{Counter, Histogram};
@@ -144,68 +144,39 @@ fn new_request_id() -> HeaderValue {
 
 type Handles = (Counter, Histogram);
 /// (method, status class) -> handles, per route template.
-type ByRoute<H> = HashMap<String, HashMap<(&'static str, &'static str), Handles>, H>;
-
-/// Metric handles per (route, method, status class), made once: the
-/// registry lookup (hashing three labels) is not paid per request. Each
-/// worker thread keeps its own copy of the handles it has used, so that a
-/// request reads no lock that the other threads write.
-struct HttpMetrics {
-    /// Every thread's handles come from here (made on first use).
-    shared: RwLock<ByRoute<std::collections::hash_map::RandomState>>,
-}
+type ByRoute = HashMap<String, HashMap<(&'static str, &'static str), Handles>, BuildHasherDefault<Fnv>>;
 
 thread_local! {
-    static HANDLES: RefCell<ByRoute<BuildHasherDefault<Fnv>>> = RefCell::default();
+    /// Metric handles per (route, method, status class), looked up in the
+    /// registry (hashing three labels, under its lock) once per worker
+    /// thread and label set, not per request; the registry hands every
+    /// thread the same counter and histogram.
+    static HANDLES: RefCell<ByRoute> = RefCell::default();
 }
 
-impl HttpMetrics {
-    fn record(&self, route: &str, method: &'static str, class: &'static str, elapsed: Duration) {
-        HANDLES.with_borrow_mut(|local| {
-            let h = match local.get(route).and_then(|m| m.get(&(method, class))) {
-                Some(h) => h,
-                None => {
-                    let h = self.shared_handles(route, method, class);
-                    local
-                        .entry(route.to_string())
-                        .or_default()
-                        .entry((method, class))
-                        .or_insert(h)
-                }
-            };
-            h.0.increment(1);
-            h.1.record(elapsed.as_secs_f64());
-        })
-    }
-
-    fn shared_handles(&self, route: &str, method: &'static str, class: &'static str) -> Handles {
-        if let Some(h) = self
-            .shared
-            .read()
-            .expect("metrics lock")
-            .get(route)
-            .and_then(|m| m.get(&(method, class)))
-        {
-            return h.clone();
+fn record(route: &str, method: &'static str, class: &'static str, elapsed: Duration) {
+    HANDLES.with_borrow_mut(|by_route| {
+        if !by_route.contains_key(route) {
+            by_route.insert(route.to_string(), HashMap::new());
         }
-        let labels = [
-            ("route", route.to_string()),
-            ("method", method.to_string()),
-            ("status", class.to_string()),
-        ];
-        let h: Handles = (
-            metrics::counter!("latchkey_http_requests_total", &labels),
-            metrics::histogram!("latchkey_http_request_duration_seconds", &labels),
-        );
-        self.shared
-            .write()
-            .expect("metrics lock")
-            .entry(route.to_string())
-            .or_default()
+        let h = by_route
+            .get_mut(route)
+            .expect("inserted above")
             .entry((method, class))
-            .or_insert(h)
-            .clone()
-    }
+            .or_insert_with(|| {
+                let labels = [
+                    ("route", route.to_string()),
+                    ("method", method.to_string()),
+                    ("status", class.to_string()),
+                ];
+                (
+                    metrics::counter!("latchkey_http_requests_total", &labels),
+                    metrics::histogram!("latchkey_http_request_duration_seconds", &labels),
+                )
+            });
+        h.0.increment(1);
+        h.1.record(elapsed.as_secs_f64());
+    })
 }
 
 /// FNV-1a: the thread-local map's keys are short route templates and two
@@ -230,13 +201,6 @@ impl Hasher for Fnv {
     fn finish(&self) -> u64 {
         self.0
     }
-}
-
-fn http_metrics() -> &'static HttpMetrics {
-    static M: OnceLock<HttpMetrics> = OnceLock::new();
-    M.get_or_init(|| HttpMetrics {
-        shared: RwLock::new(HashMap::new()),
-    })
 }
 
 /// Requests being served, counted in per-thread slots (a request may end on
@@ -438,7 +402,7 @@ fn finish(started: Started, mut resp: Response) -> Response {
         .get::<RouteTag>()
         .map(|t| t.0.as_str())
         .unwrap_or("unmatched");
-    http_metrics().record(route, method, status_class(status), elapsed);
+    record(route, method, status_class(status), elapsed);
     // The access line's level decides, not the span's: with `log = warn` the
     // request span is off but a 5xx is still logged (the macros check their
     // own level first, at the cost of a load).
