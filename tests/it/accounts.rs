@@ -22,6 +22,7 @@ crate::on_every_backend!(
     password_reset_flow,
     nothing_secret_is_stored_in_clear,
     a_sign_up_remembers_its_password_for_the_login_that_follows,
+    racing_sign_ups_of_one_email_leave_at_most_one_password_remembered,
 );
 
 fn is_token_pair(v: &Value) {
@@ -626,4 +627,25 @@ async fn a_sign_up_remembers_its_password_for_the_login_that_follows(app: &TestA
     assert_eq!(r.status(), 201);
     assert!(!cached(app, &verified, "not the owner's").await);
     assert!(!cached(app, &verified, PASSWORD).await);
+}
+
+async fn racing_sign_ups_of_one_email_leave_at_most_one_password_remembered(app: &TestApp) {
+    // Two sign-ups of one unverified email race: each remembers its own
+    // password, but the cache binds the stored hash, so only the password
+    // the account ended up with can skip argon2.
+    let email = unique_email("primed-race");
+    app.register(&email, PASSWORD).await;
+    let body = |pw: &str| json!({"email": email, "password": pw});
+    let (a, b) = tokio::join!(
+        app.post("/auth/register", body("first racing password")),
+        app.post("/auth/register", body("second racing password")),
+    );
+    assert_eq!(
+        (a.status(), b.status()),
+        (reqwest::StatusCode::CREATED, reqwest::StatusCode::CREATED)
+    );
+    let first = cached(app, &email, "first racing password").await;
+    let second = cached(app, &email, "second racing password").await;
+    assert!(first != second, "exactly one of the two: {first} {second}");
+    assert!(!cached(app, &email, PASSWORD).await);
 }

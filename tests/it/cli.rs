@@ -131,3 +131,36 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+#[test]
+fn hash_capacity_measures_with_the_configured_parameters_and_bounds_odd_durations() {
+    let dir = tempfile::tempdir().unwrap();
+    // Cheap parameters, so that the test measures quickly; a negative and a
+    // not-a-number duration are taken as the shortest and the default
+    // measurement, never a panic or an endless loop.
+    for seconds in ["0.2", "-5", "NaN"] {
+        let start = Instant::now();
+        let out = latchkey(dir.path())
+            .args(["hash-capacity", &format!("--seconds={seconds}")])
+            .env("LATCHKEY_ARGON2_MEMORY_KIB", "64")
+            .env("LATCHKEY_ARGON2_ITERATIONS", "1")
+            .env("LATCHKEY_HASH_THREADS", "2")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{seconds}: {out:?}");
+        assert!(start.elapsed() < Duration::from_secs(20), "{seconds}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        let rate: f64 = text.split_whitespace().next().unwrap().parse().unwrap();
+        assert!(rate > 0.0, "{text}");
+        assert!(
+            text.contains("on 2 threads") && text.contains("m=64 KiB, t=1, p=1"),
+            "{text}"
+        );
+    }
+    // A value that is not a number is refused by the argument parser.
+    let out = latchkey(dir.path())
+        .args(["hash-capacity", "--seconds", "soon"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}
