@@ -324,6 +324,19 @@ def write_k6_report(ctx):
             lines.append(f"| server: hashes per s in the {len(windows)} windows of 5 s with hashes waiting "
                          f"(median / lowest) | {med:,.1f} ({med / capacity:.0%}) / {windows[0]:,.1f} "
                          f"({windows[0] / capacity:.0%}) |")
+    bare = ctx.get("bare_rps")
+    if bare:
+        mean = sum(bare) / len(bare)
+        lines.append(f"| bare axum handler, wrk -t2 -c50 6 s before / after the k6 run | "
+                     f"{' / '.join(f'{b:,.0f}' for b in bare)} req/s |")
+        rate = float(k6r["env"].get("RATE", 0))
+        held = verdict == "PASS" and dropped <= 0.01 * max(1, iterations)
+        if rate and held:
+            lines.append(f"| the rate held (every threshold kept, under 1 % dropped) as a share of the bare "
+                         f"handler (the mean of the two) | {rate:,.0f} / {mean:,.0f} = **{rate / mean:.4f}** |")
+        else:
+            lines.append(f"| the rate was not held (a threshold failed, or 1 % or more dropped): no capacity "
+                         f"share; offered {rate:,.0f}/s, bare {mean:,.0f} req/s | - |")
     for k, label in (("shed", "server: requests shed (latchkey_http_shed_total)"),
                      ("deadline", "server: deadlines exceeded (latchkey_http_deadline_exceeded_total)")):
         if ctx["server_metrics"].get(k) is not None:

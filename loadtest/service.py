@@ -20,7 +20,9 @@ figures the run's report quotes for comparison (docs/performance.md):
   login-mfa            the two-step login (password, then a TOTP code) at RATE/s, on
                        accounts seeded with an authenticator app; P95 of both < 10 ms
   refresh              token rotation at RATE/s (default 1,000), each VU rotating its own
-                       chain after one login; P95 < 200 ms (latchkey's own goal)
+                       chain after one login; P95 < 200 ms (latchkey's own goal); the
+                       bare axum handler (examples/bare_handler.rs) is measured with wrk
+                       before and after, and a rate held is reported as a share of it
   validate-throughput  wrk on /auth/validate and /health/live at 50..300 connections;
                        reference: JWT validation of a Quarkus native service
   gateway              the gateway benchmark (loadtest/gateway_bench.py): upstream
@@ -128,6 +130,9 @@ SCENARIOS = {
         "default_scale": 0.1,
         "everyday": "10 s ramp + 60 s hold (full: 10 s + 600 s)",
         "accounts": True,
+        # Measure the bare axum handler before and after the load: the
+        # capacity is reported as a share of it (the host's speed varies).
+        "bare": True,
     },
     "validate-throughput": {
         "tool": "wrk",
@@ -201,6 +206,37 @@ def hash_capacity(binary, env, cwd, raw):
     per_second = float(r.stdout.split()[0])
     say(f"hashing capacity: {r.stdout.strip()}")
     return per_second
+
+
+class BareHandler:
+    """examples/bare_handler.rs on a free port, measured as the overhead
+    family measures it (wrk -t2 -c50, 6 s): the yardstick that a scenario's
+    throughput is divided by, so that a figure carries from one day's host
+    to another's."""
+
+    SECONDS, CONNECTIONS = 6, 50
+
+    def __init__(self, raw):
+        from .overhead import ensure_bare
+
+        self.raw, self.port = raw, common.free_port()
+        self.log = open(raw / "bare.log", "w")
+        self.proc = subprocess.Popen([str(ensure_bare()), f"127.0.0.1:{self.port}"], stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{self.port}/"
+        common.wait_until(lambda: http("GET", self.url, timeout=1)[0] == 200, "bare_handler", proc=self.proc)
+        self.rps = []
+
+    def measure(self, label):
+        w = run_wrk(self.url, ROOT / "loadtest" / "wrk" / "validate.lua", self.CONNECTIONS, self.SECONDS,
+                    self.raw / f"wrk-bare-{label}.txt")
+        self.rps.append(w["rps"])
+        say(f"bare axum handler ({label}): {w['rps']:,.0f} req/s")
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        self.log.close()
 
 
 def spec_for(name):
@@ -448,6 +484,8 @@ def main(argv):
 
     binary, binary_state = ensure_binary(args.binary, args.no_build)
     find_tool()
+    if spec.get("bare"):
+        find_wrk()
 
     now = utc_now()
     stamp = now.strftime("%Y-%m-%d-%H%M")
@@ -461,6 +499,7 @@ def main(argv):
     backend = None
     server = None
     sampler = None
+    bare = None
     ctx = {
         "scenario": scenario, "tool": spec["tool"], "outdir": outdir, "raw": raw, "scale": scale, "command": command,
         "date_iso": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "date_human": now.strftime("%Y-%m-%d %H:%M UTC"),
@@ -495,6 +534,9 @@ def main(argv):
         if spec.get("hashing"):
             hash_rate = HashRate(f"http://127.0.0.1:{server.admin_port}", raw / "hash-rate.csv")
             hash_rate.start()
+        if spec.get("bare"):
+            bare = BareHandler(raw)
+            bare.measure("before")
         if spec["tool"] == "k6":
             k6_started = time.monotonic()
             ctx["k6"] = run_k6_scenario(args, scenario, scale, server, outdir, raw, sampler)
@@ -502,6 +544,10 @@ def main(argv):
             ctx["k6_version"] = tool_version([find_k6(), "version"])
         else:
             ctx["wrk"] = run_wrk_steps(args, scale, server, raw, sampler)
+        if bare is not None:
+            bare.measure("after")
+            bare.stop()
+            ctx["bare_rps"] = bare.rps
         if spec.get("hashing"):
             hash_rate.stop()
             ctx["hash_windows"] = hash_rate.windows()
@@ -517,6 +563,8 @@ def main(argv):
             say(f"warning: cannot read /metrics at the end: {e}")
     finally:
         stop_children()
+        if bare is not None and bare.proc.poll() is None:
+            bare.stop()
         if sampler is not None and sampler.is_alive():
             sampler.stop()
         if server is not None:

@@ -169,6 +169,8 @@ impl Store {
                     .max_connections(cfg.max_connections)
                     .min_connections(cfg.min_connections)
                     .acquire_timeout(cfg.acquire_timeout)
+                    .test_before_acquire(false)
+                    .before_acquire(|conn, meta| Box::pin(ping_if_idle(conn, meta)))
                     .connect_with(opts)
                     .await
                     .context("opening the SQLite database")?;
@@ -189,6 +191,8 @@ impl Store {
             .max_connections(cfg.max_connections)
             .min_connections(cfg.min_connections)
             .acquire_timeout(cfg.acquire_timeout)
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| Box::pin(ping_if_idle(conn, meta)))
             .connect_with(opts)
             .await
             .context("connecting to PostgreSQL")
@@ -299,6 +303,30 @@ pub(crate) async fn traced<T>(
     let _t = QueryTimer::start(op);
     let span = tracing::debug_span!("db", op, acquire_us = tracing::field::Empty);
     body.instrument(span).await
+}
+
+/// A pooled connection idle for this long is tested with a round trip
+/// before it is handed out; one used more recently is not.
+///
+/// sqlx's default tests every connection on acquire, and it also tests every
+/// connection when it returns to the pool (that one cannot be turned off).
+/// Under load a connection is back in use within microseconds of its
+/// release test, so the test on acquire was a second round trip per
+/// operation for nothing: about a sixth of the service's CPU in a refresh
+/// (`perf`, docs/performance.md). A connection the database dropped while
+/// it was idle longer than this is still caught here; one that died within
+/// it fails its statement (503, `database unavailable`, and sqlx discards
+/// the connection), as a statement on a connection dying mid-use does.
+const PING_WHEN_IDLE_FOR: Duration = Duration::from_secs(1);
+
+async fn ping_if_idle<C: sqlx::Connection>(
+    conn: &mut C,
+    meta: sqlx::pool::PoolConnectionMetadata,
+) -> Result<bool, sqlx::Error> {
+    if meta.idle_for >= PING_WHEN_IDLE_FOR {
+        conn.ping().await?;
+    }
+    Ok(true)
 }
 
 /// A connection from `pool`; the wait is recorded whether or not one came,

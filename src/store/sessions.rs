@@ -307,30 +307,32 @@ impl Store {
         now: i64,
     ) -> StoreResult<bool> {
         db_op!(self, "rotate_refresh",
+            // One statement on each backend, so one round trip (on SQLite
+            // a transaction would be four trips to its worker thread, each
+            // holding the one connection): SQLite has no INSERT inside a
+            // CTE, so its statement inserts two rows computed from the old
+            // one while it is unexchanged, the successor and the old row
+            // again; the old row's key exists, so that row becomes the
+            // update of `ON CONFLICT` (rotated, with the sealed successor).
+            // Two rows changed: exchanged; none: it was exchanged already.
             sqlite conn => {
-                let mut tx = conn.begin().await?;
-                let sid: Option<(String,)> = sqlx::query_as(
-                    "UPDATE refresh_tokens SET rotated_at = $2, successor = $3 \
-                     WHERE token_hash = $1 AND rotated_at IS NULL RETURNING session_id",
+                let n = sqlx::query(
+                    "INSERT INTO refresh_tokens (token_hash, session_id, created_at, rotated_at, successor) \
+                     SELECT $4, session_id, $2, NULL, NULL FROM refresh_tokens WHERE token_hash = $1 AND rotated_at IS NULL \
+                     UNION ALL \
+                     SELECT token_hash, session_id, created_at, $2, $3 FROM refresh_tokens \
+                     WHERE token_hash = $1 AND rotated_at IS NULL \
+                     ON CONFLICT (token_hash) DO UPDATE SET rotated_at = excluded.rotated_at, successor = excluded.successor \
+                     WHERE refresh_tokens.token_hash = $1 AND refresh_tokens.rotated_at IS NULL",
                 )
                 .bind(old)
                 .bind(now)
                 .bind(successor)
-                .fetch_optional(&mut *tx)
-                .await?;
-                match sid {
-                    None => Ok(false),
-                    Some((sid,)) => {
-                        sqlx::query(INSERT_REFRESH)
-                            .bind(new)
-                            .bind(&sid)
-                            .bind(now)
-                            .execute(&mut *tx)
-                            .await?;
-                        tx.commit().await?;
-                        Ok(true)
-                    }
-                }
+                .bind(new)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
+                Ok(n == 2)
             },
             postgres conn => {
                 let n = sqlx::query(

@@ -407,6 +407,15 @@ async fn concurrent_refreshes_agree_and_keep_the_session(app: &TestApp) {
     }
     tokens.dedup();
     assert_eq!(tokens.len(), 1, "every concurrent refresh got the same new token");
+    // The exchange happened once: the family is the old token, exchanged
+    // and holding its sealed successor, and one live token.
+    let family = format!(
+        "FROM refresh_tokens WHERE session_id = (SELECT session_id FROM refresh_tokens r JOIN sessions s \
+         ON s.id = r.session_id JOIN users u ON u.id = s.user_id WHERE u.email = '{email}' LIMIT 1)"
+    );
+    assert_eq!(app.count(&format!("SELECT count(*) {family}")).await, 2);
+    let exchanged = format!("SELECT count(*) {family} AND rotated_at IS NOT NULL AND successor IS NOT NULL");
+    assert_eq!(app.count(&exchanged).await, 1);
     let r = app
         .post("/auth/refresh", json!({"refresh_token": tokens[0]}))
         .await;

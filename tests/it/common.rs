@@ -218,6 +218,15 @@ impl TestApp {
         }
     }
 
+    /// The one integer a query answers (`SELECT count(*) ...`), read behind
+    /// the service's back.
+    pub async fn count(&self, query: &str) -> i64 {
+        match &self.services.store.db {
+            latchkey::store::Db::Sqlite(p) => sqlx::query_scalar(query).fetch_one(p).await.unwrap(),
+            latchkey::store::Db::Postgres(p) => sqlx::query_scalar(query).fetch_one(p).await.unwrap(),
+        }
+    }
+
     /// A new OAuth client with the admin scope and its own access token
     /// (the client_credentials grant): `(client id, token)`.
     pub async fn admin_client(&self) -> (String, String) {

@@ -233,3 +233,44 @@ async fn a_request_past_its_deadline_is_answered_503() {
     assert_eq!(app.get("/health/live").await.status(), 200);
     app.stop().await;
 }
+
+/// The pool tests a connection before handing it out only when it has been
+/// idle for a second or more (under load, sqlx's test on every acquire was
+/// a second round trip per statement): connections the database dropped
+/// while idle (a restart, `pg_terminate_backend`, an idle timeout) are
+/// still replaced, and no request fails for them.
+#[sqlx::test(migrations = false)]
+async fn connections_the_database_dropped_while_idle_are_replaced_before_use(
+    _: sqlx::postgres::PgPoolOptions,
+    opts: sqlx::postgres::PgConnectOptions,
+) {
+    // Ten connections from the start (the service's background workers
+    // take one or two of the dropped ones; requests get the others).
+    let settings = [("rate_limit", "off"), ("database_min_connections", "10")];
+    let app = TestApp::postgres(opts, &settings).await;
+    let email = crate::common::unique_email("idle");
+    app.register_verified(&email, crate::common::PASSWORD).await;
+    let start = Instant::now();
+    while app.services.store.pool_stats().0 < 10 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the pool never opened ten connections"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let dropped = app
+        .count(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+        .await;
+    assert!(dropped >= 5, "the pool held {dropped} other connections");
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    for _ in 0..3 {
+        let logins = (0..10).map(|_| app.login(&email, crate::common::PASSWORD));
+        for r in futures_util::future::join_all(logins).await {
+            assert_eq!(r.status(), 200, "a dropped idle connection reached a request");
+        }
+    }
+    app.stop().await;
+}
