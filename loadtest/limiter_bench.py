@@ -17,7 +17,9 @@ What it does, in a temporary directory removed at the end:
   address is the `X-Forwarded-For` that wrk sends;
 - wrk -t2 (loadtest/wrk/clients.lua) cycles through N client addresses: N=1
   is one hot key (the Redis limiter takes leases), N=100,000 at ~50,000
-  req/s is each key every ~2 s (cold: one EVALSHA round trip per request).
+  req/s is each key every ~2 s (cold: a key's first check, and each after
+  its lease expired, asks Redis; such checks share script calls). "Redis
+  calls per request" counts script calls, each for one or more buckets.
   Every variant, the unlimited one included, sends the same requests;
 - rounds interleave the variants so that noise hits all alike; per variant
   the median over rounds, and "lost" against the unlimited run of the same

@@ -6,7 +6,7 @@ mod redis;
 mod revocations;
 mod users;
 
-pub use self::redis::{RedisConfig, RedisFailure, RedisHandle};
+pub use self::redis::{RedisConfig, RedisFailure, RedisHandle, COMMAND_TIMEOUT as REDIS_COMMAND_TIMEOUT};
 pub use revocations::{PolledRevocations, Revocations};
 pub use users::UserCache;
 

@@ -269,9 +269,23 @@ impl RedisHandle {
         F: FnOnce(Connection) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
+        self.run_unspanned(op, f)
+            .instrument(tracing::debug_span!("redis", op))
+            .await
+    }
+
+    /// As [`RedisHandle::run`], in no span of its own: for a command sent on
+    /// behalf of several requests (the rate limiter's shared calls), whose
+    /// requests each record their own wait in their own trace; a span here
+    /// would be a trace of its own, belonging to no request.
+    pub async fn run_unspanned<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T, RedisFailure>
+    where
+        F: FnOnce(Connection) -> Fut,
+        Fut: Future<Output = Result<T, RedisError>>,
+    {
         let start = Instant::now();
         let command = tokio::time::timeout(COMMAND_TIMEOUT, f(self.conn.clone()));
-        let out = match command.instrument(tracing::debug_span!("redis", op)).await {
+        let out = match command.await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(RedisFailure::Error(e)),
             Err(_) => Err(RedisFailure::Timeout),

@@ -1,17 +1,30 @@
-//! Token leases: how the Redis limiter avoids one round trip per request on
-//! hot keys without ever letting more than the limit through.
+//! Token leases: how the Redis limiter avoids one round trip per request
+//! without ever letting more than the limit through.
 //!
-//! A key checked again within [`HOT`] of its last Redis call is hot: the next
-//! call asks the script for up to [`MAX_LEASE`] tokens at once. The script
-//! grants at most a sixteenth of the room left in the bucket (never more than
-//! asked, at least one), takes them all from the shared bucket at once, and
-//! this process hands the spare ones out locally for up to [`TTL`]. Because a
-//! leased token has already left the shared bucket, leases never admit more
-//! than the limit across all instances; what they can cost is a little
-//! under-admission: tokens still unused when a lease expires are lost (at most
-//! 1/16 of the room per grant). Keys at a few requests per second, and every
-//! bucket with less than 32 tokens of room, get exactly one token per call: the
-//! per-request behaviour, exact to the token.
+//! Every Redis call asks for several tokens: up to [`COLD_LEASE`] for a key
+//! this process has no lease for, up to [`MAX_LEASE`] for a hot one (its
+//! previous call less than [`HOT`] ago). The script grants at most a
+//! sixteenth of the room left in the bucket (never more than asked, at least
+//! one), takes them all from the shared bucket at once, and this process
+//! hands the spare ones out locally for a sixteenth of the policy's window
+//! ([`ttl`]).
+//!
+//! What stays exact across any number of instances: a leased token has
+//! already left the shared bucket, so the tokens used never exceed the
+//! tokens GCRA granted, and each is used at most a sixteenth of the window
+//! after GCRA granted it (the bucket's rate and burst hold, shifted by at
+//! most that much). What leases can cost is a little under-admission: tokens still unused when a lease expires are lost
+//! (at most 1/16 of the room per grant, from that client's own bucket).
+//! Every bucket with less than 32 tokens of room (the security policies: a
+//! login per account, a code per account) gets exactly one token per call:
+//! the per-request check, exact to the token.
+//!
+//! ```text
+//!   no lease / expired ──ask COLD_LEASE──> granted g: use 1, keep g-1 until fetched + ttl
+//!   lease with tokens  ──────────────────> use one locally (no round trip)
+//!   lease used up, fetched < HOT ago ─ask MAX_LEASE─> (a hot key)
+//!   refused (g = 0) ─────────────────────> a spare token a racing call leased, if any
+//! ```
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -19,12 +32,20 @@ use std::sync::Mutex;
 
 const SHARDS: usize = 16;
 
-/// Most tokens asked for in one call.
+/// Most tokens a hot key asks for in one call.
 pub const MAX_LEASE: u32 = 64;
+/// Most tokens a key without a lease asks for: a client seen once wastes at
+/// most three of its own tokens; one that comes back within the lease's
+/// life is answered without a round trip.
+pub const COLD_LEASE: u32 = 4;
 /// A key whose previous Redis call is this recent (microseconds) is hot.
 pub const HOT: i64 = 100_000;
-/// How long spare leased tokens may be used (microseconds).
-pub const TTL: i64 = 1_000_000;
+
+/// How long spare leased tokens may be used (microseconds): a sixteenth of
+/// the policy's window.
+pub fn ttl(window_us: i64) -> i64 {
+    (window_us / 16).max(1)
+}
 
 /// The rule the Redis script (`GCRA_SCRIPT`) follows, written out for the tests: how many tokens to grant: `room` is the number of
 /// whole tokens left in the bucket (at least one, or nothing is granted).
@@ -52,6 +73,8 @@ struct Lease {
     tokens: u32,
     /// When the last Redis call for this key returned.
     fetched: i64,
+    /// Until when its spare tokens may be used.
+    until: i64,
 }
 
 pub struct Leases {
@@ -86,18 +109,20 @@ impl Leases {
     pub fn take(&self, policy: &'static str, key: &str, now: i64) -> Take {
         let mut map = self.shard(policy, key).lock().expect("lease lock");
         match map.get_mut(policy).and_then(|m| m.get_mut(key)) {
-            Some(l) if l.tokens > 0 && now - l.fetched < TTL => {
+            Some(l) if l.tokens > 0 && now < l.until => {
                 l.tokens -= 1;
                 Take::Leased
             }
             Some(l) if now - l.fetched < HOT => Take::Ask(MAX_LEASE),
-            _ => Take::Ask(1),
+            _ => Take::Ask(COLD_LEASE),
         }
     }
 
     /// Records a Redis grant of `granted` tokens (one of them used by the
-    /// caller); a grant of zero (refused) drops any spare ones.
-    pub fn granted(&self, policy: &'static str, key: &str, now: i64, granted: u32) {
+    /// caller), usable until `now + ttl`. A grant of zero (refused) leaves
+    /// spare tokens that a racing call leased: they have left the bucket,
+    /// and the refused caller may take one (exact either way).
+    pub fn granted(&self, policy: &'static str, key: &str, now: i64, ttl: i64, granted: u32) {
         let mut map = self.shard(policy, key).lock().expect("lease lock");
         let keys = map.entry(policy).or_default();
         if !keys.contains_key(key) {
@@ -106,17 +131,23 @@ impl Leases {
                 Lease {
                     tokens: 0,
                     fetched: now,
+                    until: now,
                 },
             );
         }
         let Some(entry) = keys.get_mut(key) else {
             return;
         };
-        if granted == 0 || now - entry.fetched >= TTL {
+        if granted == 0 {
+            entry.fetched = now;
+            return;
+        }
+        if now >= entry.until {
             entry.tokens = 0;
         }
-        entry.tokens += granted.saturating_sub(1);
+        entry.tokens += granted - 1;
         entry.fetched = now;
+        entry.until = now + ttl;
     }
 
     /// Forgets leases that expired (housekeeping).
@@ -124,7 +155,7 @@ impl Leases {
         for shard in &self.shards {
             let mut map = shard.lock().expect("lease lock");
             for keys in map.values_mut() {
-                keys.retain(|_, l| now - l.fetched < TTL);
+                keys.retain(|_, l| now < l.until || now - l.fetched < HOT);
             }
             map.retain(|_, keys| !keys.is_empty());
         }
@@ -159,52 +190,71 @@ mod tests {
         }
     }
 
+    /// A lease's life in these tests (a window of 16 s).
+    const TTL: i64 = 1_000_000;
+
     #[test]
-    fn cold_keys_ask_for_one_token_hot_keys_for_a_lease() {
+    fn a_lease_lives_a_sixteenth_of_the_window() {
+        assert_eq!(ttl(16_000_000), TTL);
+        assert_eq!(ttl(60_000_000), 3_750_000);
+        assert_eq!(ttl(1), 1, "never zero");
+    }
+
+    #[test]
+    fn cold_keys_ask_for_a_small_lease_hot_keys_for_a_large_one() {
         let l = Leases::new();
-        assert_eq!(l.take("p", "k", 0), Take::Ask(1));
-        l.granted("p", "k", 0, 1);
-        // Checked again soon after: hot.
+        assert_eq!(l.take("p", "k", 0), Take::Ask(COLD_LEASE));
+        l.granted("p", "k", 0, TTL, 1);
+        // Checked again soon after, nothing spare: hot.
         assert_eq!(l.take("p", "k", HOT - 1), Take::Ask(MAX_LEASE));
         // ... but not after a pause.
-        assert_eq!(l.take("p", "k", HOT), Take::Ask(1));
+        assert_eq!(l.take("p", "k", HOT), Take::Ask(COLD_LEASE));
         // Another key or policy is its own.
-        assert_eq!(l.take("p", "other", 1), Take::Ask(1));
-        assert_eq!(l.take("q", "k", 1), Take::Ask(1));
+        assert_eq!(l.take("p", "other", 1), Take::Ask(COLD_LEASE));
+        assert_eq!(l.take("q", "k", 1), Take::Ask(COLD_LEASE));
     }
 
     #[test]
     fn spare_tokens_are_used_locally_until_gone_or_expired() {
         let l = Leases::new();
-        l.granted("p", "k", 0, 4);
+        l.granted("p", "k", 0, TTL, 4);
         for _ in 0..3 {
             assert_eq!(l.take("p", "k", 10), Take::Leased);
         }
         assert_eq!(l.take("p", "k", 10), Take::Ask(MAX_LEASE));
-        l.granted("p", "k", 20, 3);
+        l.granted("p", "k", 20, TTL, 3);
         assert_eq!(l.take("p", "k", 20 + TTL - 1), Take::Leased);
         // Expired: the last spare token is not used.
-        assert_eq!(l.take("p", "k", 20 + TTL), Take::Ask(1));
+        assert_eq!(l.take("p", "k", 20 + TTL), Take::Ask(COLD_LEASE));
         // Grants made concurrently add up.
-        l.granted("p", "k", 30 + TTL, 3);
-        l.granted("p", "k", 31 + TTL, 3);
+        l.granted("p", "k", 30 + TTL, TTL, 3);
+        l.granted("p", "k", 31 + TTL, TTL, 3);
         let leased = (0..10)
             .filter(|_| l.take("p", "k", 32 + TTL) == Take::Leased)
             .count();
         assert_eq!(leased, 4);
-        // A refusal drops what is left.
-        l.granted("p", "k", 40 + TTL, 5);
-        l.granted("p", "k", 41 + TTL, 0);
+        // A refusal keeps what a racing call leased (those tokens have
+        // left the bucket), and does not make them live longer.
+        l.granted("p", "k", 40 + TTL, TTL, 2);
+        l.granted("p", "k", 41 + TTL, TTL, 0);
+        assert_eq!(l.take("p", "k", 42 + TTL), Take::Leased);
         assert_eq!(l.take("p", "k", 42 + TTL), Take::Ask(MAX_LEASE));
+        l.granted("p", "k", 50 + TTL, TTL, 2);
+        l.granted("p", "k", 51 + TTL, TTL, 0);
+        assert_eq!(l.take("p", "k", 50 + 2 * TTL), Take::Ask(COLD_LEASE));
+        // Each grant lives its own policy's time.
+        l.granted("short", "k", 0, 10, 3);
+        assert_eq!(l.take("short", "k", 9), Take::Leased);
+        assert_eq!(l.take("short", "k", 10), Take::Ask(MAX_LEASE));
     }
 
     #[test]
     fn purge_forgets_expired_leases() {
         let l = Leases::new();
-        l.granted("p", "k", 0, 5);
+        l.granted("p", "k", 0, TTL, 5);
         l.purge(TTL - 1);
         assert_eq!(l.take("p", "k", 1), Take::Leased);
         l.purge(TTL);
-        assert_eq!(l.take("p", "k", TTL), Take::Ask(1));
+        assert_eq!(l.take("p", "k", TTL), Take::Ask(COLD_LEASE));
     }
 }

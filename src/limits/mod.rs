@@ -1,13 +1,18 @@
 //! Rate limits (GCRA token buckets) and brute-force protection.
 //!
 //! One `Limiter` serves every policy. Without Redis the buckets live in this
-//! process; with Redis a check is one `EVALSHA` of an atomic script (loaded
-//! once, reloaded by the client on `NOSCRIPT`), so every instance shares the
-//! same buckets. A hot key takes a small lease of tokens per call instead of
-//! one (see `lease`): far fewer round trips, never more than the limit. If Redis fails, each policy either falls back to the local
+//! process; with Redis a check is a step of an atomic script (loaded once,
+//! reloaded by the client on `NOSCRIPT`), so every instance shares the same
+//! buckets. A call takes a small lease of tokens instead of one where the
+//! bucket has room (see `lease`): far fewer round trips, never more than
+//! the limit. The
+//! checks that do ask Redis share calls (see `batch`): one `EVALSHA` for
+//! every bucket asked about while the previous call was in flight. If Redis
+//! fails, each policy either falls back to the local
 //! buckets or lets the request through (`Fallback`); either way it is logged
 //! and counted, never a 500.
 
+mod batch;
 mod bruteforce;
 mod gcra;
 mod lease;
@@ -186,33 +191,6 @@ pub struct Limited {
     pub retry_after_secs: u64,
 }
 
-/// GCRA in Redis, with Redis's clock so that instances agree. Returns
-/// `{granted, retry_after_us, reset_us}`: the number of tokens taken (0:
-/// refused). KEYS[1] the bucket; ARGV[1] the emission interval (window /
-/// limit) and ARGV[2] the window, in microseconds (so that limits above 1,000
-/// per second per key stay exact); ARGV[3] how many tokens the caller would
-/// like (a lease, at most `lease::MAX_LEASE`), of which it grants `lease::grant(want, room)`: at most a
-/// sixteenth of the room left, at least one.
-const GCRA_SCRIPT: &str = r#"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local interval = tonumber(ARGV[1])
-local window = tonumber(ARGV[2])
-local want = tonumber(ARGV[3])
-local tat = tonumber(redis.call('GET', KEYS[1]) or now)
-if tat < now then tat = now end
-local room = math.floor((now + window - tat) / interval)
-if room < 1 then
-  return {0, tat + interval - window - now, tat - now}
-end
-local grant = math.floor(room / 16)
-if grant > want then grant = want end
-if grant < 1 then grant = 1 end
-local new_tat = tat + grant * interval
-redis.call('SET', KEYS[1], new_tat, 'PX', math.max(1, math.ceil((new_tat - now) / 1000)))
-return {grant, 0, new_tat - now}
-"#;
-
 /// A policy's counters, registered once (so that they show from the first
 /// scrape, and a check does no registry lookup by name and label).
 #[derive(Clone)]
@@ -259,8 +237,8 @@ pub struct Limiter {
     named: Vec<Option<(Policy, PolicyMetrics)>>,
     local: std::sync::Arc<LocalBuckets>,
     leases: std::sync::Arc<lease::Leases>,
-    redis: Option<RedisHandle>,
-    script: redis::Script,
+    /// With Redis: the queue into the task that asks it.
+    redis: Option<batch::Batcher>,
 }
 
 impl Limiter {
@@ -273,8 +251,7 @@ impl Limiter {
             named: vec![None; PolicyName::ALL.len()],
             local: std::sync::Arc::new(LocalBuckets::new()),
             leases: std::sync::Arc::new(lease::Leases::new()),
-            redis,
-            script: redis::Script::new(GCRA_SCRIPT),
+            redis: redis.map(batch::Batcher::new),
         }
     }
 
@@ -305,8 +282,7 @@ impl Limiter {
             named: self.named.clone(),
             local: self.local.clone(),
             leases: self.leases.clone(),
-            redis: Some(redis),
-            script: redis::Script::new(GCRA_SCRIPT),
+            redis: Some(batch::Batcher::new(redis)),
         }
     }
 
@@ -362,23 +338,28 @@ impl Limiter {
                     lease::Take::Ask(n) => n,
                 };
                 // `{...}` is a hash tag: the bucket's slot is fixed on Redis Cluster.
-                let bucket = r.key(&format!("rl:{{{}:{}}}", policy, key));
-                let script = &self.script;
+                let bucket = r.redis().key(&format!("rl:{{{}:{}}}", policy, key));
                 let res = r
-                    .run("ratelimit", |mut c| async move {
-                        script
-                            .key(bucket)
-                            .arg(interval_us)
-                            .arg(window_us)
-                            .arg(want)
-                            .invoke_async::<(i64, i64, i64)>(&mut c)
-                            .await
+                    .ask(batch::Ask {
+                        bucket,
+                        interval_us,
+                        window_us,
+                        want,
                     })
                     .await;
                 match res {
                     Ok((granted, retry_us, reset_us)) => {
                         let granted = u32::try_from(granted).unwrap_or(0).min(want.max(1));
-                        self.leases.granted(policy, key, now_us(), granted);
+                        self.leases
+                            .granted(policy, key, now_us(), lease::ttl(window_us), granted);
+                        // Refused, but a check that raced this one may have
+                        // leased spare tokens meanwhile: they have left the
+                        // bucket already, so using one is still exact.
+                        if granted == 0 && self.leases.take(policy, key, now_us()) == lease::Take::Leased {
+                            m.allowed.increment(1);
+                            m.leased.increment(1);
+                            return Ok(());
+                        }
                         gcra::Outcome {
                             allowed: granted >= 1,
                             retry_after: retry_us,

@@ -312,11 +312,14 @@ pub(crate) async fn traced<T>(
 /// connection when it returns to the pool (that one cannot be turned off).
 /// Under load a connection is back in use within microseconds of its
 /// release test, so the test on acquire was a second round trip per
-/// operation for nothing: about a sixth of the service's CPU in a refresh
+/// operation for nothing: about 15 % of the service's CPU in a refresh
 /// (`perf`, docs/performance.md). A connection the database dropped while
 /// it was idle longer than this is still caught here; one that died within
 /// it fails its statement (503, `database unavailable`, and sqlx discards
-/// the connection), as a statement on a connection dying mid-use does.
+/// the connection), as a statement on a connection dying mid-use does. A
+/// connection whose peer went silent (a half-open socket, no reset) is not
+/// caught within that second either: its statement waits until the
+/// request's deadline.
 const PING_WHEN_IDLE_FOR: Duration = Duration::from_secs(1);
 
 async fn ping_if_idle<C: sqlx::Connection>(

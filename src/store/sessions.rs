@@ -314,14 +314,19 @@ impl Store {
             // one while it is unexchanged, the successor and the old row
             // again; the old row's key exists, so that row becomes the
             // update of `ON CONFLICT` (rotated, with the sealed successor).
-            // Two rows changed: exchanged; none: it was exchanged already.
+            // Two rows changed: exchanged; none: it was exchanged already (or
+            // the new token's hash exists, which a 256-bit random token never
+            // meets; the exchange then fails closed, as a unique-key error
+            // does on PostgreSQL).
             sqlite conn => {
                 let n = sqlx::query(
                     "INSERT INTO refresh_tokens (token_hash, session_id, created_at, rotated_at, successor) \
                      SELECT $4, session_id, $2, NULL, NULL FROM refresh_tokens WHERE token_hash = $1 AND rotated_at IS NULL \
+                     AND NOT EXISTS (SELECT 1 FROM refresh_tokens WHERE token_hash = $4) \
                      UNION ALL \
                      SELECT token_hash, session_id, created_at, $2, $3 FROM refresh_tokens \
                      WHERE token_hash = $1 AND rotated_at IS NULL \
+                     AND NOT EXISTS (SELECT 1 FROM refresh_tokens WHERE token_hash = $4) \
                      ON CONFLICT (token_hash) DO UPDATE SET rotated_at = excluded.rotated_at, successor = excluded.successor \
                      WHERE refresh_tokens.token_hash = $1 AND refresh_tokens.rotated_at IS NULL",
                 )

@@ -385,3 +385,85 @@ async fn hot_keys_never_exceed_the_limit_and_lease_from_redis(app: &TestApp) {
         a.stop().await;
     }
 }
+
+/// Cold keys share Redis calls and stay exact: 300 clients, each with a
+/// limit of one, ask twice at once (600 checks), and one busy client with a
+/// limit of 50 asks 200 times, all concurrently, through one limiter, then
+/// 60 times more. Every client gets exactly its limit, and Redis's own count of script calls
+/// (`INFO commandstats`, on a Redis of this test's own) shows that the
+/// checks shared calls: one call per check would be about 700.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_that_ask_redis_share_calls_and_every_bucket_stays_exact() {
+    use latchkey::cache::{RedisConfig, RedisHandle};
+    use latchkey::limits::{Fallback, Limiter, Policy, PolicyMetrics};
+    use latchkey::settings::Secret;
+    use std::time::Duration;
+
+    let redis = OwnRedis::start().await;
+    let cfg = RedisConfig {
+        urls: vec![Secret(redis.url())],
+        cluster: false,
+        key_prefix: "batch:".into(),
+        required_for_readiness: true,
+    };
+    let handle = RedisHandle::connect(&cfg).await.unwrap();
+    let limiter = Limiter::new(true, Some(handle));
+    let one = Policy {
+        limit: 1,
+        window: Duration::from_secs(600),
+        fallback: Fallback::Open,
+    };
+    let fifty = Policy {
+        limit: 50,
+        window: Duration::from_secs(600),
+        fallback: Fallback::Open,
+    };
+    let (m1, m50) = (
+        PolicyMetrics::new("batch_one", &one, true),
+        PolicyMetrics::new("batch_fifty", &fifty, true),
+    );
+    let calls = || async {
+        let client = redis::Client::open(redis.url()).unwrap();
+        let mut c = client.get_multiplexed_async_connection().await.unwrap();
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        ["evalsha", "eval"]
+            .iter()
+            .filter_map(|cmd| {
+                let line = info.lines().find(|l| l.starts_with(&format!("cmdstat_{cmd}:")))?;
+                line.split(['=', ',']).nth(1)?.parse::<u64>().ok()
+            })
+            .sum::<u64>()
+    };
+    let before = calls().await;
+    let keys: Vec<String> = (0..300)
+        .map(|i| format!("10.9.{}.{}", i / 256, i % 256))
+        .collect();
+    let cold = keys
+        .iter()
+        .chain(keys.iter())
+        .map(|k| limiter.check_policy("batch_one", one, &m1, k));
+    let busy = (0..200).map(|_| limiter.check_policy("batch_fifty", fifty, &m50, "busy"));
+    let (cold, busy) = tokio::join!(
+        futures_util::future::join_all(cold),
+        futures_util::future::join_all(busy)
+    );
+    let allowed = |v: &[Result<(), latchkey::limits::Limited>]| v.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(allowed(&cold), 300, "each of the 300 clients exactly once");
+    // Leased tokens still unused after the burst are this instance's: the
+    // next checks take them, and the total is the limit, exactly.
+    let mut busy_allowed = allowed(&busy);
+    assert!(busy_allowed <= 50, "{busy_allowed} of 50 in the burst");
+    for _ in 0..60 {
+        busy_allowed += limiter
+            .check_policy("batch_fifty", fifty, &m50, "busy")
+            .await
+            .is_ok() as usize;
+    }
+    assert_eq!(busy_allowed, 50);
+    let used = calls().await - before;
+    assert!((1..100).contains(&used), "{used} script calls for 860 checks");
+}
