@@ -1,12 +1,13 @@
 //! Checks that share a Redis call: every check that has to ask Redis (a key
 //! without a lease) goes through one task per limiter, which sends what has
-//! queued up as ONE script call over all of those buckets, while the
-//! previous call is in flight.
+//! queued up as ONE script call over all of those buckets. Up to
+//! `MAX_IN_FLIGHT` calls are in flight at once; while they all are, checks
+//! queue up and the next call takes them together.
 //!
 //! ```text
 //!   request ─┐                       ┌─> reply (granted, retry, reset)
 //!   request ─┼─> queue ─> batcher ───┼─> reply
-//!   request ─┘   (waits while one    └─> reply
+//!   request ─┘   (fills while every  └─> reply
 //!                 call is in flight)
 //!                  │        ▲
 //!                  ▼        │
@@ -19,11 +20,12 @@
 //! the cost: a key seen once (100,000 distinct clients) used to be a round
 //! trip of its own, with its own syscalls, wake-ups and script call in
 //! Redis; now a busy instance pays one round trip for everything that
-//! arrived during the previous one. An idle instance pays what it did.
+//! arrived while its calls were in flight. An idle instance pays what it did.
 //!
 //! A Redis Cluster runs a script on one slot only, so a batch is split by
-//! slot and its groups are sent at once (cold keys of distinct clients are
-//! in distinct slots: a cluster gains little, and loses nothing).
+//! slot and its groups are sent at once, as one of the calls in flight (cold
+//! keys of distinct clients are in distinct slots: a cluster gains little,
+//! and a slow node holds up one call, not the queue).
 //!
 //! Each caller waits at most [`COMMAND_TIMEOUT`] from the moment it queued,
 //! then takes its policy's fallback, as a failed command does; a batch that
@@ -37,6 +39,8 @@ use crate::cache::{RedisHandle, REDIS_COMMAND_TIMEOUT as COMMAND_TIMEOUT};
 
 /// Most buckets in one script call.
 const MAX_BATCH: usize = 128;
+/// Most script calls of one limiter in flight at once.
+const MAX_IN_FLIGHT: usize = 4;
 
 /// GCRA in Redis, with Redis's clock so that instances agree, for every
 /// bucket of the call. KEYS are the buckets; for the i-th key, ARGV[3i-2]
@@ -137,16 +141,30 @@ impl Batcher {
     }
 }
 
-/// The batcher: takes what has queued (at least one), asks Redis, answers,
-/// and again; it ends when its limiter (the sender) is gone.
+/// The batcher: takes what has queued (at least one) as soon as one of
+/// [`MAX_IN_FLIGHT`] calls is free, sends it, and again; it ends when its
+/// limiter (the sender) is gone. Several calls in flight, so that a caller
+/// that queued behind a slow call does not wait for it first (each caller
+/// has the one command timeout in all); while they are all busy, the queue
+/// fills and the next call takes it whole.
 async fn run(redis: RedisHandle, mut queue: mpsc::UnboundedReceiver<Pending>) {
-    let script = redis::Script::new(GCRA_SCRIPT);
+    let script = std::sync::Arc::new(redis::Script::new(GCRA_SCRIPT));
+    let free = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
     let mut batch = Vec::with_capacity(MAX_BATCH);
-    while queue.recv_many(&mut batch, MAX_BATCH).await > 0 {
+    loop {
+        let Ok(permit) = free.clone().acquire_owned().await else {
+            return;
+        };
+        if queue.recv_many(&mut batch, MAX_BATCH).await == 0 {
+            return;
+        }
         // Callers that gave up (timed out, or their request was dropped)
         // are not asked about: their buckets keep their tokens.
         batch.retain(|p: &Pending| !p.reply.is_closed());
-        if redis.is_cluster() {
+        if batch.is_empty() {
+            continue;
+        }
+        let groups = if redis.is_cluster() {
             let mut groups: Vec<(u16, Vec<Pending>)> = Vec::new();
             for p in batch.drain(..) {
                 let slot = get_slot(p.ask.bucket.as_bytes());
@@ -155,12 +173,16 @@ async fn run(redis: RedisHandle, mut queue: mpsc::UnboundedReceiver<Pending>) {
                     None => groups.push((slot, vec![p])),
                 }
             }
-            let calls = groups.into_iter().map(|(_, g)| call(&redis, &script, g));
+            groups.into_iter().map(|(_, g)| g).collect()
+        } else {
+            vec![std::mem::replace(&mut batch, Vec::with_capacity(MAX_BATCH))]
+        };
+        let (redis, script) = (redis.clone(), script.clone());
+        tokio::spawn(async move {
+            let calls = groups.into_iter().map(|g| call(&redis, &script, g));
             futures_util::future::join_all(calls).await;
-        } else if !batch.is_empty() {
-            call(&redis, &script, std::mem::take(&mut batch)).await;
-            batch.reserve(MAX_BATCH);
-        }
+            drop(permit);
+        });
     }
 }
 

@@ -2,7 +2,8 @@
 //! without ever letting more than the limit through.
 //!
 //! Every Redis call asks for several tokens: up to [`COLD_LEASE`] for a key
-//! this process has no lease for, up to [`MAX_LEASE`] for a hot one (its
+//! this process has no lease for (one under a policy of at most
+//! [`EXACT_UP_TO`] per window), up to [`MAX_LEASE`] for a hot one (its
 //! previous call less than [`HOT`] ago). The script grants at most a
 //! sixteenth of the room left in the bucket (never more than asked, at least
 //! one), takes them all from the shared bucket at once, and this process
@@ -34,10 +35,25 @@ const SHARDS: usize = 16;
 
 /// Most tokens a hot key asks for in one call.
 pub const MAX_LEASE: u32 = 64;
-/// Most tokens a key without a lease asks for: a client seen once wastes at
-/// most three of its own tokens; one that comes back within the lease's
-/// life is answered without a round trip.
+/// Most tokens a key without a lease asks for, under a policy of more than
+/// [`EXACT_UP_TO`] per window: a client seen once wastes at most three of
+/// its own tokens; one that comes back within the lease's life is answered
+/// without a round trip.
 pub const COLD_LEASE: u32 = 4;
+/// Policies of at most this many per window (every default policy of the
+/// service but login per address) ask for one token on a key without a
+/// lease: a key spread over instances, or an attacker who hangs up after
+/// asking, cannot strand a victim's tokens in leases.
+pub const EXACT_UP_TO: u32 = 64;
+
+/// What a key without a lease asks for under a policy of `limit` per window.
+pub fn cold_ask(limit: u32) -> u32 {
+    if limit > EXACT_UP_TO {
+        COLD_LEASE
+    } else {
+        1
+    }
+}
 /// A key whose previous Redis call is this recent (microseconds) is hot.
 pub const HOT: i64 = 100_000;
 
@@ -105,8 +121,9 @@ impl Leases {
         &self.shards[h.finish() as usize % SHARDS]
     }
 
-    /// Uses a leased token if one is left, or says how many to ask for.
-    pub fn take(&self, policy: &'static str, key: &str, now: i64) -> Take {
+    /// Uses a leased token if one is left, or says how many to ask for
+    /// (`cold`, see [`cold_ask`], when the key has no lease and is not hot).
+    pub fn take(&self, policy: &'static str, key: &str, now: i64, cold: u32) -> Take {
         let mut map = self.shard(policy, key).lock().expect("lease lock");
         match map.get_mut(policy).and_then(|m| m.get_mut(key)) {
             Some(l) if l.tokens > 0 && now < l.until => {
@@ -114,7 +131,7 @@ impl Leases {
                 Take::Leased
             }
             Some(l) if now - l.fetched < HOT => Take::Ask(MAX_LEASE),
-            _ => Take::Ask(COLD_LEASE),
+            _ => Take::Ask(cold),
         }
     }
 
@@ -142,12 +159,14 @@ impl Leases {
             entry.fetched = now;
             return;
         }
-        if now >= entry.until {
+        if now >= entry.until || entry.tokens == 0 {
             entry.tokens = 0;
+            entry.until = now + ttl;
         }
+        // Added to live spare tokens, the new ones expire with them: no
+        // token is used later than a lease's life after its grant.
         entry.tokens += granted - 1;
         entry.fetched = now;
-        entry.until = now + ttl;
     }
 
     /// Forgets leases that expired (housekeeping).
@@ -155,7 +174,7 @@ impl Leases {
         for shard in &self.shards {
             let mut map = shard.lock().expect("lease lock");
             for keys in map.values_mut() {
-                keys.retain(|_, l| now < l.until || now - l.fetched < HOT);
+                keys.retain(|_, l| (l.tokens > 0 && now < l.until) || now - l.fetched < HOT);
             }
             map.retain(|_, keys| !keys.is_empty());
         }
@@ -201,17 +220,39 @@ mod tests {
     }
 
     #[test]
+    fn small_policies_ask_for_one_token_on_a_cold_key() {
+        assert_eq!(cold_ask(1), 1);
+        assert_eq!(cold_ask(EXACT_UP_TO), 1);
+        assert_eq!(cold_ask(EXACT_UP_TO + 1), COLD_LEASE);
+        let l = Leases::new();
+        assert_eq!(l.take("p", "k", 0, cold_ask(60)), Take::Ask(1));
+    }
+
+    #[test]
+    fn tokens_added_to_a_live_lease_expire_with_it() {
+        let l = Leases::new();
+        l.granted("p", "k", 0, TTL, 3);
+        // A racing grant lands later: its spare tokens join the live ones.
+        l.granted("p", "k", TTL / 2, TTL, 3);
+        for _ in 0..3 {
+            assert_eq!(l.take("p", "k", TTL - 1, COLD_LEASE), Take::Leased);
+        }
+        // One is left, granted at TTL / 2, but it dies with the first lease.
+        assert_eq!(l.take("p", "k", TTL, COLD_LEASE), Take::Ask(COLD_LEASE));
+    }
+
+    #[test]
     fn cold_keys_ask_for_a_small_lease_hot_keys_for_a_large_one() {
         let l = Leases::new();
-        assert_eq!(l.take("p", "k", 0), Take::Ask(COLD_LEASE));
+        assert_eq!(l.take("p", "k", 0, COLD_LEASE), Take::Ask(COLD_LEASE));
         l.granted("p", "k", 0, TTL, 1);
         // Checked again soon after, nothing spare: hot.
-        assert_eq!(l.take("p", "k", HOT - 1), Take::Ask(MAX_LEASE));
+        assert_eq!(l.take("p", "k", HOT - 1, COLD_LEASE), Take::Ask(MAX_LEASE));
         // ... but not after a pause.
-        assert_eq!(l.take("p", "k", HOT), Take::Ask(COLD_LEASE));
+        assert_eq!(l.take("p", "k", HOT, COLD_LEASE), Take::Ask(COLD_LEASE));
         // Another key or policy is its own.
-        assert_eq!(l.take("p", "other", 1), Take::Ask(COLD_LEASE));
-        assert_eq!(l.take("q", "k", 1), Take::Ask(COLD_LEASE));
+        assert_eq!(l.take("p", "other", 1, COLD_LEASE), Take::Ask(COLD_LEASE));
+        assert_eq!(l.take("q", "k", 1, COLD_LEASE), Take::Ask(COLD_LEASE));
     }
 
     #[test]
@@ -219,33 +260,33 @@ mod tests {
         let l = Leases::new();
         l.granted("p", "k", 0, TTL, 4);
         for _ in 0..3 {
-            assert_eq!(l.take("p", "k", 10), Take::Leased);
+            assert_eq!(l.take("p", "k", 10, COLD_LEASE), Take::Leased);
         }
-        assert_eq!(l.take("p", "k", 10), Take::Ask(MAX_LEASE));
+        assert_eq!(l.take("p", "k", 10, COLD_LEASE), Take::Ask(MAX_LEASE));
         l.granted("p", "k", 20, TTL, 3);
-        assert_eq!(l.take("p", "k", 20 + TTL - 1), Take::Leased);
+        assert_eq!(l.take("p", "k", 20 + TTL - 1, COLD_LEASE), Take::Leased);
         // Expired: the last spare token is not used.
-        assert_eq!(l.take("p", "k", 20 + TTL), Take::Ask(COLD_LEASE));
+        assert_eq!(l.take("p", "k", 20 + TTL, COLD_LEASE), Take::Ask(COLD_LEASE));
         // Grants made concurrently add up.
         l.granted("p", "k", 30 + TTL, TTL, 3);
         l.granted("p", "k", 31 + TTL, TTL, 3);
         let leased = (0..10)
-            .filter(|_| l.take("p", "k", 32 + TTL) == Take::Leased)
+            .filter(|_| l.take("p", "k", 32 + TTL, COLD_LEASE) == Take::Leased)
             .count();
         assert_eq!(leased, 4);
         // A refusal keeps what a racing call leased (those tokens have
         // left the bucket), and does not make them live longer.
         l.granted("p", "k", 40 + TTL, TTL, 2);
         l.granted("p", "k", 41 + TTL, TTL, 0);
-        assert_eq!(l.take("p", "k", 42 + TTL), Take::Leased);
-        assert_eq!(l.take("p", "k", 42 + TTL), Take::Ask(MAX_LEASE));
+        assert_eq!(l.take("p", "k", 42 + TTL, COLD_LEASE), Take::Leased);
+        assert_eq!(l.take("p", "k", 42 + TTL, COLD_LEASE), Take::Ask(MAX_LEASE));
         l.granted("p", "k", 50 + TTL, TTL, 2);
         l.granted("p", "k", 51 + TTL, TTL, 0);
-        assert_eq!(l.take("p", "k", 50 + 2 * TTL), Take::Ask(COLD_LEASE));
+        assert_eq!(l.take("p", "k", 50 + 2 * TTL, COLD_LEASE), Take::Ask(COLD_LEASE));
         // Each grant lives its own policy's time.
         l.granted("short", "k", 0, 10, 3);
-        assert_eq!(l.take("short", "k", 9), Take::Leased);
-        assert_eq!(l.take("short", "k", 10), Take::Ask(MAX_LEASE));
+        assert_eq!(l.take("short", "k", 9, COLD_LEASE), Take::Leased);
+        assert_eq!(l.take("short", "k", 10, COLD_LEASE), Take::Ask(MAX_LEASE));
     }
 
     #[test]
@@ -253,8 +294,8 @@ mod tests {
         let l = Leases::new();
         l.granted("p", "k", 0, TTL, 5);
         l.purge(TTL - 1);
-        assert_eq!(l.take("p", "k", 1), Take::Leased);
+        assert_eq!(l.take("p", "k", 1, COLD_LEASE), Take::Leased);
         l.purge(TTL);
-        assert_eq!(l.take("p", "k", TTL), Take::Ask(COLD_LEASE));
+        assert_eq!(l.take("p", "k", TTL, COLD_LEASE), Take::Ask(COLD_LEASE));
     }
 }

@@ -329,7 +329,7 @@ impl Limiter {
         let outcome = match &self.redis {
             None => self.local.take(policy, key, now_us(), interval_us, window_us),
             Some(r) => {
-                let want = match self.leases.take(policy, key, now_us()) {
+                let want = match self.leases.take(policy, key, now_us(), lease::cold_ask(p.limit)) {
                     lease::Take::Leased => {
                         m.allowed.increment(1);
                         m.leased.increment(1);
@@ -355,7 +355,7 @@ impl Limiter {
                         // Refused, but a check that raced this one may have
                         // leased spare tokens meanwhile: they have left the
                         // bucket already, so using one is still exact.
-                        if granted == 0 && self.leases.take(policy, key, now_us()) == lease::Take::Leased {
+                        if granted == 0 && self.leases.take(policy, key, now_us(), 1) == lease::Take::Leased {
                             m.allowed.increment(1);
                             m.leased.increment(1);
                             return Ok(());
