@@ -228,8 +228,9 @@ class BareHandler:
         self.rps = []
 
     def measure(self, label):
-        w = run_wrk(self.url, ROOT / "loadtest" / "wrk" / "validate.lua", self.CONNECTIONS, self.SECONDS,
-                    self.raw / f"wrk-bare-{label}.txt")
+        from .overhead import LUA
+
+        w = run_wrk(self.url, LUA, self.CONNECTIONS, self.SECONDS, self.raw / f"wrk-bare-{label}.txt")
         self.rps.append(w["rps"])
         say(f"bare axum handler ({label}): {w['rps']:,.0f} req/s")
 

@@ -27,7 +27,7 @@
 //! keys of distinct clients are in distinct slots: a cluster gains little,
 //! and a slow node holds up one call, not the queue).
 //!
-//! Each caller waits at most [`COMMAND_TIMEOUT`] from the moment it queued,
+//! Each caller waits at most [`REDIS_COMMAND_TIMEOUT`] from the moment it queued,
 //! then takes its policy's fallback, as a failed command does; a batch that
 //! answers later gives its answer to no one.
 
@@ -35,7 +35,7 @@ use redis::cluster_routing::get_slot;
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
-use crate::cache::{RedisHandle, REDIS_COMMAND_TIMEOUT as COMMAND_TIMEOUT};
+use crate::cache::{RedisHandle, REDIS_COMMAND_TIMEOUT};
 
 /// Most buckets in one script call.
 const MAX_BATCH: usize = 128;
@@ -131,7 +131,7 @@ impl Batcher {
             return Err("the rate-limit batcher has stopped".into());
         }
         // The request's trace shows its wait as the Redis call it is.
-        let wait = tokio::time::timeout(COMMAND_TIMEOUT, answer)
+        let wait = tokio::time::timeout(REDIS_COMMAND_TIMEOUT, answer)
             .instrument(tracing::debug_span!("redis", op = "ratelimit"));
         match wait.await {
             Ok(Ok(a)) => a,
@@ -189,9 +189,6 @@ async fn run(redis: RedisHandle, mut queue: mpsc::UnboundedReceiver<Pending>) {
 /// One script call for `group` (buckets of one slot, or any on one server),
 /// and each caller's answer.
 async fn call(redis: &RedisHandle, script: &redis::Script, group: Vec<Pending>) {
-    if group.is_empty() {
-        return;
-    }
     let mut invocation = script.prepare_invoke();
     for p in &group {
         invocation
@@ -206,23 +203,17 @@ async fn call(redis: &RedisHandle, script: &redis::Script, group: Vec<Pending>) 
         })
         .await;
     metrics::histogram!("latchkey_ratelimit_batch_size").record(group.len() as f64);
-    match res {
+    let why = match res {
         Ok(v) if v.len() == 3 * group.len() => {
             for (p, a) in group.into_iter().zip(v.chunks_exact(3)) {
                 let _ = p.reply.send(Ok((a[0], a[1], a[2])));
             }
+            return;
         }
-        Ok(v) => {
-            let why = format!("redis: {} numbers for {} buckets", v.len(), group.len());
-            for p in group {
-                let _ = p.reply.send(Err(why.clone()));
-            }
-        }
-        Err(e) => {
-            let why = e.to_string();
-            for p in group {
-                let _ = p.reply.send(Err(why.clone()));
-            }
-        }
+        Ok(v) => format!("redis: {} numbers for {} buckets", v.len(), group.len()),
+        Err(e) => e.to_string(),
+    };
+    for p in group {
+        let _ = p.reply.send(Err(why.clone()));
     }
 }

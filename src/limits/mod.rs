@@ -5,10 +5,9 @@
 //! reloaded by the client on `NOSCRIPT`), so every instance shares the same
 //! buckets. A call takes a small lease of tokens instead of one where the
 //! bucket has room (see `lease`): far fewer round trips, never more than
-//! the limit. The
-//! checks that do ask Redis share calls (see `batch`): one `EVALSHA` for
-//! every bucket asked about while the previous call was in flight. If Redis
-//! fails, each policy either falls back to the local
+//! the limit. The checks that do ask Redis share calls (see `batch`): one
+//! `EVALSHA` for every bucket queued while the limiter's calls were in
+//! flight. If Redis fails, each policy either falls back to the local
 //! buckets or lets the request through (`Fallback`); either way it is logged
 //! and counted, never a 500.
 
