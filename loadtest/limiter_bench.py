@@ -42,6 +42,8 @@ from .tools import ensure_binary, find_wrk, require
 LUA = ROOT / "loadtest" / "wrk" / "clients.lua"
 LIMIT = "1000000000/60"  # a check on every request, never a refusal
 RATELIMIT_CALLS = 'latchkey_redis_command_seconds_count{op="ratelimit"}'
+ALLOWED = 'latchkey_ratelimit_allowed_total{policy="validate"}'
+LEASED = 'latchkey_ratelimit_leased_total{policy="validate"}'
 
 
 def parse_args(argv):
@@ -63,9 +65,14 @@ def wrk(url, token, clients, conns, secs, raw, label):
                    env={**os.environ, "LATCHKEY_TOKEN": token, "CLIENTS": str(clients)})
 
 
-def ratelimit_calls(admin):
+def ratelimit_counts(admin):
+    """(script calls, checks that waited for Redis) so far: a check that
+    waited is one allowed without a lease (the limit never refuses here)."""
     _, body = http("GET", f"{admin}/metrics", timeout=5)
-    return metric_total(body.decode(), RATELIMIT_CALLS) or 0.0
+    text = body.decode()
+    allowed = metric_total(text, ALLOWED) or 0.0
+    leased = metric_total(text, LEASED) or 0.0
+    return metric_total(text, RATELIMIT_CALLS) or 0.0, allowed - leased
 
 
 def start_servers(procs, latchkey, redis_url, raw, tmp):
@@ -112,16 +119,19 @@ def main(argv):
             for n in clients:
                 for name, (base, pid, admin) in servers.items():
                     c0, r0 = cpu_seconds(pid), cpu_seconds(redis_pid)
-                    calls0 = ratelimit_calls(admin)
+                    calls0, waited0 = ratelimit_counts(admin)
                     w = wrk(f"{base}/auth/validate", token, n, args.conns, args.secs, raw, f"{name}-n{n}-r{rnd}")
                     req = max(w["requests"], 1)
                     w["cpu_us"] = (cpu_seconds(pid) - c0) * 1e6 / req
                     w["redis_us"] = (cpu_seconds(redis_pid) - r0) * 1e6 / req
-                    w["redis_calls_per_req"] = (ratelimit_calls(admin) - calls0) / req
+                    calls1, waited1 = ratelimit_counts(admin)
+                    w["redis_calls_per_req"] = (calls1 - calls0) / req
+                    w["waited_per_req"] = (waited1 - waited0) / req if name == "redis" else 0.0
                     results.setdefault((name, n), []).append(w)
                     say(f"round {rnd}, {n} clients, {name}: {w['rps']:,.0f} req/s, "
                         f"P99 {w['latency_us']['p99'] / 1000:.2f} ms, non-2xx {w['errors']['status']}, "
-                        f"{w['cpu_us']:.1f} us CPU/req, Redis calls/req {w['redis_calls_per_req']:.3f}")
+                        f"{w['cpu_us']:.1f} us CPU/req, Redis calls/req {w['redis_calls_per_req']:.3f}, "
+                        f"waited for Redis/req {w['waited_per_req']:.3f}")
 
     finish(outdir, limiter_report(results, args, clients, started, command),
            {f"{k[0]}-{k[1]}": v for k, v in results.items()})

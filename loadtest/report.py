@@ -666,9 +666,10 @@ def limiter_report(results, args, clients, started, command):
         f"Command: `{command}`; wrk -t2 -c{args.conns}, {args.secs} s per cell, "
         f"{args.rounds} rounds interleaved; medians (each round's req/s in brackets).",
         "",
-        "| clients | unlimited req/s | Redis-limited req/s | lost | Redis calls per request | in-process-limited "
-        "req/s | lost | P99 ms (unlimited / Redis / in-process) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| clients | unlimited req/s | Redis-limited req/s | lost | Redis calls per request | checks that waited "
+        "for Redis, per request | in-process-limited req/s | lost | P99 ms (unlimited / Redis / in-process) "
+        "| CPU us per request: latchkey unlimited / Redis-limited; Redis |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for n in clients:
         u, r, loc = (results[(name, n)] for name in ("unlimited", "redis", "local"))
@@ -681,8 +682,12 @@ def limiter_report(results, args, clients, started, command):
 
         bad = sum(x["errors"]["status"] for x in u + r + loc)
         p99 = " / ".join(f"{median([x['latency_us']['p99'] for x in xs]) / 1000:.2f}" for xs in (u, r, loc))
+        waited = median([x.get("waited_per_req", 0.0) for x in r])
+        cpu = (f"{median([x['cpu_us'] for x in u]):.1f} / {median([x['cpu_us'] for x in r]):.1f}; "
+               f"{median([x['redis_us'] for x in r]):.1f}")
         lines.append(f"| {n:,} | {rates(u)} | {rates(r)} | {lost(r):.1%} | "
-                     f"{median([x['redis_calls_per_req'] for x in r]):.3f} | {rates(loc)} | {lost(loc):.1%} | {p99} |"
+                     f"{median([x['redis_calls_per_req'] for x in r]):.3f} | {waited:.3f} | {rates(loc)} | "
+                     f"{lost(loc):.1%} | {p99} | {cpu} |"
                      + (f" ({bad} non-2xx!)" if bad else ""))
     lines.append("")
     return "\n".join(lines) + "\n"

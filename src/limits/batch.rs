@@ -27,20 +27,33 @@
 //! keys of distinct clients are in distinct slots: a cluster gains little,
 //! and a slow node holds up one call, not the queue).
 //!
+//! A lease renewal (see `lease`) waits in a list of its own, which wakes no
+//! one: no request waits for it. Renewals go with the next call for checks,
+//! or on their own once the first has waited `RENEWAL_GATHER`.
+//!
 //! Each caller waits at most [`REDIS_COMMAND_TIMEOUT`] from the moment it queued,
 //! then takes its policy's fallback, as a failed command does; a batch that
 //! answers later gives its answer to no one.
 
 use redis::cluster_routing::get_slot;
+use std::sync::Arc;
+
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
+use super::lease::Leases;
 use crate::cache::{RedisHandle, REDIS_COMMAND_TIMEOUT};
 
 /// Most buckets in one script call.
 const MAX_BATCH: usize = 128;
 /// Most script calls of one limiter in flight at once.
 const MAX_IN_FLIGHT: usize = 4;
+/// How long queued lease renewals wait for more to join them when no check
+/// takes them along (no request waits for a renewal: a lease is renewed
+/// with half its life left, half a sixteenth of the policy's window,
+/// seconds under the default policies), so that renewals spread over time
+/// still share calls.
+const RENEWAL_GATHER: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// GCRA in Redis, with Redis's clock so that instances agree, for every
 /// bucket of the call. KEYS are the buckets; for the i-th key, ARGV[3i-2]
@@ -92,24 +105,81 @@ pub(super) struct Ask {
 /// or why there is none (the caller's fallback applies).
 pub(super) type Answer = Result<(i64, i64, i64), String>;
 
+/// A lease renewal: whose lease, and how long the new one lives (see
+/// `lease::Take::Renew`).
+pub(super) struct Renewal {
+    pub policy: &'static str,
+    pub key: Box<str>,
+    pub ttl: i64,
+}
+
+/// Who is waiting for a bucket's answer: a check, or no one (a renewal,
+/// recorded in the leases when it comes).
+enum Reply {
+    Caller(oneshot::Sender<Answer>),
+    Renewal(Renewal),
+}
+
 struct Pending {
     ask: Ask,
-    reply: oneshot::Sender<Answer>,
+    reply: Reply,
 }
+
+impl Pending {
+    /// Gives the answer to its caller, or records a renewal's in `leases`.
+    fn answer(self, a: Answer, leases: &Leases) {
+        match self.reply {
+            Reply::Caller(tx) => {
+                let _ = tx.send(a);
+            }
+            Reply::Renewal(r) => {
+                let want = i64::from(self.ask.want.max(1));
+                let granted = a.ok().map(|(g, _, _)| u32::try_from(g.min(want)).unwrap_or(0));
+                leases.renewed(r.policy, &r.key, super::now_us(), r.ttl, granted);
+            }
+        }
+    }
+
+    /// A caller that gave up (timed out, or its request was dropped).
+    fn abandoned(&self) -> bool {
+        matches!(&self.reply, Reply::Caller(tx) if tx.is_closed())
+    }
+}
+
+/// What goes into the batcher's queue: a check that waits for its answer,
+/// or word that renewals have started to queue (they wait in a list of
+/// their own, so that queueing one wakes no one).
+enum Msg {
+    Check(Pending),
+    RenewalsQueued,
+}
+
+/// Most renewals waiting for a call; past it a renewal is dropped (the key
+/// asks when its lease runs out, as without renewals). Checks need no such
+/// bound: each is a request waiting, and requests are bounded where they
+/// come in.
+const MAX_RENEWALS_QUEUED: usize = 4 * MAX_IN_FLIGHT * MAX_BATCH;
+
+type Renewals = Arc<std::sync::Mutex<Vec<Pending>>>;
 
 /// The queue into one limiter's batcher task, started on first use on the
 /// runtime of the caller (the gateway's serving threads each have their
 /// own limiter, connection and runtime).
 pub(super) struct Batcher {
     redis: RedisHandle,
-    queue: std::sync::OnceLock<mpsc::UnboundedSender<Pending>>,
+    queue: std::sync::OnceLock<mpsc::UnboundedSender<Msg>>,
+    renewals: Renewals,
+    /// The limiter's leases, where renewals' answers go.
+    leases: Arc<Leases>,
 }
 
 impl Batcher {
-    pub fn new(redis: RedisHandle) -> Batcher {
+    pub fn new(redis: RedisHandle, leases: Arc<Leases>) -> Batcher {
         Batcher {
             redis,
             queue: std::sync::OnceLock::new(),
+            renewals: Default::default(),
+            leases,
         }
     }
 
@@ -117,17 +187,14 @@ impl Batcher {
         &self.redis
     }
 
-    /// Asks Redis about one bucket, in the next batch. The queue needs no
-    /// bound of its own: each entry is a request waiting for its answer, and
-    /// requests are bounded where they come in.
+    /// Asks Redis about one bucket, in the next batch.
     pub async fn ask(&self, ask: Ask) -> Answer {
-        let queue = self.queue.get_or_init(|| {
-            let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(run(self.redis.clone(), rx));
-            tx
-        });
         let (reply, answer) = oneshot::channel();
-        if queue.send(Pending { ask, reply }).is_err() {
+        let check = Pending {
+            ask,
+            reply: Reply::Caller(reply),
+        };
+        if self.queue().send(Msg::Check(check)).is_err() {
             return Err("the rate-limit batcher has stopped".into());
         }
         // The request's trace shows its wait as the Redis call it is.
@@ -139,28 +206,100 @@ impl Batcher {
             Err(_) => Err("redis: timed out".into()),
         }
     }
+
+    /// Asks Redis for a lease's renewal in a coming batch, without waiting:
+    /// the answer goes to `renewal`'s leases.
+    pub fn renew(&self, ask: Ask, renewal: Renewal) {
+        let pending = Pending {
+            ask,
+            reply: Reply::Renewal(renewal),
+        };
+        let first = {
+            let mut queued = self.renewals.lock().expect("renewals lock");
+            if queued.len() >= MAX_RENEWALS_QUEUED {
+                drop(queued);
+                return pending.answer(Err("too many renewals queued".into()), &self.leases);
+            }
+            queued.push(pending);
+            queued.len() == 1
+        };
+        if first && self.queue().send(Msg::RenewalsQueued).is_err() {
+            let stranded = std::mem::take(&mut *self.renewals.lock().expect("renewals lock"));
+            for p in stranded {
+                p.answer(Err("the rate-limit batcher has stopped".into()), &self.leases);
+            }
+        }
+    }
+
+    fn queue(&self) -> &mpsc::UnboundedSender<Msg> {
+        self.queue.get_or_init(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(run(
+                self.redis.clone(),
+                rx,
+                self.renewals.clone(),
+                self.leases.clone(),
+            ));
+            tx
+        })
+    }
 }
 
-/// The batcher: takes what has queued (at least one) as soon as one of
-/// [`MAX_IN_FLIGHT`] calls is free, sends it, and again; it ends when its
-/// limiter (the sender) is gone. Several calls in flight, so that a caller
-/// that queued behind a slow call does not wait for it first (each caller
-/// has the one command timeout in all); while they are all busy, the queue
-/// fills and the next call takes it whole.
-async fn run(redis: RedisHandle, mut queue: mpsc::UnboundedReceiver<Pending>) {
-    let script = std::sync::Arc::new(redis::Script::new(GCRA_SCRIPT));
-    let free = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
-    let mut batch = Vec::with_capacity(MAX_BATCH);
+/// The batcher: takes the checks that have queued (at least one) as soon as
+/// one of [`MAX_IN_FLIGHT`] calls is free, with the renewals queued so far,
+/// sends them, and again; renewals alone go once the first of them has
+/// waited [`RENEWAL_GATHER`]. It ends when its limiter (the sender) is gone.
+/// Several calls in flight, so that a caller that queued behind a slow call
+/// does not wait for it first (each caller has the one command timeout in
+/// all); while they are all busy, the queue fills and the next call takes
+/// it whole.
+async fn run(
+    redis: RedisHandle,
+    mut queue: mpsc::UnboundedReceiver<Msg>,
+    renewals: Renewals,
+    leases: Arc<Leases>,
+) {
+    let script = Arc::new(redis::Script::new(GCRA_SCRIPT));
+    let free = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
+    let mut msgs = Vec::with_capacity(MAX_BATCH);
+    let mut batch: Vec<Pending> = Vec::new();
+    // When the renewals queued must go, if no check takes them first.
+    let mut due: Option<tokio::time::Instant> = None;
     loop {
         let Ok(permit) = free.clone().acquire_owned().await else {
             return;
         };
-        if queue.recv_many(&mut batch, MAX_BATCH).await == 0 {
-            return;
+        loop {
+            let received = match due {
+                None => queue.recv_many(&mut msgs, MAX_BATCH).await,
+                Some(at) => tokio::time::timeout_at(at, queue.recv_many(&mut msgs, MAX_BATCH))
+                    .await
+                    .unwrap_or(usize::MAX),
+            };
+            if received == 0 {
+                return;
+            }
+            for m in msgs.drain(..) {
+                match m {
+                    Msg::Check(p) => batch.push(p),
+                    Msg::RenewalsQueued => {
+                        due.get_or_insert_with(|| tokio::time::Instant::now() + RENEWAL_GATHER);
+                    }
+                }
+            }
+            // Callers that gave up (timed out, or their request was dropped)
+            // are not asked about: their buckets keep their tokens.
+            batch.retain(|p| !p.abandoned());
+            if !batch.is_empty() || due.is_some_and(|at| at <= tokio::time::Instant::now()) {
+                break;
+            }
         }
-        // Callers that gave up (timed out, or their request was dropped)
-        // are not asked about: their buckets keep their tokens.
-        batch.retain(|p: &Pending| !p.reply.is_closed());
+        {
+            let mut queued = renewals.lock().expect("renewals lock");
+            let n = queued.len().min(MAX_BATCH.saturating_sub(batch.len()));
+            batch.extend(queued.drain(..n));
+            due = (!queued.is_empty()).then(tokio::time::Instant::now);
+        }
         if batch.is_empty() {
             continue;
         }
@@ -175,11 +314,11 @@ async fn run(redis: RedisHandle, mut queue: mpsc::UnboundedReceiver<Pending>) {
             }
             groups.into_iter().map(|(_, g)| g).collect()
         } else {
-            vec![std::mem::replace(&mut batch, Vec::with_capacity(MAX_BATCH))]
+            vec![std::mem::take(&mut batch)]
         };
-        let (redis, script) = (redis.clone(), script.clone());
+        let (redis, script, leases) = (redis.clone(), script.clone(), leases.clone());
         tokio::spawn(async move {
-            let calls = groups.into_iter().map(|g| call(&redis, &script, g));
+            let calls = groups.into_iter().map(|g| call(&redis, &script, g, &leases));
             futures_util::future::join_all(calls).await;
             drop(permit);
         });
@@ -188,7 +327,7 @@ async fn run(redis: RedisHandle, mut queue: mpsc::UnboundedReceiver<Pending>) {
 
 /// One script call for `group` (buckets of one slot, or any on one server),
 /// and each caller's answer.
-async fn call(redis: &RedisHandle, script: &redis::Script, group: Vec<Pending>) {
+async fn call(redis: &RedisHandle, script: &redis::Script, group: Vec<Pending>, leases: &Leases) {
     let mut invocation = script.prepare_invoke();
     for p in &group {
         invocation
@@ -206,7 +345,7 @@ async fn call(redis: &RedisHandle, script: &redis::Script, group: Vec<Pending>) 
     let why = match res {
         Ok(v) if v.len() == 3 * group.len() => {
             for (p, a) in group.into_iter().zip(v.chunks_exact(3)) {
-                let _ = p.reply.send(Ok((a[0], a[1], a[2])));
+                p.answer(Ok((a[0], a[1], a[2])), leases);
             }
             return;
         }
@@ -214,6 +353,6 @@ async fn call(redis: &RedisHandle, script: &redis::Script, group: Vec<Pending>) 
         Err(e) => e.to_string(),
     };
     for p in group {
-        let _ = p.reply.send(Err(why.clone()));
+        p.answer(Err(why.clone()), leases);
     }
 }

@@ -10,19 +10,32 @@
 //! hands the spare ones out locally for a sixteenth of the policy's window
 //! ([`ttl`]).
 //!
+//! Under a policy of more than [`EXACT_UP_TO`] per window, a lease is
+//! renewed ahead of its end: the check that uses its last token, or a token
+//! after half its life, is answered at once and asks Redis for the next
+//! lease in the background ([`Take::Renew`], one at a time per key). The
+//! renewal's tokens wait behind the current ones, each batch under its own
+//! end, so a client that comes back steadily (at least once per half a
+//! lease's life) never waits for Redis after its first check.
+//!
 //! What stays exact across any number of instances: a leased token has
 //! already left the shared bucket, so the tokens used never exceed the
 //! tokens GCRA granted, and each is used at most a sixteenth of the window
 //! after GCRA granted it (the bucket's rate and burst hold, shifted by at
-//! most that much). What leases can cost is a little under-admission: tokens still unused when a lease expires are lost
-//! (at most 1/16 of the room per grant, from that client's own bucket).
-//! Every bucket with less than 32 tokens of room (the security policies: a
-//! login per account, a code per account) gets exactly one token per call:
-//! the per-request check, exact to the token.
+//! most that much); a renewal changes neither. What leases can cost is a
+//! little under-admission: tokens still unused when a lease expires are
+//! lost (at most 1/16 of the room per grant, from that client's own
+//! bucket; with renewals, a client that stops coming back loses its last
+//! renewal too). Every bucket with less than 32 tokens of room (the
+//! security policies: a login per account, a code per account) gets
+//! exactly one token per call, and their keys are never renewed ahead: the
+//! per-request check, exact to the token.
 //!
 //! ```text
 //!   no lease / expired ──ask COLD_LEASE──> granted g: use 1, keep g-1 until fetched + ttl
 //!   lease with tokens  ──────────────────> use one locally (no round trip)
+//!     ... its last one, or past half its life ──> and renew in the background:
+//!         granted r: r more, after the current ones, until renewed + ttl
 //!   lease used up, fetched < HOT ago ─ask MAX_LEASE─> (a hot key)
 //!   refused (g = 0) ─────────────────────> a spare token a racing call leased, if any
 //! ```
@@ -74,23 +87,62 @@ pub fn grant(want: u32, room: i64) -> u32 {
     want.clamp(1, share.max(1))
 }
 
+/// How long a renewal may be in flight before another may be asked for
+/// (microseconds): past it, one that never answered is forgotten.
+pub const RENEW_WAIT: i64 = 1_000_000;
+
+/// What a policy's leases follow, from its limit and window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Terms {
+    /// Tokens a key without a lease asks for ([`cold_ask`]).
+    pub cold: u32,
+    /// A lease's life ([`ttl`]).
+    pub ttl: i64,
+    /// Whether leases are renewed ahead of their end (policies of more than
+    /// [`EXACT_UP_TO`] per window).
+    pub renew: bool,
+}
+
+impl Terms {
+    pub fn of(limit: u32, window_us: i64) -> Terms {
+        Terms {
+            cold: cold_ask(limit),
+            ttl: ttl(window_us),
+            renew: limit > EXACT_UP_TO,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Take {
     /// A leased token was used: no need to ask Redis.
     Leased,
+    /// A leased token was used, and the lease is used up or half gone: ask
+    /// Redis for this many in the background (the caller does not wait;
+    /// the answer goes to [`Leases::renewed`]).
+    Renew(u32),
     /// Ask Redis for this many tokens.
     Ask(u32),
 }
 
 type Shard = HashMap<&'static str, HashMap<Box<str>, Lease>>;
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 struct Lease {
     tokens: u32,
     /// When the last Redis call for this key returned.
     fetched: i64,
     /// Until when its spare tokens may be used.
     until: i64,
+    /// A renewal's tokens, used once the current ones are gone or expired,
+    /// until `next_until` (a renewal's life starts at its own grant).
+    next_tokens: u32,
+    next_until: i64,
+    /// Tokens the current lease has served (its caller's included): what a
+    /// renewal asks for.
+    used: u32,
+    /// When the last renewal was asked for (one at a time, see [`RENEW_WAIT`]).
+    renew_asked: i64,
 }
 
 pub struct Leases {
@@ -122,16 +174,40 @@ impl Leases {
     }
 
     /// Uses a leased token if one is left, or says how many to ask for
-    /// (`cold`, see [`cold_ask`], when the key has no lease and is not hot).
-    pub fn take(&self, policy: &'static str, key: &str, now: i64, cold: u32) -> Take {
+    /// (`terms.cold` when the key has no lease and is not hot). Under
+    /// `terms.renew`, a token used from a lease that is used up or half
+    /// gone also says to ask for the next lease in the background
+    /// ([`Take::Renew`]), once at a time.
+    pub fn take(&self, policy: &'static str, key: &str, now: i64, terms: Terms) -> Take {
         let mut map = self.shard(policy, key).lock().expect("lease lock");
-        match map.get_mut(policy).and_then(|m| m.get_mut(key)) {
-            Some(l) if l.tokens > 0 && now < l.until => {
-                l.tokens -= 1;
-                Take::Leased
+        let Some(l) = map.get_mut(policy).and_then(|m| m.get_mut(key)) else {
+            return Take::Ask(terms.cold);
+        };
+        if !(l.tokens > 0 && now < l.until) && l.next_tokens > 0 && now < l.next_until {
+            (l.tokens, l.until, l.next_tokens, l.used) = (l.next_tokens, l.next_until, 0, 0);
+        }
+        if l.tokens > 0 && now < l.until {
+            l.tokens -= 1;
+            l.used += 1;
+            let next_live = l.next_tokens > 0 && now < l.next_until;
+            let renewing = now - l.renew_asked < RENEW_WAIT;
+            if terms.renew && !next_live && !renewing && (l.tokens == 0 || l.until - now < terms.ttl / 2) {
+                l.renew_asked = now;
+                // As many as this lease has served: a client seen now and
+                // then renews one or two, not a cold lease each time.
+                let hot = l.tokens == 0 && now - l.fetched < HOT;
+                return Take::Renew(if hot {
+                    MAX_LEASE
+                } else {
+                    l.used.clamp(1, MAX_LEASE)
+                });
             }
-            Some(l) if now - l.fetched < HOT => Take::Ask(MAX_LEASE),
-            _ => Take::Ask(cold),
+            return Take::Leased;
+        }
+        if now - l.fetched < HOT {
+            Take::Ask(MAX_LEASE)
+        } else {
+            Take::Ask(terms.cold)
         }
     }
 
@@ -146,9 +222,10 @@ impl Leases {
             keys.insert(
                 key.into(),
                 Lease {
-                    tokens: 0,
                     fetched: now,
                     until: now,
+                    renew_asked: i64::MIN / 2,
+                    ..Lease::default()
                 },
             );
         }
@@ -162,11 +239,38 @@ impl Leases {
         if now >= entry.until || entry.tokens == 0 {
             entry.tokens = 0;
             entry.until = now + ttl;
+            entry.used = 0;
         }
+        entry.used += 1;
         // Added to live spare tokens, the new ones expire with them: no
         // token is used later than a lease's life after its grant.
         entry.tokens += granted - 1;
         entry.fetched = now;
+    }
+
+    /// Records the answer to a renewal ([`Take::Renew`]): `granted` tokens,
+    /// none of them used yet, usable until `now + ttl`; `None` if Redis did
+    /// not answer. Another renewal may be asked for from now on.
+    pub fn renewed(&self, policy: &'static str, key: &str, now: i64, ttl: i64, granted: Option<u32>) {
+        let mut map = self.shard(policy, key).lock().expect("lease lock");
+        let Some(entry) = map.get_mut(policy).and_then(|m| m.get_mut(key)) else {
+            // Purged meanwhile (a key not seen for a lease's life): its
+            // tokens are wasted, never used late.
+            return;
+        };
+        entry.renew_asked = i64::MIN / 2;
+        let Some(granted) = granted.filter(|&g| g > 0) else {
+            return;
+        };
+        entry.fetched = now;
+        if entry.tokens > 0 && now < entry.until {
+            // The current lease still has tokens: these wait their turn,
+            // under their own end (any unused ones of an earlier renewal
+            // are dropped: none outlives its grant by more than `ttl`).
+            (entry.next_tokens, entry.next_until) = (granted, now + ttl);
+        } else {
+            (entry.tokens, entry.until, entry.used) = (granted, now + ttl, 0);
+        }
     }
 
     /// Forgets leases that expired (housekeeping).
@@ -174,7 +278,12 @@ impl Leases {
         for shard in &self.shards {
             let mut map = shard.lock().expect("lease lock");
             for keys in map.values_mut() {
-                keys.retain(|_, l| (l.tokens > 0 && now < l.until) || now - l.fetched < HOT);
+                keys.retain(|_, l| {
+                    (l.tokens > 0 && now < l.until)
+                        || (l.next_tokens > 0 && now < l.next_until)
+                        || now - l.fetched < HOT
+                        || now - l.renew_asked < RENEW_WAIT
+                });
             }
             map.retain(|_, keys| !keys.is_empty());
         }
@@ -211,6 +320,14 @@ mod tests {
 
     /// A lease's life in these tests (a window of 16 s).
     const TTL: i64 = 1_000_000;
+    /// A policy of more than `EXACT_UP_TO` per window, without renewals.
+    const COLD: Terms = Terms {
+        cold: COLD_LEASE,
+        ttl: TTL,
+        renew: false,
+    };
+    /// The same with renewals (what such a policy has).
+    const RENEWING: Terms = Terms { renew: true, ..COLD };
 
     #[test]
     fn a_lease_lives_a_sixteenth_of_the_window() {
@@ -225,7 +342,73 @@ mod tests {
         assert_eq!(cold_ask(EXACT_UP_TO), 1);
         assert_eq!(cold_ask(EXACT_UP_TO + 1), COLD_LEASE);
         let l = Leases::new();
-        assert_eq!(l.take("p", "k", 0, cold_ask(60)), Take::Ask(1));
+        assert_eq!(l.take("p", "k", 0, Terms::of(60, 16 * TTL)), Take::Ask(1));
+        // ... and are never renewed ahead: a renewal takes tokens early.
+        assert!(!Terms::of(EXACT_UP_TO, 16 * TTL).renew);
+        assert!(Terms::of(EXACT_UP_TO + 1, 16 * TTL).renew);
+    }
+
+    #[test]
+    fn a_lease_half_gone_or_used_up_is_renewed_in_the_background_once_at_a_time() {
+        let l = Leases::new();
+        let half = TTL / 2;
+        l.granted("p", "k", 0, TTL, 4);
+        assert_eq!(l.take("p", "k", 10, RENEWING), Take::Leased);
+        // Past half its life: the caller is served, and asks for the next,
+        // as many as this lease served (three).
+        assert_eq!(l.take("p", "k", half + 1, RENEWING), Take::Renew(3));
+        // One renewal at a time.
+        assert_eq!(l.take("p", "k", half + 2, RENEWING), Take::Leased);
+        assert_eq!(l.take("p", "k", half + 3, RENEWING), Take::Ask(COLD_LEASE));
+        // The renewal lands on an empty lease: it becomes the lease, whole
+        // (its caller used none of it).
+        l.renewed("p", "k", half + 4, TTL, Some(4));
+        for _ in 0..3 {
+            assert_eq!(l.take("p", "k", half + 5, RENEWING), Take::Leased);
+        }
+        // The last token: renewed again, now as a hot key.
+        assert_eq!(l.take("p", "k", half + 5, RENEWING), Take::Renew(MAX_LEASE));
+        // Redis did not answer: another renewal may be asked for at once.
+        l.renewed("p", "k", half + 6, TTL, None);
+        l.granted("p", "k", half + 7, TTL, 2);
+        assert_eq!(l.take("p", "k", half + 8, RENEWING), Take::Renew(MAX_LEASE));
+        // One that never answers is forgotten after RENEW_WAIT.
+        assert_eq!(l.take("p", "k", half + 9, RENEWING), Take::Ask(MAX_LEASE));
+        l.granted("p", "k", half + 10, TTL, 3);
+        assert_eq!(l.take("p", "k", half + 11, RENEWING), Take::Leased);
+        assert_eq!(l.take("p", "k", half + 8 + RENEW_WAIT, RENEWING), Take::Renew(3));
+    }
+
+    #[test]
+    fn a_renewal_waits_for_the_current_lease_and_keeps_its_own_end() {
+        let l = Leases::new();
+        let half = TTL / 2;
+        l.granted("p", "k", 0, TTL, 4);
+        assert_eq!(l.take("p", "k", half + 1, RENEWING), Take::Renew(2));
+        l.renewed("p", "k", half + 2, TTL, Some(3));
+        // The current lease's two tokens go first; no second renewal while
+        // the next lease waits.
+        assert_eq!(l.take("p", "k", half + 3, RENEWING), Take::Leased);
+        assert_eq!(l.take("p", "k", half + 3, RENEWING), Take::Leased);
+        // Then the renewal's three, each at most TTL after its grant.
+        assert_eq!(l.take("p", "k", half + 4, RENEWING), Take::Leased);
+        assert_eq!(l.take("p", "k", half + 2 + TTL - 1, RENEWING), Take::Renew(2));
+        assert_eq!(l.take("p", "k", half + 2 + TTL, RENEWING), Take::Ask(COLD_LEASE));
+        // A renewal whose lease expired before its turn is dropped unused.
+        let l = Leases::new();
+        l.granted("p", "k", 0, TTL, 64);
+        assert_eq!(l.take("p", "k", half + 1, RENEWING), Take::Renew(2));
+        l.renewed("p", "k", half + 2, 10, Some(3));
+        assert_eq!(
+            l.take("p", "k", half + 12, RENEWING),
+            Take::Renew(3),
+            "the current lease's token, and a renewal again: the last one ended"
+        );
+        assert_eq!(
+            l.take("p", "k", TTL, RENEWING),
+            Take::Ask(COLD_LEASE),
+            "both ended"
+        );
     }
 
     #[test]
@@ -235,24 +418,24 @@ mod tests {
         // A racing grant lands later: its spare tokens join the live ones.
         l.granted("p", "k", TTL / 2, TTL, 3);
         for _ in 0..3 {
-            assert_eq!(l.take("p", "k", TTL - 1, COLD_LEASE), Take::Leased);
+            assert_eq!(l.take("p", "k", TTL - 1, COLD), Take::Leased);
         }
         // One is left, granted at TTL / 2, but it dies with the first lease.
-        assert_eq!(l.take("p", "k", TTL, COLD_LEASE), Take::Ask(COLD_LEASE));
+        assert_eq!(l.take("p", "k", TTL, COLD), Take::Ask(COLD_LEASE));
     }
 
     #[test]
     fn cold_keys_ask_for_a_small_lease_hot_keys_for_a_large_one() {
         let l = Leases::new();
-        assert_eq!(l.take("p", "k", 0, COLD_LEASE), Take::Ask(COLD_LEASE));
+        assert_eq!(l.take("p", "k", 0, COLD), Take::Ask(COLD_LEASE));
         l.granted("p", "k", 0, TTL, 1);
         // Checked again soon after, nothing spare: hot.
-        assert_eq!(l.take("p", "k", HOT - 1, COLD_LEASE), Take::Ask(MAX_LEASE));
+        assert_eq!(l.take("p", "k", HOT - 1, COLD), Take::Ask(MAX_LEASE));
         // ... but not after a pause.
-        assert_eq!(l.take("p", "k", HOT, COLD_LEASE), Take::Ask(COLD_LEASE));
+        assert_eq!(l.take("p", "k", HOT, COLD), Take::Ask(COLD_LEASE));
         // Another key or policy is its own.
-        assert_eq!(l.take("p", "other", 1, COLD_LEASE), Take::Ask(COLD_LEASE));
-        assert_eq!(l.take("q", "k", 1, COLD_LEASE), Take::Ask(COLD_LEASE));
+        assert_eq!(l.take("p", "other", 1, COLD), Take::Ask(COLD_LEASE));
+        assert_eq!(l.take("q", "k", 1, COLD), Take::Ask(COLD_LEASE));
     }
 
     #[test]
@@ -260,33 +443,33 @@ mod tests {
         let l = Leases::new();
         l.granted("p", "k", 0, TTL, 4);
         for _ in 0..3 {
-            assert_eq!(l.take("p", "k", 10, COLD_LEASE), Take::Leased);
+            assert_eq!(l.take("p", "k", 10, COLD), Take::Leased);
         }
-        assert_eq!(l.take("p", "k", 10, COLD_LEASE), Take::Ask(MAX_LEASE));
+        assert_eq!(l.take("p", "k", 10, COLD), Take::Ask(MAX_LEASE));
         l.granted("p", "k", 20, TTL, 3);
-        assert_eq!(l.take("p", "k", 20 + TTL - 1, COLD_LEASE), Take::Leased);
+        assert_eq!(l.take("p", "k", 20 + TTL - 1, COLD), Take::Leased);
         // Expired: the last spare token is not used.
-        assert_eq!(l.take("p", "k", 20 + TTL, COLD_LEASE), Take::Ask(COLD_LEASE));
+        assert_eq!(l.take("p", "k", 20 + TTL, COLD), Take::Ask(COLD_LEASE));
         // Grants made concurrently add up.
         l.granted("p", "k", 30 + TTL, TTL, 3);
         l.granted("p", "k", 31 + TTL, TTL, 3);
         let leased = (0..10)
-            .filter(|_| l.take("p", "k", 32 + TTL, COLD_LEASE) == Take::Leased)
+            .filter(|_| l.take("p", "k", 32 + TTL, COLD) == Take::Leased)
             .count();
         assert_eq!(leased, 4);
         // A refusal keeps what a racing call leased (those tokens have
         // left the bucket), and does not make them live longer.
         l.granted("p", "k", 40 + TTL, TTL, 2);
         l.granted("p", "k", 41 + TTL, TTL, 0);
-        assert_eq!(l.take("p", "k", 42 + TTL, COLD_LEASE), Take::Leased);
-        assert_eq!(l.take("p", "k", 42 + TTL, COLD_LEASE), Take::Ask(MAX_LEASE));
+        assert_eq!(l.take("p", "k", 42 + TTL, COLD), Take::Leased);
+        assert_eq!(l.take("p", "k", 42 + TTL, COLD), Take::Ask(MAX_LEASE));
         l.granted("p", "k", 50 + TTL, TTL, 2);
         l.granted("p", "k", 51 + TTL, TTL, 0);
-        assert_eq!(l.take("p", "k", 50 + 2 * TTL, COLD_LEASE), Take::Ask(COLD_LEASE));
+        assert_eq!(l.take("p", "k", 50 + 2 * TTL, COLD), Take::Ask(COLD_LEASE));
         // Each grant lives its own policy's time.
         l.granted("short", "k", 0, 10, 3);
-        assert_eq!(l.take("short", "k", 9, COLD_LEASE), Take::Leased);
-        assert_eq!(l.take("short", "k", 10, COLD_LEASE), Take::Ask(MAX_LEASE));
+        assert_eq!(l.take("short", "k", 9, COLD), Take::Leased);
+        assert_eq!(l.take("short", "k", 10, COLD), Take::Ask(MAX_LEASE));
     }
 
     #[test]
@@ -294,8 +477,15 @@ mod tests {
         let l = Leases::new();
         l.granted("p", "k", 0, TTL, 5);
         l.purge(TTL - 1);
-        assert_eq!(l.take("p", "k", 1, COLD_LEASE), Take::Leased);
+        assert_eq!(l.take("p", "k", 1, COLD), Take::Leased);
         l.purge(TTL);
-        assert_eq!(l.take("p", "k", TTL, COLD_LEASE), Take::Ask(COLD_LEASE));
+        assert_eq!(l.take("p", "k", TTL, COLD), Take::Ask(COLD_LEASE));
+        // A renewal's lease, and a renewal in flight, are kept.
+        l.granted("p", "k", 0, TTL, 2);
+        assert_eq!(l.take("p", "k", TTL / 2 + 1, RENEWING), Take::Renew(2));
+        l.purge(TTL + HOT);
+        l.renewed("p", "k", TTL + HOT, TTL, Some(2));
+        l.purge(2 * TTL + HOT - 1);
+        assert_eq!(l.take("p", "k", 2 * TTL + HOT - 1, RENEWING), Take::Renew(1));
     }
 }

@@ -244,13 +244,14 @@ impl Limiter {
     /// A limiter with no named policies: callers pass a policy to
     /// [`Limiter::check_policy`] (the gateway's routes carry their own).
     pub fn new(enabled: bool, redis: Option<RedisHandle>) -> Self {
+        let leases = std::sync::Arc::new(lease::Leases::new());
         Limiter {
             enabled,
             ipv6_prefix: Policies::DEFAULT_IPV6_PREFIX,
             named: vec![None; PolicyName::ALL.len()],
             local: std::sync::Arc::new(LocalBuckets::new()),
-            leases: std::sync::Arc::new(lease::Leases::new()),
-            redis: redis.map(batch::Batcher::new),
+            redis: redis.map(|r| batch::Batcher::new(r, leases.clone())),
+            leases,
         }
     }
 
@@ -281,7 +282,7 @@ impl Limiter {
             named: self.named.clone(),
             local: self.local.clone(),
             leases: self.leases.clone(),
-            redis: Some(batch::Batcher::new(redis)),
+            redis: Some(batch::Batcher::new(redis, self.leases.clone())),
         }
     }
 
@@ -328,19 +329,39 @@ impl Limiter {
         let outcome = match &self.redis {
             None => self.local.take(policy, key, now_us(), interval_us, window_us),
             Some(r) => {
-                let want = match self.leases.take(policy, key, now_us(), lease::cold_ask(p.limit)) {
+                let terms = lease::Terms::of(p.limit, window_us);
+                // `{...}` is a hash tag: the bucket's slot is fixed on Redis Cluster.
+                let bucket = || r.redis().key(&format!("rl:{{{}:{}}}", policy, key));
+                let want = match self.leases.take(policy, key, now_us(), terms) {
                     lease::Take::Leased => {
+                        m.allowed.increment(1);
+                        m.leased.increment(1);
+                        return Ok(());
+                    }
+                    lease::Take::Renew(want) => {
+                        let ask = batch::Ask {
+                            bucket: bucket(),
+                            interval_us,
+                            window_us,
+                            want,
+                        };
+                        r.renew(
+                            ask,
+                            batch::Renewal {
+                                policy,
+                                key: key.into(),
+                                ttl: terms.ttl,
+                            },
+                        );
                         m.allowed.increment(1);
                         m.leased.increment(1);
                         return Ok(());
                     }
                     lease::Take::Ask(n) => n,
                 };
-                // `{...}` is a hash tag: the bucket's slot is fixed on Redis Cluster.
-                let bucket = r.redis().key(&format!("rl:{{{}:{}}}", policy, key));
                 let res = r
                     .ask(batch::Ask {
-                        bucket,
+                        bucket: bucket(),
                         interval_us,
                         window_us,
                         want,
@@ -354,7 +375,16 @@ impl Limiter {
                         // Refused, but a check that raced this one may have
                         // leased spare tokens meanwhile: they have left the
                         // bucket already, so using one is still exact.
-                        if granted == 0 && self.leases.take(policy, key, now_us(), 1) == lease::Take::Leased {
+                        let spare_only = lease::Terms {
+                            renew: false,
+                            ..terms
+                        };
+                        if granted == 0
+                            && !matches!(
+                                self.leases.take(policy, key, now_us(), spare_only),
+                                lease::Take::Ask(_)
+                            )
+                        {
                             m.allowed.increment(1);
                             m.leased.increment(1);
                             return Ok(());
@@ -441,7 +471,7 @@ fn ceil_secs(us: i64) -> u64 {
     (us.max(0) as u64).div_ceil(1_000_000)
 }
 
-fn now_us() -> i64 {
+pub(super) fn now_us() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_micros() as i64)

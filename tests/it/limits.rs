@@ -394,20 +394,11 @@ async fn hot_keys_never_exceed_the_limit_and_lease_from_redis(app: &TestApp) {
 /// checks shared calls: one call per check would be about 700.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checks_that_ask_redis_share_calls_and_every_bucket_stays_exact() {
-    use latchkey::cache::{RedisConfig, RedisHandle};
-    use latchkey::limits::{Fallback, Limiter, Policy, PolicyMetrics};
-    use latchkey::settings::Secret;
+    use latchkey::limits::{Fallback, Policy, PolicyMetrics};
     use std::time::Duration;
 
     let redis = OwnRedis::start().await;
-    let cfg = RedisConfig {
-        urls: vec![Secret(redis.url())],
-        cluster: false,
-        key_prefix: "batch:".into(),
-        required_for_readiness: true,
-    };
-    let handle = RedisHandle::connect(&cfg).await.unwrap();
-    let limiter = Limiter::new(true, Some(handle));
+    let limiter = limiter_on(&redis).await;
     let one = Policy {
         limit: 1,
         window: Duration::from_secs(600),
@@ -466,4 +457,63 @@ async fn checks_that_ask_redis_share_calls_and_every_bucket_stays_exact() {
     assert_eq!(busy_allowed, 50);
     let used = calls().await - before;
     assert!((1..100).contains(&used), "{used} script calls for 860 checks");
+}
+
+/// A limiter (one instance) on `redis`, with no named policies.
+async fn limiter_on(redis: &OwnRedis) -> latchkey::limits::Limiter {
+    use latchkey::cache::{RedisConfig, RedisHandle};
+    use latchkey::settings::Secret;
+    let cfg = RedisConfig {
+        urls: vec![Secret(redis.url())],
+        cluster: false,
+        key_prefix: "limits:".into(),
+        required_for_readiness: true,
+    };
+    let handle = RedisHandle::connect(&cfg).await.unwrap();
+    latchkey::limits::Limiter::new(true, Some(handle))
+}
+
+/// A client that comes back steadily never waits for Redis after its first
+/// check: its lease is renewed in the background before it runs out or
+/// expires. Leases here live 50 ms (a sixteenth of a 0.8 s window) and the
+/// client checks every 5 ms for a second: without renewals, one check in ten
+/// would find its lease expired and wait for a round trip. A check that is
+/// not answered at its first poll is counted, then awaited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_comes_back_steadily_is_answered_from_renewed_leases_without_waiting() {
+    use latchkey::limits::{Fallback, Policy, PolicyMetrics};
+    use std::time::Duration;
+
+    let redis = OwnRedis::start().await;
+    let limiter = limiter_on(&redis).await;
+    let policy = Policy {
+        limit: 3200,
+        window: Duration::from_millis(800),
+        fallback: Fallback::Open,
+    };
+    let m = PolicyMetrics::new("steady", &policy, true);
+    limiter
+        .check_policy("steady", policy, &m, "client")
+        .await
+        .unwrap();
+    let (mut waited, mut answered) = (0, 0);
+    for _ in 0..200 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let mut check = std::pin::pin!(limiter.check_policy("steady", policy, &m, "client"));
+        let r = match futures_util::poll!(check.as_mut()) {
+            std::task::Poll::Ready(r) => {
+                answered += 1;
+                r
+            }
+            std::task::Poll::Pending => {
+                waited += 1;
+                check.await
+            }
+        };
+        assert!(r.is_ok(), "{r:?}");
+    }
+    assert!(
+        waited <= 3,
+        "{waited} of 200 checks waited for Redis ({answered} answered at once)"
+    );
 }
