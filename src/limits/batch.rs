@@ -164,10 +164,12 @@ type Renewals = Arc<std::sync::Mutex<Vec<Pending>>>;
 
 /// The queue into one limiter's batcher task, started on first use on the
 /// runtime of the caller (the gateway's serving threads each have their
-/// own limiter, connection and runtime).
+/// own limiter, connection and runtime), and started again, on the
+/// caller's runtime, if it has stopped (its runtime shut down): a limiter
+/// never falls back for good because a task died.
 pub(super) struct Batcher {
     redis: RedisHandle,
-    queue: std::sync::OnceLock<mpsc::UnboundedSender<Msg>>,
+    queue: std::sync::Mutex<Option<mpsc::UnboundedSender<Msg>>>,
     renewals: Renewals,
     /// The limiter's leases, where renewals' answers go.
     leases: Arc<Leases>,
@@ -177,7 +179,7 @@ impl Batcher {
     pub fn new(redis: RedisHandle, leases: Arc<Leases>) -> Batcher {
         Batcher {
             redis,
-            queue: std::sync::OnceLock::new(),
+            queue: std::sync::Mutex::new(None),
             renewals: Default::default(),
             leases,
         }
@@ -194,8 +196,8 @@ impl Batcher {
             ask,
             reply: Reply::Caller(reply),
         };
-        if self.queue().send(Msg::Check(check)).is_err() {
-            return Err("the rate-limit batcher has stopped".into());
+        if self.send(Msg::Check(check)).is_err() {
+            return Err("the rate-limit batcher cannot be started".into());
         }
         // The request's trace shows its wait as the Redis call it is.
         let wait = tokio::time::timeout(REDIS_COMMAND_TIMEOUT, answer)
@@ -223,25 +225,50 @@ impl Batcher {
             queued.push(pending);
             queued.len() == 1
         };
-        if first && self.queue().send(Msg::RenewalsQueued).is_err() {
+        if first && self.send(Msg::RenewalsQueued).is_err() {
             let stranded = std::mem::take(&mut *self.renewals.lock().expect("renewals lock"));
             for p in stranded {
-                p.answer(Err("the rate-limit batcher has stopped".into()), &self.leases);
+                p.answer(
+                    Err("the rate-limit batcher cannot be started".into()),
+                    &self.leases,
+                );
             }
         }
     }
 
-    fn queue(&self) -> &mpsc::UnboundedSender<Msg> {
-        self.queue.get_or_init(|| {
-            let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(run(
-                self.redis.clone(),
-                rx,
-                self.renewals.clone(),
-                self.leases.clone(),
-            ));
-            tx
-        })
+    /// Into the batcher's queue; a batcher that has stopped (or was never
+    /// started) is started on the caller's runtime first. `Err` only
+    /// outside a runtime.
+    fn send(&self, msg: Msg) -> Result<(), Msg> {
+        let mut queue = self.queue.lock().expect("batcher queue lock");
+        let msg = match queue.as_ref() {
+            Some(tx) => match tx.send(msg) {
+                Ok(()) => return Ok(()),
+                Err(mpsc::error::SendError(msg)) => {
+                    tracing::warn!("the rate-limit batcher had stopped; starting it again");
+                    msg
+                }
+            },
+            None => msg,
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return Err(msg);
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        runtime.spawn(run(
+            self.redis.clone(),
+            rx,
+            self.renewals.clone(),
+            self.leases.clone(),
+        ));
+        // Renewals left queued by a batcher that stopped go with the first call.
+        let stranded = !self.renewals.lock().expect("renewals lock").is_empty();
+        if stranded && !matches!(msg, Msg::RenewalsQueued) {
+            let _ = tx.send(Msg::RenewalsQueued);
+        }
+        let sent = tx.send(msg).map_err(|mpsc::error::SendError(m)| m);
+        *queue = Some(tx);
+        sent
     }
 }
 

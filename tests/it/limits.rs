@@ -517,3 +517,44 @@ async fn a_client_that_comes_back_steadily_is_answered_from_renewed_leases_witho
         "{waited} of 200 checks waited for Redis ({answered} answered at once)"
     );
 }
+
+/// A limiter used first from a runtime that then shut down (a gateway
+/// serving thread that ended) had its batcher task on that runtime. Checks
+/// from another runtime start the batcher again and keep asking Redis,
+/// instead of taking the fallback for good (here `open`: every check would
+/// pass). The connection lives on the test's own runtime, as the service's
+/// shared one does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limiter_whose_batcher_stopped_with_its_runtime_starts_it_again() {
+    use latchkey::limits::{Fallback, Policy, PolicyMetrics};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    let redis = OwnRedis::start().await;
+    let limiter = Arc::new(limiter_on(&redis).await);
+    let two = Policy {
+        limit: 2,
+        window: Duration::from_secs(600),
+        fallback: Fallback::Open,
+    };
+    let m = Arc::new(PolicyMetrics::new("restart", &two, true));
+    // The first check, from a runtime of its own on a thread of its own,
+    // which then ends.
+    let (l, mm) = (limiter.clone(), m.clone());
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        assert!(rt.block_on(l.check_policy("restart", two, &mm, "k")).is_ok());
+    })
+    .join()
+    .unwrap();
+    // The second token, then a refusal: Redis's answers, not the fallback.
+    assert!(limiter.check_policy("restart", two, &m, "k").await.is_ok());
+    let third = limiter.check_policy("restart", two, &m, "k").await;
+    assert!(
+        third.is_err(),
+        "the third check of a limit of two passed: {third:?}"
+    );
+}
