@@ -27,9 +27,11 @@
 //! keys of distinct clients are in distinct slots: a cluster gains little,
 //! and a slow node holds up one call, not the queue).
 //!
-//! A lease renewal (see `lease`) waits in a list of its own, which wakes no
-//! one: no request waits for it. Renewals go with the next call for checks,
-//! or on their own once the first has waited `RENEWAL_GATHER`.
+//! A lease renewal (see `lease`) waits in a list of its own: no request
+//! waits for it, and only the first of a gathering wakes the batcher.
+//! Renewals go with the next call for checks, or on their own once the
+//! first has waited `RENEWAL_GATHER` and another call is free for checks;
+//! one queued for `lease::RENEW_WAIT` is dropped unsent.
 //!
 //! Each caller waits at most [`REDIS_COMMAND_TIMEOUT`] from the moment it queued,
 //! then takes its policy's fallback, as a failed command does; a batch that
@@ -111,6 +113,8 @@ pub(super) struct Renewal {
     pub policy: &'static str,
     pub key: Box<str>,
     pub ttl: i64,
+    /// When it was asked for (`super::now_us`): its stamp in the leases.
+    pub asked: i64,
 }
 
 /// Who is waiting for a bucket's answer: a check, or no one (a renewal,
@@ -135,9 +139,14 @@ impl Pending {
             Reply::Renewal(r) => {
                 let want = i64::from(self.ask.want.max(1));
                 let granted = a.ok().map(|(g, _, _)| u32::try_from(g.min(want)).unwrap_or(0));
-                leases.renewed(r.policy, &r.key, super::now_us(), r.ttl, granted);
+                leases.renewed(r.policy, &r.key, super::now_us(), r.ttl, r.asked, granted);
             }
         }
+    }
+
+    /// A renewal asked for `RENEW_WAIT` ago or more (see `lease`).
+    fn stale(&self, now: i64) -> bool {
+        matches!(&self.reply, Reply::Renewal(r) if now - r.asked >= super::lease::RENEW_WAIT)
     }
 
     /// A caller that gave up (timed out, or its request was dropped).
@@ -219,8 +228,9 @@ impl Batcher {
         let first = {
             let mut queued = self.renewals.lock().expect("renewals lock");
             if queued.len() >= MAX_RENEWALS_QUEUED {
-                drop(queued);
-                return pending.answer(Err("too many renewals queued".into()), &self.leases);
+                // Dropped: the key may ask again once `RENEW_WAIT` is over,
+                // not at once (no churn while the queue is full).
+                return;
             }
             queued.push(pending);
             queued.len() == 1
@@ -317,12 +327,25 @@ async fn run(
             // Callers that gave up (timed out, or their request was dropped)
             // are not asked about: their buckets keep their tokens.
             batch.retain(|p| !p.abandoned());
-            if !batch.is_empty() || due.is_some_and(|at| at <= tokio::time::Instant::now()) {
+            if !batch.is_empty() {
                 break;
+            }
+            // Renewals alone go only while another call is free for checks:
+            // they never hold up a check that waits.
+            let now = tokio::time::Instant::now();
+            if due.is_some_and(|at| at <= now) {
+                if free.available_permits() > 0 {
+                    break;
+                }
+                due = Some(now + RENEWAL_GATHER);
             }
         }
         {
             let mut queued = renewals.lock().expect("renewals lock");
+            // A renewal queued so long that its key may have asked again is
+            // dropped unsent: its tokens would go to a lease already gone.
+            let now = super::now_us();
+            queued.retain(|p| !p.stale(now));
             let n = queued.len().min(MAX_BATCH.saturating_sub(batch.len()));
             batch.extend(queued.drain(..n));
             due = (!queued.is_empty()).then(tokio::time::Instant::now);

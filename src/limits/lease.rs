@@ -1,35 +1,37 @@
 //! Token leases: how the Redis limiter avoids one round trip per request
 //! without ever letting more than the limit through.
 //!
-//! Every Redis call asks for several tokens: up to [`COLD_LEASE`] for a key
-//! this process has no lease for (one under a policy of at most
-//! [`EXACT_UP_TO`] per window), up to [`MAX_LEASE`] for a hot one (its
-//! previous call less than [`HOT`] ago). The script grants at most a
-//! sixteenth of the room left in the bucket (never more than asked, at least
-//! one), takes them all from the shared bucket at once, and this process
-//! hands the spare ones out locally for a sixteenth of the policy's window
-//! ([`ttl`]).
+//! Under a policy of more than [`EXACT_UP_TO`] per window, every Redis call
+//! asks for several tokens: up to [`COLD_LEASE`] for a key this process has
+//! no lease for, up to [`MAX_LEASE`] for a hot one (its previous call less
+//! than [`HOT`] ago). The script grants at most a sixteenth of the room
+//! left in the bucket (never more than asked, at least one), takes them all
+//! from the shared bucket at once, and this process hands the spare ones
+//! out locally for a sixteenth of the policy's window ([`ttl`]). Policies
+//! of at most [`EXACT_UP_TO`] per window (every default policy but login
+//! per address: a login per account, a code per account) ask for exactly
+//! one token per call, hot or not, and are never renewed: the per-request
+//! check, exact to the token, with no tokens stranded in one instance.
 //!
-//! Under a policy of more than [`EXACT_UP_TO`] per window, a lease is
-//! renewed ahead of its end: the check that uses its last token, or a token
-//! after half its life, is answered at once and asks Redis for the next
-//! lease in the background ([`Take::Renew`], one at a time per key). The
-//! renewal's tokens wait behind the current ones, each batch under its own
-//! end, so a client that comes back steadily (at least once per half a
-//! lease's life) never waits for Redis after its first check.
+//! A lease of such a large policy is renewed ahead of its end: the check
+//! that uses its last token, or a token after half its life, is answered at
+//! once and asks Redis for the next lease in the background
+//! ([`Take::Renew`], one at a time per key), for twice what was served
+//! since the last renewal. The renewal's tokens wait behind the current
+//! ones, each grant under its own end, so a client that comes back steadily
+//! (at least once per half a lease's life) never waits for Redis after its
+//! first check.
 //!
 //! What stays exact across any number of instances: a leased token has
 //! already left the shared bucket, so the tokens used never exceed the
 //! tokens GCRA granted, and each is used at most a sixteenth of the window
-//! after GCRA granted it (the bucket's rate and burst hold, shifted by at
-//! most that much); a renewal changes neither. What leases can cost is a
-//! little under-admission: tokens still unused when a lease expires are
-//! lost (at most 1/16 of the room per grant, from that client's own
-//! bucket; with renewals, a client that stops coming back loses its last
-//! renewal too). Every bucket with less than 32 tokens of room (the
-//! security policies: a login per account, a code per account) gets
-//! exactly one token per call, and their keys are never renewed ahead: the
-//! per-request check, exact to the token.
+//! (and the call's round trip) after GCRA granted it, so the bucket's rate
+//! and burst hold, shifted by at most that much; a renewal changes neither.
+//! Lease times are on a monotonic clock (`now_us`): a wall clock stepped
+//! back cannot stretch them. What leases can cost is a little
+//! under-admission: tokens still unused when a lease expires are lost (at
+//! most 1/16 of the room per grant, from that client's own bucket; with
+//! renewals, a client that stops coming back loses its last renewal too).
 //!
 //! ```text
 //!   no lease / expired ──ask COLD_LEASE──> granted g: use 1, keep g-1 until fetched + ttl
@@ -96,19 +98,24 @@ pub const RENEW_WAIT: i64 = 1_000_000;
 pub struct Terms {
     /// Tokens a key without a lease asks for ([`cold_ask`]).
     pub cold: u32,
+    /// Tokens a hot key asks for.
+    pub hot: u32,
     /// A lease's life ([`ttl`]).
     pub ttl: i64,
-    /// Whether leases are renewed ahead of their end (policies of more than
-    /// [`EXACT_UP_TO`] per window).
+    /// Whether leases are renewed ahead of their end.
     pub renew: bool,
 }
 
 impl Terms {
+    /// Policies of more than [`EXACT_UP_TO`] per window lease and renew;
+    /// the others ask for exactly one token per call, hot or not.
     pub fn of(limit: u32, window_us: i64) -> Terms {
+        let leases = limit > EXACT_UP_TO;
         Terms {
             cold: cold_ask(limit),
+            hot: if leases { MAX_LEASE } else { 1 },
             ttl: ttl(window_us),
-            renew: limit > EXACT_UP_TO,
+            renew: leases,
         }
     }
 }
@@ -138,8 +145,8 @@ struct Lease {
     /// until `next_until` (a renewal's life starts at its own grant).
     next_tokens: u32,
     next_until: i64,
-    /// Tokens the current lease has served (its caller's included): what a
-    /// renewal asks for.
+    /// Tokens served since the lease began or the last renewal was asked
+    /// for (the caller's included): a renewal asks for twice as many.
     used: u32,
     /// When the last renewal was asked for (one at a time, see [`RENEW_WAIT`]).
     renew_asked: i64,
@@ -184,7 +191,7 @@ impl Leases {
             return Take::Ask(terms.cold);
         };
         if !(l.tokens > 0 && now < l.until) && l.next_tokens > 0 && now < l.next_until {
-            (l.tokens, l.until, l.next_tokens, l.used) = (l.next_tokens, l.next_until, 0, 0);
+            (l.tokens, l.until, l.next_tokens) = (l.next_tokens, l.next_until, 0);
         }
         if l.tokens > 0 && now < l.until {
             l.tokens -= 1;
@@ -193,19 +200,22 @@ impl Leases {
             let renewing = now - l.renew_asked < RENEW_WAIT;
             if terms.renew && !next_live && !renewing && (l.tokens == 0 || l.until - now < terms.ttl / 2) {
                 l.renew_asked = now;
-                // As many as this lease has served: a client seen now and
-                // then renews one or two, not a cold lease each time.
+                // Twice what was served since the last renewal (about half
+                // a lease's life): a client seen now and then renews a
+                // token or two, not a cold lease each time.
                 let hot = l.tokens == 0 && now - l.fetched < HOT;
-                return Take::Renew(if hot {
-                    MAX_LEASE
+                let want = if hot {
+                    terms.hot
                 } else {
-                    l.used.clamp(1, MAX_LEASE)
-                });
+                    (2 * l.used).clamp(1, terms.hot)
+                };
+                l.used = 0;
+                return Take::Renew(want);
             }
             return Take::Leased;
         }
         if now - l.fetched < HOT {
-            Take::Ask(MAX_LEASE)
+            Take::Ask(terms.hot)
         } else {
             Take::Ask(terms.cold)
         }
@@ -248,17 +258,28 @@ impl Leases {
         entry.fetched = now;
     }
 
-    /// Records the answer to a renewal ([`Take::Renew`]): `granted` tokens,
-    /// none of them used yet, usable until `now + ttl`; `None` if Redis did
-    /// not answer. Another renewal may be asked for from now on.
-    pub fn renewed(&self, policy: &'static str, key: &str, now: i64, ttl: i64, granted: Option<u32>) {
+    /// Records the answer to the renewal asked for at `asked` ([`Take::Renew`]):
+    /// `granted` tokens, none of them used yet, usable until `now + ttl`;
+    /// `None` if Redis did not answer. Another renewal may be asked for from
+    /// now on (unless one was asked for since: this answer is late).
+    pub fn renewed(
+        &self,
+        policy: &'static str,
+        key: &str,
+        now: i64,
+        ttl: i64,
+        asked: i64,
+        granted: Option<u32>,
+    ) {
         let mut map = self.shard(policy, key).lock().expect("lease lock");
         let Some(entry) = map.get_mut(policy).and_then(|m| m.get_mut(key)) else {
             // Purged meanwhile (a key not seen for a lease's life): its
             // tokens are wasted, never used late.
             return;
         };
-        entry.renew_asked = i64::MIN / 2;
+        if entry.renew_asked == asked {
+            entry.renew_asked = i64::MIN / 2;
+        }
         let Some(granted) = granted.filter(|&g| g > 0) else {
             return;
         };
@@ -269,7 +290,7 @@ impl Leases {
             // are dropped: none outlives its grant by more than `ttl`).
             (entry.next_tokens, entry.next_until) = (granted, now + ttl);
         } else {
-            (entry.tokens, entry.until, entry.used) = (granted, now + ttl, 0);
+            (entry.tokens, entry.until) = (granted, now + ttl);
         }
     }
 
@@ -323,6 +344,7 @@ mod tests {
     /// A policy of more than `EXACT_UP_TO` per window, without renewals.
     const COLD: Terms = Terms {
         cold: COLD_LEASE,
+        hot: MAX_LEASE,
         ttl: TTL,
         renew: false,
     };
@@ -346,6 +368,10 @@ mod tests {
         // ... and are never renewed ahead: a renewal takes tokens early.
         assert!(!Terms::of(EXACT_UP_TO, 16 * TTL).renew);
         assert!(Terms::of(EXACT_UP_TO + 1, 16 * TTL).renew);
+        // ... and ask for one when hot too: one token per call.
+        l.granted("p", "k", 0, TTL, 1);
+        assert_eq!(l.take("p", "k", 1, Terms::of(60, 16 * TTL)), Take::Ask(1));
+        assert_eq!(l.take("p", "k", 1, Terms::of(65, 16 * TTL)), Take::Ask(MAX_LEASE));
     }
 
     #[test]
@@ -355,28 +381,33 @@ mod tests {
         l.granted("p", "k", 0, TTL, 4);
         assert_eq!(l.take("p", "k", 10, RENEWING), Take::Leased);
         // Past half its life: the caller is served, and asks for the next,
-        // as many as this lease served (three).
-        assert_eq!(l.take("p", "k", half + 1, RENEWING), Take::Renew(3));
+        // twice what this lease served (three).
+        assert_eq!(l.take("p", "k", half + 1, RENEWING), Take::Renew(6));
         // One renewal at a time.
         assert_eq!(l.take("p", "k", half + 2, RENEWING), Take::Leased);
         assert_eq!(l.take("p", "k", half + 3, RENEWING), Take::Ask(COLD_LEASE));
         // The renewal lands on an empty lease: it becomes the lease, whole
         // (its caller used none of it).
-        l.renewed("p", "k", half + 4, TTL, Some(4));
+        l.renewed("p", "k", half + 4, TTL, half + 1, Some(4));
         for _ in 0..3 {
             assert_eq!(l.take("p", "k", half + 5, RENEWING), Take::Leased);
         }
         // The last token: renewed again, now as a hot key.
         assert_eq!(l.take("p", "k", half + 5, RENEWING), Take::Renew(MAX_LEASE));
         // Redis did not answer: another renewal may be asked for at once.
-        l.renewed("p", "k", half + 6, TTL, None);
+        l.renewed("p", "k", half + 6, TTL, half + 5, None);
         l.granted("p", "k", half + 7, TTL, 2);
         assert_eq!(l.take("p", "k", half + 8, RENEWING), Take::Renew(MAX_LEASE));
         // One that never answers is forgotten after RENEW_WAIT.
         assert_eq!(l.take("p", "k", half + 9, RENEWING), Take::Ask(MAX_LEASE));
         l.granted("p", "k", half + 10, TTL, 3);
         assert_eq!(l.take("p", "k", half + 11, RENEWING), Take::Leased);
-        assert_eq!(l.take("p", "k", half + 8 + RENEW_WAIT, RENEWING), Take::Renew(3));
+        assert_eq!(l.take("p", "k", half + 8 + RENEW_WAIT, RENEWING), Take::Renew(6));
+        // The lost one answers at last: it does not clear the new one's mark.
+        l.renewed("p", "k", half + 9 + RENEW_WAIT, TTL, half + 8, None);
+        l.granted("p", "k", half + 10 + RENEW_WAIT, TTL, 3);
+        assert_eq!(l.take("p", "k", half + 11 + RENEW_WAIT, RENEWING), Take::Leased);
+        assert_eq!(l.take("p", "k", half + 11 + RENEW_WAIT, RENEWING), Take::Leased);
     }
 
     #[test]
@@ -384,24 +415,25 @@ mod tests {
         let l = Leases::new();
         let half = TTL / 2;
         l.granted("p", "k", 0, TTL, 4);
-        assert_eq!(l.take("p", "k", half + 1, RENEWING), Take::Renew(2));
-        l.renewed("p", "k", half + 2, TTL, Some(3));
+        assert_eq!(l.take("p", "k", half + 1, RENEWING), Take::Renew(4));
+        l.renewed("p", "k", half + 2, TTL, half + 1, Some(3));
         // The current lease's two tokens go first; no second renewal while
         // the next lease waits.
         assert_eq!(l.take("p", "k", half + 3, RENEWING), Take::Leased);
         assert_eq!(l.take("p", "k", half + 3, RENEWING), Take::Leased);
         // Then the renewal's three, each at most TTL after its grant.
         assert_eq!(l.take("p", "k", half + 4, RENEWING), Take::Leased);
-        assert_eq!(l.take("p", "k", half + 2 + TTL - 1, RENEWING), Take::Renew(2));
+        // Four served since the renewal was asked for: it asks for eight.
+        assert_eq!(l.take("p", "k", half + 2 + TTL - 1, RENEWING), Take::Renew(8));
         assert_eq!(l.take("p", "k", half + 2 + TTL, RENEWING), Take::Ask(COLD_LEASE));
         // A renewal whose lease expired before its turn is dropped unused.
         let l = Leases::new();
         l.granted("p", "k", 0, TTL, 64);
-        assert_eq!(l.take("p", "k", half + 1, RENEWING), Take::Renew(2));
-        l.renewed("p", "k", half + 2, 10, Some(3));
+        assert_eq!(l.take("p", "k", half + 1, RENEWING), Take::Renew(4));
+        l.renewed("p", "k", half + 2, 10, half + 1, Some(3));
         assert_eq!(
             l.take("p", "k", half + 12, RENEWING),
-            Take::Renew(3),
+            Take::Renew(2),
             "the current lease's token, and a renewal again: the last one ended"
         );
         assert_eq!(
@@ -482,10 +514,10 @@ mod tests {
         assert_eq!(l.take("p", "k", TTL, COLD), Take::Ask(COLD_LEASE));
         // A renewal's lease, and a renewal in flight, are kept.
         l.granted("p", "k", 0, TTL, 2);
-        assert_eq!(l.take("p", "k", TTL / 2 + 1, RENEWING), Take::Renew(2));
+        assert_eq!(l.take("p", "k", TTL / 2 + 1, RENEWING), Take::Renew(4));
         l.purge(TTL + HOT);
-        l.renewed("p", "k", TTL + HOT, TTL, Some(2));
+        l.renewed("p", "k", TTL + HOT, TTL, TTL / 2 + 1, Some(2));
         l.purge(2 * TTL + HOT - 1);
-        assert_eq!(l.take("p", "k", 2 * TTL + HOT - 1, RENEWING), Take::Renew(1));
+        assert_eq!(l.take("p", "k", 2 * TTL + HOT - 1, RENEWING), Take::Renew(2));
     }
 }

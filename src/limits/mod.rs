@@ -332,7 +332,8 @@ impl Limiter {
                 let terms = lease::Terms::of(p.limit, window_us);
                 // `{...}` is a hash tag: the bucket's slot is fixed on Redis Cluster.
                 let bucket = || r.redis().key(&format!("rl:{{{}:{}}}", policy, key));
-                let want = match self.leases.take(policy, key, now_us(), terms) {
+                let now = now_us();
+                let want = match self.leases.take(policy, key, now, terms) {
                     lease::Take::Leased => {
                         m.allowed.increment(1);
                         m.leased.increment(1);
@@ -351,6 +352,7 @@ impl Limiter {
                                 policy,
                                 key: key.into(),
                                 ttl: terms.ttl,
+                                asked: now,
                             },
                         );
                         m.allowed.increment(1);
@@ -471,11 +473,14 @@ fn ceil_secs(us: i64) -> u64 {
     (us.max(0) as u64).div_ceil(1_000_000)
 }
 
+/// Microseconds on a monotonic clock (the buckets and leases of this
+/// process only compare its own instants; Redis keeps its own time): a
+/// wall clock stepped back would stretch every lease by the step.
 pub(super) fn now_us() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or(0)
+    static BASE: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    // Far from zero, so that "long ago" sentinels stay in the past.
+    const START: i64 = 1 << 40;
+    START + BASE.get_or_init(std::time::Instant::now).elapsed().as_micros() as i64
 }
 
 #[cfg(test)]
