@@ -5,7 +5,7 @@ limiter and on the in-process one, with one client, 1,000 clients and
 
 Usage (from the repository root, after `cargo build --release`):
   scripts/loadtest limiter [--secs 15] [--rounds 3] [--conns 50] [--clients 1,1000,100000]
-                           [--binary PATH]
+                           [--binary PATH] [--compare OTHER_LATCHKEY_BINARY]
 
 What it does, in a temporary directory removed at the end:
 - starts its own redis-server on a free loopback port;
@@ -14,7 +14,9 @@ What it does, in a temporary directory removed at the end:
   off), `redis` (`rate_limit_validate=1000000000/60`: a check on every
   request, never a refusal) and `local` (the same limit, no Redis: the
   in-process buckets). All trust 127.0.0.1 as a proxy, so that the client
-  address is the `X-Forwarded-For` that wrk sends;
+  address is the `X-Forwarded-For` that wrk sends. With --compare, a fourth
+  server, `redis-other`: the other build, Redis-limited like `redis`, in the
+  same rounds (a before/after within one run, on its own Redis key prefix);
 - wrk -t2 (loadtest/wrk/clients.lua) cycles through N client addresses: N=1
   is one hot key (the Redis limiter takes leases), N=100,000 at ~50,000
   req/s is each key every ~2 s (cold: a key's first check, and each after
@@ -57,6 +59,8 @@ def parse_args(argv):
     ap.add_argument("--out", help="result folder (default loadtest/results/<YYYY-MM-DD-HHMM>-limiter)")
     ap.add_argument("--binary",
                     help="the latchkey binary to measure (default: $LATCHKEY_BIN, else target/release/latchkey)")
+    ap.add_argument("--compare", help="another latchkey binary, Redis-limited, measured in the same rounds "
+                                      "(variant redis-other)")
     return ap.parse_args(argv)
 
 
@@ -75,19 +79,23 @@ def ratelimit_counts(admin):
     return metric_total(text, RATELIMIT_CALLS) or 0.0, allowed - leased
 
 
-def start_servers(procs, latchkey, redis_url, raw, tmp):
-    """The three variants on one SQLite file: {name: (URL, pid, admin URL)}."""
+def start_servers(procs, latchkey, redis_url, raw, tmp, other=None):
+    """The variants on one SQLite file: {name: (URL, pid, admin URL)}."""
     env = bench_env(tmp, mail=f"file:{os.path.join(tmp, 'mail')}", trusted_proxies="127.0.0.1")
     seed_users(latchkey, env, 1, password=SEED_PASSWORD)
     servers = {}
-    for name, extra in (
-        ("unlimited", {"LATCHKEY_REDIS_URL": redis_url, "LATCHKEY_RATE_LIMIT_VALIDATE": "off"}),
-        ("redis", {"LATCHKEY_REDIS_URL": redis_url, "LATCHKEY_RATE_LIMIT_VALIDATE": LIMIT}),
-        ("local", {"LATCHKEY_RATE_LIMIT_VALIDATE": LIMIT}),
-    ):
+    variants = [
+        ("unlimited", latchkey, {"LATCHKEY_REDIS_URL": redis_url, "LATCHKEY_RATE_LIMIT_VALIDATE": "off"}),
+        ("redis", latchkey, {"LATCHKEY_REDIS_URL": redis_url, "LATCHKEY_RATE_LIMIT_VALIDATE": LIMIT}),
+        ("local", latchkey, {"LATCHKEY_RATE_LIMIT_VALIDATE": LIMIT}),
+    ]
+    if other:
+        variants.append(("redis-other", other, {"LATCHKEY_REDIS_URL": redis_url, "LATCHKEY_RATE_LIMIT_VALIDATE": LIMIT,
+                                                "LATCHKEY_REDIS_KEY_PREFIX": "other:"}))
+    for name, binary, extra in variants:
         port, admin = free_port(), free_port()
         # "server-" keeps the names apart from the Redis server's ("redis").
-        p = procs.start(f"server-{name}", [latchkey, "serve"], raw / f"server-{name}.log",
+        p = procs.start(f"server-{name}", [binary, "serve"], raw / f"server-{name}.log",
                         env={**env, **extra, "LATCHKEY_LISTEN": f"127.0.0.1:{port}",
                              "LATCHKEY_ADMIN_LISTEN": f"127.0.0.1:{admin}"})
         base = f"http://127.0.0.1:{port}"
@@ -108,7 +116,8 @@ def main(argv):
     with bench_workspace("limiter", args.out) as (started, outdir, raw, tmp, procs):
         redis_url = start_redis(procs, raw / "redis.log")
         redis_pid = procs.items["redis"].pid
-        servers = start_servers(procs, latchkey, redis_url, raw, tmp)
+        other = ensure_binary(args.compare, build=False)[0] if args.compare else None
+        servers = start_servers(procs, latchkey, redis_url, raw, tmp, other)
         token = login_token(servers["unlimited"][0], password=SEED_PASSWORD)
         for name, (base, _, _) in servers.items():
             status, _ = http("GET", f"{base}/auth/validate", headers={"Authorization": f"Bearer {token}"}, timeout=5)
@@ -126,7 +135,7 @@ def main(argv):
                     w["redis_us"] = (cpu_seconds(redis_pid) - r0) * 1e6 / req
                     calls1, waited1 = ratelimit_counts(admin)
                     w["redis_calls_per_req"] = (calls1 - calls0) / req
-                    w["waited_per_req"] = (waited1 - waited0) / req if name == "redis" else 0.0
+                    w["waited_per_req"] = (waited1 - waited0) / req if name.startswith("redis") else 0.0
                     results.setdefault((name, n), []).append(w)
                     say(f"round {rnd}, {n} clients, {name}: {w['rps']:,.0f} req/s, "
                         f"P99 {w['latency_us']['p99'] / 1000:.2f} ms, non-2xx {w['errors']['status']}, "

@@ -689,6 +689,25 @@ def limiter_report(results, args, clients, started, command):
                      f"{median([x['redis_calls_per_req'] for x in r]):.3f} | {waited:.3f} | {rates(loc)} | "
                      f"{lost(loc):.1%} | {p99} | {cpu} |"
                      + (f" ({bad} non-2xx!)" if bad else ""))
+    if getattr(args, "compare", None):
+        lines += [
+            "",
+            f"The other build (`--compare`: `{args.compare}`), Redis-limited, in the same rounds:",
+            "",
+            "| clients | Redis-limited req/s | lost | Redis calls per request | checks that waited for Redis, "
+            "per request | P99 ms | CPU us per request: latchkey; Redis |",
+            "|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        for n in clients:
+            u, o = results[("unlimited", n)], results[("redis-other", n)]
+            lost_o = median([1 - x["rps"] / b["rps"] for x, b in zip(o, u)])
+            rates_o = f"{median([x['rps'] for x in o]):,.0f} [" + ", ".join(f"{x['rps'] / 1000:.1f}k" for x in o) + "]"
+            bad = sum(x["errors"]["status"] for x in o)
+            lines.append(f"| {n:,} | {rates_o} | {lost_o:.1%} | {median([x['redis_calls_per_req'] for x in o]):.3f} | "
+                         f"{median([x.get('waited_per_req', 0.0) for x in o]):.3f} | "
+                         f"{median([x['latency_us']['p99'] for x in o]) / 1000:.2f} | "
+                         f"{median([x['cpu_us'] for x in o]):.1f}; {median([x['redis_us'] for x in o]):.1f} |"
+                         + (f" ({bad} non-2xx!)" if bad else ""))
     lines.append("")
     return "\n".join(lines) + "\n"
 
