@@ -7,7 +7,8 @@
 //! than [`HOT`] ago). The script grants at most a sixteenth of the room
 //! left in the bucket (never more than asked, at least one), takes them all
 //! from the shared bucket at once, and this process hands the spare ones
-//! out locally for a sixteenth of the policy's window ([`ttl`]). Policies
+//! out locally for a sixteenth of the policy's window, at most a minute
+//! ([`ttl`]), in a table of bounded size ([`MAX_KEYS_PER_SHARD`]). Policies
 //! of at most [`EXACT_UP_TO`] per window (every default policy but login
 //! per address: a login per account, a code per account) ask for exactly
 //! one token per call, hot or not, and are never renewed: the per-request
@@ -72,11 +73,24 @@ pub fn cold_ask(limit: u32) -> u32 {
 /// A key whose previous Redis call is this recent (microseconds) is hot.
 pub const HOT: i64 = 100_000;
 
+/// The longest a lease lives (microseconds): a minute, whatever the window.
+pub const MAX_TTL: i64 = 60_000_000;
+
 /// How long spare leased tokens may be used (microseconds): a sixteenth of
-/// the policy's window.
+/// the policy's window, at most [`MAX_TTL`] (a week-long window would
+/// otherwise keep a lease, and its entry, for ten hours).
 pub fn ttl(window_us: i64) -> i64 {
-    (window_us / 16).max(1)
+    (window_us / 16).clamp(1, MAX_TTL)
 }
+
+/// Most keys a shard of the lease table holds (16 shards: 131,072 keys,
+/// about 16 MiB). A key new to a full shard asks for one token and is not
+/// stored: it is checked per request, exactly, as a small policy's key is
+/// (a grant of more that raced the table filling up loses its spare
+/// tokens: under-admission for that client only). Memory is bounded by count,
+/// not by the request rate times the purge period: an attacker who
+/// rotates addresses cannot grow the table.
+pub const MAX_KEYS_PER_SHARD: usize = 8_192;
 
 /// The rule the Redis script (`GCRA_SCRIPT`) follows, written out for the tests: how many tokens to grant: `room` is the number of
 /// whole tokens left in the bucket (at least one, or nothing is granted).
@@ -157,6 +171,8 @@ pub struct Leases {
     /// allocates nothing).
     shards: Vec<Mutex<Shard>>,
     hasher: std::collections::hash_map::RandomState,
+    /// [`MAX_KEYS_PER_SHARD`], smaller in tests.
+    keys_per_shard: usize,
 }
 
 impl Default for Leases {
@@ -167,9 +183,14 @@ impl Default for Leases {
 
 impl Leases {
     pub fn new() -> Self {
+        Self::with_keys_per_shard(MAX_KEYS_PER_SHARD)
+    }
+
+    fn with_keys_per_shard(keys_per_shard: usize) -> Self {
         Leases {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: Default::default(),
+            keys_per_shard,
         }
     }
 
@@ -188,7 +209,10 @@ impl Leases {
     pub fn take(&self, policy: &'static str, key: &str, now: i64, terms: Terms) -> Take {
         let mut map = self.shard(policy, key).lock().expect("lease lock");
         let Some(l) = map.get_mut(policy).and_then(|m| m.get_mut(key)) else {
-            return Take::Ask(terms.cold);
+            // A key a full table will not store asks for one token: spare
+            // ones would be lost.
+            let full = map.values().map(HashMap::len).sum::<usize>() >= self.keys_per_shard;
+            return Take::Ask(if full { 1 } else { terms.cold });
         };
         if !(l.tokens > 0 && now < l.until) && l.next_tokens > 0 && now < l.next_until {
             (l.tokens, l.until, l.next_tokens) = (l.next_tokens, l.next_until, 0);
@@ -227,8 +251,12 @@ impl Leases {
     /// and the refused caller may take one (exact either way).
     pub fn granted(&self, policy: &'static str, key: &str, now: i64, ttl: i64, granted: u32) {
         let mut map = self.shard(policy, key).lock().expect("lease lock");
+        let known = map.get(policy).is_some_and(|keys| keys.contains_key(key));
+        if !known && map.values().map(HashMap::len).sum::<usize>() >= self.keys_per_shard {
+            return;
+        }
         let keys = map.entry(policy).or_default();
-        if !keys.contains_key(key) {
+        if !known {
             keys.insert(
                 key.into(),
                 Lease {
@@ -356,6 +384,7 @@ mod tests {
         assert_eq!(ttl(16_000_000), TTL);
         assert_eq!(ttl(60_000_000), 3_750_000);
         assert_eq!(ttl(1), 1, "never zero");
+        assert_eq!(ttl(7 * 86_400_000_000), MAX_TTL, "at most a minute");
     }
 
     #[test]
@@ -502,6 +531,27 @@ mod tests {
         l.granted("short", "k", 0, 10, 3);
         assert_eq!(l.take("short", "k", 9, COLD), Take::Leased);
         assert_eq!(l.take("short", "k", 10, COLD), Take::Ask(MAX_LEASE));
+    }
+
+    #[test]
+    fn a_full_table_stores_no_new_keys_and_their_callers_lose_only_spare_tokens() {
+        let l = Leases::with_keys_per_shard(2);
+        for i in 0..200 {
+            l.granted("p", &format!("k{i}"), 0, TTL, 4);
+        }
+        let stored: Vec<_> = (0..200)
+            .filter(|i| l.take("p", &format!("k{i}"), 1, COLD) == Take::Leased)
+            .collect();
+        assert_eq!(stored.len(), SHARDS * 2, "two keys per shard: {stored:?}");
+        // A key not stored asks Redis again, exact as ever, for one token.
+        let lost = (0..200).find(|i| !stored.contains(i)).unwrap();
+        assert_eq!(l.take("p", &format!("k{lost}"), 2, COLD), Take::Ask(1));
+        // Stored keys keep working, and room comes back with the purge.
+        let kept = stored[0];
+        assert_eq!(l.take("p", &format!("k{kept}"), 2, COLD), Take::Leased);
+        l.purge(TTL + HOT);
+        l.granted("p", &format!("k{lost}"), TTL + HOT, TTL, 4);
+        assert_eq!(l.take("p", &format!("k{lost}"), TTL + HOT, COLD), Take::Leased);
     }
 
     #[test]
