@@ -107,6 +107,9 @@ pub fn grant(want: u32, room: i64) -> u32 {
 /// (microseconds): past it, one that never answered is forgotten.
 pub const RENEW_WAIT: i64 = 1_000_000;
 
+/// "No renewal asked for": far enough in the past for any `now`.
+const NEVER: i64 = i64::MIN / 2;
+
 /// What a policy's leases follow, from its limit and window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Terms {
@@ -262,7 +265,7 @@ impl Leases {
                 Lease {
                     fetched: now,
                     until: now,
-                    renew_asked: i64::MIN / 2,
+                    renew_asked: NEVER,
                     ..Lease::default()
                 },
             );
@@ -306,7 +309,7 @@ impl Leases {
             return;
         };
         if entry.renew_asked == asked {
-            entry.renew_asked = i64::MIN / 2;
+            entry.renew_asked = NEVER;
         }
         let Some(granted) = granted.filter(|&g| g > 0) else {
             return;

@@ -229,6 +229,14 @@ impl PolicyMetrics {
     }
 }
 
+impl PolicyMetrics {
+    /// A check answered from a leased token.
+    fn allowed_from_lease(&self) {
+        self.allowed.increment(1);
+        self.leased.increment(1);
+    }
+}
+
 pub struct Limiter {
     enabled: bool,
     ipv6_prefix: u8,
@@ -335,8 +343,7 @@ impl Limiter {
                 let now = now_us();
                 let want = match self.leases.take(policy, key, now, terms) {
                     lease::Take::Leased => {
-                        m.allowed.increment(1);
-                        m.leased.increment(1);
+                        m.allowed_from_lease();
                         return Ok(());
                     }
                     lease::Take::Renew(want) => {
@@ -355,8 +362,7 @@ impl Limiter {
                                 asked: now,
                             },
                         );
-                        m.allowed.increment(1);
-                        m.leased.increment(1);
+                        m.allowed_from_lease();
                         return Ok(());
                     }
                     lease::Take::Ask(n) => n,
@@ -372,8 +378,7 @@ impl Limiter {
                 match res {
                     Ok((granted, retry_us, reset_us)) => {
                         let granted = u32::try_from(granted).unwrap_or(0).min(want.max(1));
-                        self.leases
-                            .granted(policy, key, now_us(), lease::ttl(window_us), granted);
+                        self.leases.granted(policy, key, now_us(), terms.ttl, granted);
                         // Refused, but a check that raced this one may have
                         // leased spare tokens meanwhile: they have left the
                         // bucket already, so using one is still exact.
@@ -387,8 +392,7 @@ impl Limiter {
                                 lease::Take::Ask(_)
                             )
                         {
-                            m.allowed.increment(1);
-                            m.leased.increment(1);
+                            m.allowed_from_lease();
                             return Ok(());
                         }
                         gcra::Outcome {

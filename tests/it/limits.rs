@@ -394,21 +394,13 @@ async fn hot_keys_never_exceed_the_limit_and_lease_from_redis(app: &TestApp) {
 /// checks shared calls: one call per check would be about 700.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checks_that_ask_redis_share_calls_and_every_bucket_stays_exact() {
-    use latchkey::limits::{Fallback, Policy, PolicyMetrics};
+    use latchkey::limits::PolicyMetrics;
     use std::time::Duration;
 
     let redis = OwnRedis::start().await;
     let limiter = limiter_on(&redis).await;
-    let one = Policy {
-        limit: 1,
-        window: Duration::from_secs(600),
-        fallback: Fallback::Open,
-    };
-    let fifty = Policy {
-        limit: 50,
-        window: Duration::from_secs(600),
-        fallback: Fallback::Open,
-    };
+    let one = open_policy(1, Duration::from_secs(600));
+    let fifty = open_policy(50, Duration::from_secs(600));
     let (m1, m50) = (
         PolicyMetrics::new("batch_one", &one, true),
         PolicyMetrics::new("batch_fifty", &fifty, true),
@@ -481,16 +473,12 @@ async fn limiter_on(redis: &OwnRedis) -> latchkey::limits::Limiter {
 /// not answered at its first poll is counted, then awaited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_comes_back_steadily_is_answered_from_renewed_leases_without_waiting() {
-    use latchkey::limits::{Fallback, Policy, PolicyMetrics};
+    use latchkey::limits::PolicyMetrics;
     use std::time::Duration;
 
     let redis = OwnRedis::start().await;
     let limiter = limiter_on(&redis).await;
-    let policy = Policy {
-        limit: 3200,
-        window: Duration::from_millis(800),
-        fallback: Fallback::Open,
-    };
+    let policy = open_policy(3200, Duration::from_millis(800));
     let m = PolicyMetrics::new("steady", &policy, true);
     limiter
         .check_policy("steady", policy, &m, "client")
@@ -526,17 +514,13 @@ async fn a_client_that_comes_back_steadily_is_answered_from_renewed_leases_witho
 /// shared one does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limiter_whose_batcher_stopped_with_its_runtime_starts_it_again() {
-    use latchkey::limits::{Fallback, Policy, PolicyMetrics};
+    use latchkey::limits::PolicyMetrics;
     use std::sync::Arc;
     use std::time::Duration;
 
     let redis = OwnRedis::start().await;
     let limiter = Arc::new(limiter_on(&redis).await);
-    let two = Policy {
-        limit: 2,
-        window: Duration::from_secs(600),
-        fallback: Fallback::Open,
-    };
+    let two = open_policy(2, Duration::from_secs(600));
     let m = Arc::new(PolicyMetrics::new("restart", &two, true));
     // The first check, from a runtime of its own on a thread of its own,
     // which then ends.
@@ -557,4 +541,14 @@ async fn a_limiter_whose_batcher_stopped_with_its_runtime_starts_it_again() {
         third.is_err(),
         "the third check of a limit of two passed: {third:?}"
     );
+}
+
+/// A policy of `limit` per `window` that lets requests through when Redis
+/// cannot be asked (so that a test sees Redis's answers, or none).
+fn open_policy(limit: u32, window: std::time::Duration) -> latchkey::limits::Policy {
+    latchkey::limits::Policy {
+        limit,
+        window,
+        fallback: latchkey::limits::Fallback::Open,
+    }
 }
