@@ -2,8 +2,8 @@
 `python3 -m loadtest` with the repository root on PYTHONPATH.
 
 Modules:
-  __main__       the command line: gateway / limiter / rig / faults /
-                 scaling go to their modules, everything else to service
+  __main__       the command line: gateway / limiter / overhead / rig /
+                 faults / scaling go to their modules, everything else to service
   common         paths, messages, ports, HTTP, median / percentile, /proc
                  (CPU, RSS, process trees), the CPU sampler, machine and git
                  revision, result folders
@@ -20,6 +20,8 @@ Modules:
                  (validate-throughput), the CI gate
   gateway_bench  the gateway against the upstream direct and HAProxy
   limiter_bench  /auth/validate unlimited, Redis- and in-process-limited
+  overhead       /health/live and a cached /auth/validate as a share of a
+                 bare axum handler (CI's gate); --perf: flame graphs
   rig            the scale-out rig: N instances behind HAProxy, PostgreSQL,
                  a Redis Cluster, the SMTP sink; each part can be killed,
                  frozen, stopped and started (the faults)

@@ -9,6 +9,7 @@ use tracing_subscriber::EnvFilter;
 use crate::settings::{optional, ConfigError, Source};
 
 pub mod otlp;
+pub mod striped;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogFormat {
@@ -128,19 +129,13 @@ where
     }
 }
 
-/// Buckets from 100 us to 5 s, dense enough to read P50/P95/P99.
-const LATENCY_BUCKETS: &[f64] = &[
-    0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03,
-    0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0,
-];
-
 /// The process-wide Prometheus recorder (installed on first use).
 pub fn metrics_handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
             let recorder = PrometheusBuilder::new()
-                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &striped::LATENCY_BUCKETS)
                 .expect("buckets are not empty")
                 .build_recorder();
             let handle = recorder.handle();
@@ -156,15 +151,21 @@ pub fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
+/// The recorder's metrics in the Prometheus text format, after the striped
+/// counters of the request path are added to it ([`striped`]). Every
+/// `/metrics` renders through here.
+pub fn render(handle: &PrometheusHandle) -> String {
+    striped::publish_counters();
+    handle.render()
+}
+
 /// Describes every metric and registers the unlabelled ones, so that they
-/// appear in `/metrics` (and on dashboards) from the first scrape.
+/// appear in `/metrics` (and on dashboards) from the first scrape. The HTTP
+/// request family is not here: the request layer keeps and renders it
+/// (`http::middleware::render_metrics`, in stripes, see [`striped`]).
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     let counters: &[(&'static str, &'static str)] = &[
-        (
-            "latchkey_http_requests_total",
-            "HTTP requests by route template, method and status class",
-        ),
         ("latchkey_http_shed_total", "Requests answered 503 OVERLOADED"),
         (
             "latchkey_http_deadline_exceeded_total",
@@ -330,10 +331,6 @@ fn describe() {
     }
     describe_gauge!("latchkey_build_info", "Version and git revision of this binary");
     let histograms: &[(&'static str, &'static str)] = &[
-        (
-            "latchkey_http_request_duration_seconds",
-            "HTTP latency by route template, method and status class",
-        ),
         (
             "latchkey_hash_wait_seconds",
             "Time a password hash waited for a hashing thread",

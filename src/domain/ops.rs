@@ -51,7 +51,7 @@ impl Operations {
             metrics::gauge!("latchkey_credential_cache_size").set(c.len() as f64);
         }
         crate::telemetry::record_process_gauges();
-        self.metrics.render()
+        crate::telemetry::render(&self.metrics)
     }
 
     /// Sessions revoked since `since` (Unix ms), with when.

@@ -74,7 +74,7 @@ async fn metrics(State(w): State<Arc<Worker>>) -> Response {
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/plain; version=0.0.4"),
         )],
-        st.metrics.render(),
+        crate::telemetry::render(&st.metrics),
     )
         .into_response()
 }

@@ -1,95 +1,136 @@
 //! Around every request: the request id, the deadline, the access log and
-//! the HTTP metrics. The route label is the matched route template (copied
-//! into the response by [`TagRoute`]), never the raw path.
+//! the HTTP metrics. The route label is the route template the path
+//! matches ([`RouteLabels`], built from the router's own table), never the
+//! raw path.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
-
-use metrics::{Counter, Histogram};
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use axum::extract::{MatchedPath, Request};
+use axum::extract::Request;
 use axum::http::{HeaderValue, Method};
 use axum::response::Response;
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
 use super::error::overloaded;
+use crate::telemetry::striped;
 
-/// The matched route template, carried from the inner layer ([`TagRoute`])
-/// to the outer one in the response's extensions.
-#[derive(Clone)]
-struct RouteTag(MatchedPath);
+const METHODS: [&str; 8] = [
+    "GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH", "OTHER",
+];
+const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+const UNMATCHED: &str = "unmatched";
 
-/// Inner layer (a `route_layer`, so it runs after routing): copies the
-/// matched route template into the response, where [`RequestContext`] reads
-/// it for the metrics' `route` label.
-#[derive(Clone, Copy, Default)]
-pub struct TagRouteLayer;
-
-impl<S> Layer<S> for TagRouteLayer {
-    type Service = TagRoute<S>;
-    fn layer(&self, inner: S) -> TagRoute<S> {
-        TagRoute { inner }
-    }
+/// The metrics' `route` label of a request, and the HTTP metrics by
+/// (route, method, status class), kept in per-thread stripes
+/// ([`striped::Histograms`]: no shared word written per request, no sample
+/// buffered until a scrape) and rendered by [`render_metrics`].
+///
+/// The templates are the router's own (`http::router` builds both from one
+/// table) and are matched the way axum matches them (the same `matchit`),
+/// so a path gets the label of the route that serves it, or `unmatched`. It
+/// takes one match of the path per request; the alternative, the router
+/// handing its matched path out, costs an extension in the request (a
+/// shared reference count written by every core), another in the response,
+/// and a layer around every route (a boxed clone per request).
+pub struct RouteLabels {
+    matcher: matchit::Router<usize>,
+    /// Route templates by index; `unmatched` last.
+    names: Vec<&'static str>,
+    histograms: striped::Histograms,
 }
 
-#[derive(Clone)]
-pub struct TagRoute<S> {
-    inner: S,
-}
+/// The service's routes, from the first router built: metrics are
+/// process-wide, and so are these.
+static LABELS: OnceLock<RouteLabels> = OnceLock::new();
 
-impl<S> Service<Request> for TagRoute<S>
-where
-    S: Service<Request, Response = Response>,
-{
-    type Response = Response;
-    type Error = S::Error;
-    type Future = Tagged<S::Future>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
+impl RouteLabels {
+    /// The labels of the service's routes, built from the first router's
+    /// table. Every later router must have the same table.
+    pub fn of(templates: &[&'static str]) -> &'static RouteLabels {
+        let labels = LABELS.get_or_init(|| RouteLabels::new(templates));
+        assert!(
+            labels.names[..labels.names.len() - 1] == *templates,
+            "every router of the service serves the same route table"
+        );
+        labels
     }
 
-    fn call(&mut self, req: Request) -> Self::Future {
-        let route = req.extensions().get::<MatchedPath>().cloned();
-        Tagged {
-            inner: self.inner.call(req),
-            route,
+    fn new(templates: &[&'static str]) -> RouteLabels {
+        let mut matcher = matchit::Router::new();
+        let mut names = Vec::new();
+        for &t in templates {
+            matcher
+                .insert(t, names.len())
+                .expect("route templates are valid and distinct (axum checked them first)");
+            names.push(t);
+        }
+        names.push(UNMATCHED);
+        let histograms = striped::Histograms::new(names.len() * METHODS.len() * CLASSES.len());
+        RouteLabels {
+            matcher,
+            names,
+            histograms,
         }
     }
-}
 
-pin_project! {
-    /// [`TagRoute`]'s answer: the handler's, with the route attached.
-    pub struct Tagged<F> {
-        #[pin]
-        inner: F,
-        route: Option<MatchedPath>,
+    /// The index of the route serving `path` (the last index if none does).
+    fn route_of(&self, path: &str) -> usize {
+        self.matcher
+            .at(path)
+            .map(|m| *m.value)
+            .unwrap_or(self.names.len() - 1)
+    }
+
+    fn name(&self, route: usize) -> &'static str {
+        self.names[route]
+    }
+
+    fn record(&self, route: usize, method: usize, class: usize, elapsed: Duration) {
+        let cell = (route * METHODS.len() + method) * CLASSES.len() + class;
+        self.histograms.record(cell, elapsed);
+    }
+
+    fn render(&self, out: &mut String) {
+        self.histograms.render(
+            out,
+            (
+                "latchkey_http_requests_total",
+                "HTTP requests by route template, method and status class",
+            ),
+            (
+                "latchkey_http_request_duration_seconds",
+                "HTTP latency by route template, method and status class",
+            ),
+            |cell| {
+                let (route, rest) = (
+                    cell / (METHODS.len() * CLASSES.len()),
+                    cell % (METHODS.len() * CLASSES.len()),
+                );
+                format!(
+                    "route=\"{}\",method=\"{}\",status=\"{}\"",
+                    self.names[route],
+                    METHODS[rest / CLASSES.len()],
+                    CLASSES[rest % CLASSES.len()]
+                )
+            },
+        );
     }
 }
 
-impl<F, E> Future for Tagged<F>
-where
-    F: Future<Output = Result<Response, E>>,
-{
-    type Output = Result<Response, E>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let mut resp = ready!(this.inner.poll(cx))?;
-        if let Some(m) = this.route.take() {
-            resp.extensions_mut().insert(RouteTag(m));
-        }
-        Poll::Ready(Ok(resp))
+/// Appends the HTTP request metrics (`latchkey_http_requests_total`,
+/// `latchkey_http_request_duration_seconds`) to a Prometheus text; nothing
+/// if no router was built.
+pub fn render_metrics(out: &mut String) {
+    if let Some(labels) = LABELS.get() {
+        labels.render(out);
     }
 }
 
@@ -98,36 +139,52 @@ fn sane_request_id(v: &HeaderValue) -> bool {
     !b.is_empty() && b.len() <= 128 && b.iter().all(|c| c.is_ascii_alphanumeric() || b"-_.:".contains(c))
 }
 
-fn method_label(m: &Method) -> &'static str {
+/// The index of a method's label in [`METHODS`].
+fn method_label(m: &Method) -> usize {
     match *m {
-        Method::GET => "GET",
-        Method::POST => "POST",
-        Method::PUT => "PUT",
-        Method::DELETE => "DELETE",
-        Method::HEAD => "HEAD",
-        Method::OPTIONS => "OPTIONS",
-        Method::PATCH => "PATCH",
-        _ => "OTHER",
+        Method::GET => 0,
+        Method::POST => 1,
+        Method::PUT => 2,
+        Method::DELETE => 3,
+        Method::HEAD => 4,
+        Method::OPTIONS => 5,
+        Method::PATCH => 6,
+        _ => 7,
     }
 }
 
-fn status_class(s: u16) -> &'static str {
+/// The index of a status's class in [`CLASSES`].
+fn status_class(s: u16) -> usize {
     match s {
-        100..=199 => "1xx",
-        200..=299 => "2xx",
-        300..=399 => "3xx",
-        400..=499 => "4xx",
-        _ => "5xx",
+        100..=199 => 0,
+        200..=299 => 1,
+        300..=399 => 2,
+        400..=499 => 3,
+        _ => 4,
     }
 }
 
-/// A request id unique across processes without a syscall per request: a
-/// random per-process prefix and a counter.
+/// A request id unique across processes without a syscall or a shared
+/// write per request: a random per-process prefix, then a per-thread
+/// counter. Each thread counts in its own block of 2^40 ids (a thread takes
+/// a block when it first needs one), so no two threads ever hand out the
+/// same id and no core writes a counter another one reads.
 fn new_request_id() -> HeaderValue {
     static PREFIX: OnceLock<u64> = OnceLock::new();
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    static NEXT_BLOCK: AtomicU64 = AtomicU64::new(0);
+    thread_local! {
+        static NEXT: Cell<u64> = const { Cell::new(0) };
+    }
     let prefix = *PREFIX.get_or_init(|| u64::from_le_bytes(crate::crypto::random_bytes::<8>()));
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let n = NEXT.with(|next| {
+        let mut n = next.get();
+        if n % (1 << 40) == 0 {
+            // A new thread, or one that used up its block.
+            n = NEXT_BLOCK.fetch_add(1, Ordering::Relaxed) << 40;
+        }
+        next.set(n + 1);
+        n
+    });
     let mut buf = [0u8; 32];
     let hex = b"0123456789abcdef";
     for (i, b) in prefix
@@ -140,67 +197,6 @@ fn new_request_id() -> HeaderValue {
         buf[2 * i + 1] = hex[(b & 15) as usize];
     }
     HeaderValue::from_bytes(&buf).expect("hex is a valid header")
-}
-
-type Handles = (Counter, Histogram);
-/// (method, status class) -> handles, per route template.
-type ByRoute = HashMap<String, HashMap<(&'static str, &'static str), Handles>, BuildHasherDefault<Fnv>>;
-
-thread_local! {
-    /// Metric handles per (route, method, status class), looked up in the
-    /// registry (hashing three labels, under its lock) once per worker
-    /// thread and label set, not per request; the registry hands every
-    /// thread the same counter and histogram.
-    static HANDLES: RefCell<ByRoute> = RefCell::default();
-}
-
-fn record(route: &str, method: &'static str, class: &'static str, elapsed: Duration) {
-    HANDLES.with_borrow_mut(|by_route| {
-        if !by_route.contains_key(route) {
-            by_route.insert(route.to_string(), HashMap::new());
-        }
-        let h = by_route
-            .get_mut(route)
-            .expect("inserted above")
-            .entry((method, class))
-            .or_insert_with(|| {
-                let labels = [
-                    ("route", route.to_string()),
-                    ("method", method.to_string()),
-                    ("status", class.to_string()),
-                ];
-                (
-                    metrics::counter!("latchkey_http_requests_total", &labels),
-                    metrics::histogram!("latchkey_http_request_duration_seconds", &labels),
-                )
-            });
-        h.0.increment(1);
-        h.1.record(elapsed.as_secs_f64());
-    })
-}
-
-/// FNV-1a: the thread-local map's keys are short route templates and two
-/// static labels, where SipHash's defence against chosen keys buys nothing
-/// (the keys are the service's own routes, never the raw path).
-#[derive(Default)]
-struct Fnv(u64);
-
-impl Hasher for Fnv {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut h = if self.0 == 0 {
-            0xcbf2_9ce4_8422_2325
-        } else {
-            self.0
-        };
-        for b in bytes {
-            h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
-        }
-        self.0 = h;
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
 }
 
 /// Requests being served, counted in per-thread slots (a request may end on
@@ -240,6 +236,8 @@ pub fn publish_in_flight() {
 pub struct RequestContextLayer {
     /// Past it a request is answered `503` and its handler dropped.
     pub deadline: Duration,
+    /// The routes below, for the metrics' `route` label.
+    pub routes: &'static RouteLabels,
 }
 
 impl<S> Layer<S> for RequestContextLayer {
@@ -248,6 +246,7 @@ impl<S> Layer<S> for RequestContextLayer {
         RequestContext {
             inner,
             deadline: self.deadline,
+            routes: self.routes,
         }
     }
 }
@@ -256,6 +255,7 @@ impl<S> Layer<S> for RequestContextLayer {
 pub struct RequestContext<S> {
     inner: S,
     deadline: Duration,
+    routes: &'static RouteLabels,
 }
 
 impl<S> Service<Request> for RequestContext<S>
@@ -277,14 +277,15 @@ where
             _ => new_request_id(),
         };
         let method = method_label(req.method());
+        let route = self.routes.route_of(req.uri().path());
         // Disabled (a no-op handle) unless a log filter or the trace
         // exporter wants request spans.
         let span = tracing::info_span!(
             "request",
             request_id = id.to_str().unwrap_or(""),
-            method,
+            method = METHODS[method],
             path = req.uri().path(),
-            route = tracing::field::Empty,
+            route = self.routes.name(route),
             status = tracing::field::Empty,
         );
         if !span.is_disabled() {
@@ -305,6 +306,8 @@ where
             started: Some(Started {
                 start,
                 id,
+                routes: self.routes,
+                route,
                 method,
                 span,
                 in_flight,
@@ -317,7 +320,9 @@ where
 struct Started {
     start: Instant,
     id: HeaderValue,
-    method: &'static str,
+    routes: &'static RouteLabels,
+    route: usize,
+    method: usize,
     span: tracing::Span,
     in_flight: InFlight,
 }
@@ -389,6 +394,8 @@ fn finish(started: Started, mut resp: Response) -> Response {
     let Started {
         start,
         id,
+        routes,
+        route,
         method,
         span,
         in_flight,
@@ -397,12 +404,7 @@ fn finish(started: Started, mut resp: Response) -> Response {
     resp.headers_mut().insert("x-request-id", id);
     let elapsed = start.elapsed();
     let status = resp.status().as_u16();
-    let route = resp
-        .extensions()
-        .get::<RouteTag>()
-        .map(|t| t.0.as_str())
-        .unwrap_or("unmatched");
-    record(route, method, status_class(status), elapsed);
+    routes.record(route, method, status_class(status), elapsed);
     // The access line's level decides, not the span's: with `log = warn` the
     // request span is off but a 5xx is still logged (the macros check their
     // own level first, at the cost of a load).
@@ -414,8 +416,52 @@ fn finish(started: Started, mut resp: Response) -> Response {
         }
     });
     // For exported traces (after the access line, which carries the status).
-    span.record("route", route);
     // Integers as i64: OpenTelemetry attributes are signed (a u64 would go as text).
     span.record("status", i64::from(status));
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_path_is_labelled_with_the_template_that_serves_it_and_never_with_itself() {
+        let labels = RouteLabels::new(&[
+            "/auth/sessions",
+            "/auth/sessions/{id}",
+            "/admin/users/{id}/sessions",
+            "/health/live",
+        ]);
+        let label = |path: &str| labels.name(labels.route_of(path));
+        assert_eq!(label("/auth/sessions"), "/auth/sessions");
+        assert_eq!(label("/auth/sessions/0190b3f1"), "/auth/sessions/{id}");
+        assert_eq!(label("/admin/users/42/sessions"), "/admin/users/{id}/sessions");
+        assert_eq!(label("/health/live"), "/health/live");
+        for unknown in [
+            "/",
+            "/health",
+            "/health/live/x",
+            "/auth/sessions/a/b",
+            "/Health/live",
+            "",
+        ] {
+            assert_eq!(label(unknown), UNMATCHED, "{unknown:?}");
+        }
+    }
+
+    #[test]
+    fn request_ids_are_distinct_across_threads_and_keep_their_shape() {
+        let ids: Vec<HeaderValue> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..4)
+                .map(|_| s.spawn(|| (0..1000).map(|_| new_request_id()).collect::<Vec<_>>()))
+                .collect();
+            workers.into_iter().flat_map(|w| w.join().unwrap()).collect()
+        });
+        let distinct: std::collections::HashSet<&[u8]> = ids.iter().map(|v| v.as_bytes()).collect();
+        assert_eq!(distinct.len(), ids.len());
+        assert!(ids.iter().all(|v| v.len() == 32 && sane_request_id(v)));
+        // One process prefix: ids from one instance are recognisable as such.
+        assert!(ids.iter().all(|v| v.as_bytes()[..16] == ids[0].as_bytes()[..16]));
+    }
 }

@@ -22,7 +22,7 @@ pub use settings::{ClientAddress, HttpSettings};
 use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, MethodRouter};
 use axum::Router;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -168,73 +168,86 @@ impl Modify for BearerAuth {
     }
 }
 
-pub fn router(state: AppState) -> Router {
-    let body_limit = state.settings.body_limit;
-    Router::new()
-        .route("/auth/register", post(accounts::register))
-        .route("/auth/verify-otp", post(accounts::verify_otp))
-        .route("/auth/resend-otp", post(accounts::resend_otp))
-        .route("/auth/login", post(accounts::login))
-        .route("/auth/refresh", post(accounts::refresh))
-        .route("/auth/logout", post(accounts::logout))
-        .route("/auth/me", get(accounts::me))
-        .route("/auth/password", post(accounts::change_password))
-        .route(
+/// Every route of the public listener, in one table: the router is built
+/// from it, and so are the metrics' route labels
+/// ([`middleware::RouteLabels`]).
+fn routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
+    vec![
+        ("/auth/register", post(accounts::register)),
+        ("/auth/verify-otp", post(accounts::verify_otp)),
+        ("/auth/resend-otp", post(accounts::resend_otp)),
+        ("/auth/login", post(accounts::login)),
+        ("/auth/refresh", post(accounts::refresh)),
+        ("/auth/logout", post(accounts::logout)),
+        ("/auth/me", get(accounts::me)),
+        ("/auth/password", post(accounts::change_password)),
+        (
             "/auth/sessions",
             get(accounts::sessions).delete(accounts::end_sessions),
-        )
-        .route("/auth/sessions/{id}", delete(accounts::end_session))
-        .route("/auth/mfa/verify", post(mfa::verify))
-        .route("/auth/mfa/factors", get(mfa::factors))
-        .route(
+        ),
+        ("/auth/sessions/{id}", delete(accounts::end_session)),
+        ("/auth/mfa/verify", post(mfa::verify)),
+        ("/auth/mfa/factors", get(mfa::factors)),
+        (
             "/auth/mfa/factors/{id}",
             axum::routing::patch(mfa::rename_factor).delete(mfa::remove_factor),
-        )
-        .route("/auth/mfa/totp", post(mfa::start_totp))
-        .route("/auth/mfa/totp/{id}/confirm", post(mfa::confirm_totp))
-        .route("/auth/mfa/passkeys", post(mfa::start_passkey))
-        .route("/auth/mfa/passkeys/finish", post(mfa::finish_passkey))
-        .route("/auth/mfa/recovery-codes", post(mfa::recovery_codes))
-        .route("/auth/passkeys/login", post(mfa::passkey_login))
-        .route("/auth/passkeys/login/finish", post(mfa::passkey_login_finish))
-        .route("/admin/users", get(admin::users).post(admin::create_user))
-        .route("/admin/events", get(admin::events))
-        .route("/admin/webhooks", get(admin::webhooks).post(admin::add_webhook))
-        .route("/admin/webhooks/{id}", delete(admin::remove_webhook))
-        .route("/admin/webhooks/{id}/deliveries", get(admin::webhook_deliveries))
-        .route(
+        ),
+        ("/auth/mfa/totp", post(mfa::start_totp)),
+        ("/auth/mfa/totp/{id}/confirm", post(mfa::confirm_totp)),
+        ("/auth/mfa/passkeys", post(mfa::start_passkey)),
+        ("/auth/mfa/passkeys/finish", post(mfa::finish_passkey)),
+        ("/auth/mfa/recovery-codes", post(mfa::recovery_codes)),
+        ("/auth/passkeys/login", post(mfa::passkey_login)),
+        ("/auth/passkeys/login/finish", post(mfa::passkey_login_finish)),
+        ("/admin/users", get(admin::users).post(admin::create_user)),
+        ("/admin/events", get(admin::events)),
+        ("/admin/webhooks", get(admin::webhooks).post(admin::add_webhook)),
+        ("/admin/webhooks/{id}", delete(admin::remove_webhook)),
+        ("/admin/webhooks/{id}/deliveries", get(admin::webhook_deliveries)),
+        (
             "/admin/users/{id}",
             get(admin::user)
                 .patch(admin::update_user)
                 .delete(admin::delete_user),
-        )
-        .route("/admin/users/{id}/sessions", delete(admin::end_sessions))
-        .route("/admin/users/{id}/unlock", post(admin::unlock))
-        .route("/admin/users/{id}/factors", delete(admin::reset_factors))
-        .route("/admin/users/{id}/password-reset", post(admin::password_reset))
-        .route("/auth/password-reset", post(accounts::password_reset))
-        .route(
+        ),
+        ("/admin/users/{id}/sessions", delete(admin::end_sessions)),
+        ("/admin/users/{id}/unlock", post(admin::unlock)),
+        ("/admin/users/{id}/factors", delete(admin::reset_factors)),
+        ("/admin/users/{id}/password-reset", post(admin::password_reset)),
+        ("/auth/password-reset", post(accounts::password_reset)),
+        (
             "/auth/password-reset/confirm",
             post(accounts::password_reset_confirm),
-        )
-        .route("/auth/validate", get(tokens::validate))
-        .route("/.well-known/jwks.json", get(tokens::jwks))
-        .route("/.well-known/openid-configuration", get(tokens::discovery))
-        .route("/oauth/token", post(oauth::token))
-        .route("/oauth/introspect", post(oauth::introspect))
-        .route("/oauth/revoke", post(oauth::revoke))
-        .route("/health/live", get(ops::live))
-        .route("/health/ready", get(ops::ready))
-        .route("/openapi.json", get(ops::openapi))
-        .route("/ui/account", get(ui::page))
-        .route("/ui/account.js", get(ui::script))
-        .route("/ui/account.css", get(ui::style))
-        .route_layer(middleware::TagRouteLayer)
+        ),
+        ("/auth/validate", get(tokens::validate)),
+        ("/.well-known/jwks.json", get(tokens::jwks)),
+        ("/.well-known/openid-configuration", get(tokens::discovery)),
+        ("/oauth/token", post(oauth::token)),
+        ("/oauth/introspect", post(oauth::introspect)),
+        ("/oauth/revoke", post(oauth::revoke)),
+        ("/health/live", get(ops::live)),
+        ("/health/ready", get(ops::ready)),
+        ("/openapi.json", get(ops::openapi)),
+        ("/ui/account", get(ui::page)),
+        ("/ui/account.js", get(ui::script)),
+        ("/ui/account.css", get(ui::style)),
+    ]
+}
+
+pub fn router(state: AppState) -> Router {
+    let body_limit = state.settings.body_limit;
+    let table = routes();
+    let templates: Vec<&'static str> = table.iter().map(|(path, _)| *path).collect();
+    let router = table.into_iter().fold(Router::new(), |router, (path, methods)| {
+        router.route(path, methods)
+    });
+    router
         .fallback(|| async { ApiError::NotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::RequestContextLayer {
             deadline: state.settings.request_timeout,
+            routes: middleware::RouteLabels::of(&templates),
         })
         .with_state(state)
 }

@@ -28,12 +28,14 @@ pub async fn ready(State(st): State<AppState>) -> Response {
 /// Prometheus text format; served on the admin listener only.
 pub async fn metrics(State(st): State<AppState>) -> Response {
     super::middleware::publish_in_flight();
+    let mut text = st.ops.metrics_text();
+    super::middleware::render_metrics(&mut text);
     (
         [(
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/plain; version=0.0.4"),
         )],
-        st.ops.metrics_text(),
+        text,
     )
         .into_response()
 }

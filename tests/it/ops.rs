@@ -148,6 +148,28 @@ async fn metrics_are_exposed(app: &TestApp) {
         text.contains("route=\"/auth/login\""),
         "routes are labelled by template"
     );
+    // A path with a parameter counts under its template, a wrong method
+    // under the route it missed, an unknown path as `unmatched`: never a
+    // raw path, which would let any client grow the label set.
+    let id = "0190b3f1-0000-7000-8000-00000000beef";
+    let gone = app
+        .http
+        .delete(app.url(&format!("/auth/sessions/{id}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(gone.status(), 401);
+    assert_eq!(app.get("/oauth/token").await.status(), 405);
+    assert_eq!(app.get(&format!("/no/such/{id}")).await.status(), 404);
+    let text = app.metrics().await;
+    for series in [
+        "latchkey_http_requests_total{route=\"/auth/sessions/{id}\",method=\"DELETE\",status=\"4xx\"}",
+        "latchkey_http_requests_total{route=\"/oauth/token\",method=\"GET\",status=\"4xx\"}",
+        "latchkey_http_requests_total{route=\"unmatched\",method=\"GET\",status=\"4xx\"}",
+    ] {
+        assert!(text.contains(series), "{series} missing from /metrics");
+    }
+    assert!(!text.contains(id), "a raw path became a label");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
