@@ -21,7 +21,9 @@ Modules:
   gateway_bench  the gateway against the upstream direct and HAProxy
   limiter_bench  /auth/validate unlimited, Redis- and in-process-limited
   overhead       /health/live and a cached /auth/validate as a share of a
-                 bare axum handler (CI's gate); --perf: flame graphs
+                 bare axum handler (CI's gate)
+  profile        the benchmarks' --perf: perf record of a server under load,
+                 flame graphs (inferno), CPU per request by function
   rig            the scale-out rig: N instances behind HAProxy, PostgreSQL,
                  a Redis Cluster, the SMTP sink; each part can be killed,
                  frozen, stopped and started (the faults)

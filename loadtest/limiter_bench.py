@@ -5,7 +5,7 @@ limiter and on the in-process one, with one client, 1,000 clients and
 
 Usage (from the repository root, after `cargo build --release`):
   scripts/loadtest limiter [--secs 15] [--rounds 3] [--conns 50] [--clients 1,1000,100000]
-                           [--binary PATH] [--compare OTHER_LATCHKEY_BINARY]
+                           [--binary PATH] [--compare OTHER_LATCHKEY_BINARY] [--perf]
 
 What it does, in a temporary directory removed at the end:
 - starts its own redis-server on a free loopback port;
@@ -26,6 +26,9 @@ What it does, in a temporary directory removed at the end:
 - rounds interleave the variants so that noise hits all alike; per variant
   the median over rounds, and "lost" against the unlimited run of the same
   round and client count;
+- --perf: after the rounds, one more run of each variant at the largest
+  client count under `perf record` (loadtest/profile.py): flame-<variant>.svg
+  and profile.md (CPU per request by function, side by side);
 - prints a Markdown report and writes it, with the raw wrk outputs, to
   loadtest/results/<UTC date-time>-limiter/.
 """
@@ -34,7 +37,7 @@ import argparse
 import os
 import shlex
 
-from . import common
+from . import common, profile
 from .common import ROOT, RunError, cpu_seconds, free_port, http, login_token, metric_total, say, wait_until
 from .report import finish, limiter_report
 from .runners import run_wrk
@@ -61,6 +64,9 @@ def parse_args(argv):
                     help="the latchkey binary to measure (default: $LATCHKEY_BIN, else target/release/latchkey)")
     ap.add_argument("--compare", help="another latchkey binary, Redis-limited, measured in the same rounds "
                                       "(variant redis-other)")
+    ap.add_argument("--perf", action="store_true",
+                    help="after the rounds, profile each variant once more at the largest client count: "
+                         "flame graphs and profile.md")
     return ap.parse_args(argv)
 
 
@@ -110,6 +116,8 @@ def main(argv):
     latchkey, _ = ensure_binary(args.binary, build=False)
     find_wrk()
     require("redis-server")
+    if args.perf:
+        profile.require_tools()
     clients = [int(c) for c in args.clients.split(",")]
     command = "scripts/loadtest limiter " + shlex.join(argv)
     results = {}
@@ -141,6 +149,17 @@ def main(argv):
                         f"P99 {w['latency_us']['p99'] / 1000:.2f} ms, non-2xx {w['errors']['status']}, "
                         f"{w['cpu_us']:.1f} us CPU/req, Redis calls/req {w['redis_calls_per_req']:.3f}, "
                         f"waited for Redis/req {w['waited_per_req']:.3f}")
+        if args.perf:
+            n = max(clients)
+            profiles = {}
+            for name, (base, pid, _) in servers.items():
+                def load():
+                    return wrk(f"{base}/auth/validate", token, n, args.conns, args.secs, raw,
+                               f"{name}-n{n}-perf")["requests"]
+                profiles[name] = profile.record(pid, args.secs, load, raw, outdir, name,
+                                                f"latchkey limiter benchmark: {name}, {n:,} clients")
+            (outdir / "profile.md").write_text(profile.table(
+                profiles, command, [("redis", "unlimited"), ("redis-other", "redis"), ("local", "unlimited")]))
 
     finish(outdir, limiter_report(results, args, clients, started, command),
            {f"{k[0]}-{k[1]}": v for k, v in results.items()})

@@ -35,11 +35,10 @@ import argparse
 import json
 import os
 import shlex
-import shutil
 import statistics
 import subprocess
 
-from . import common
+from . import common, profile
 from .common import ROOT, RunError, cpu_seconds, free_port, http, login_token, proc_rss_kib, say, wait_until
 from .runners import run_wrk
 from .servers import SEED_PASSWORD, bench_env, bench_workspace, seed_users
@@ -73,61 +72,12 @@ def ensure_bare():
     return BARE
 
 
-PERF_HZ = 999
-
-
 def profile_cell(url, pid, extra, args, raw, outdir, name):
-    """One more wrk run of a cell with `perf record` on its server: writes
-    flame-<name>.svg and returns (requests, {function: own samples})."""
-    data = raw / f"perf-{name}.data"
-    perf = subprocess.Popen(["perf", "record", "-F", str(PERF_HZ), "--call-graph", "dwarf,16384", "-p", str(pid),
-                             "-o", str(data), "--", "sleep", str(args.secs)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    w = run_wrk(url, LUA, args.conns, args.secs, raw / f"wrk-{name}-perf.txt", env={**os.environ, **extra})
-    perf.wait()
-    script = subprocess.run(["perf", "script", "-i", str(data)], capture_output=True, check=True).stdout
-    folded = subprocess.run(["inferno-collapse-perf"], input=script, capture_output=True, check=True).stdout
-    svg = subprocess.run(["inferno-flamegraph", "--title", f"latchkey overhead: {name} ({url})"], input=folded,
-                         capture_output=True, check=True).stdout
-    (outdir / f"flame-{name}.svg").write_bytes(svg)
-    (raw / f"folded-{name}.txt").write_bytes(folded)
-    own = {}
-    for line in folded.decode(errors="replace").splitlines():
-        stack, _, count = line.rpartition(" ")
-        leaf = stack.rsplit(";", 1)[-1]
-        own[leaf] = own.get(leaf, 0) + int(count)
-    data.unlink()  # hundreds of MiB with dwarf call graphs; the SVG keeps the stacks
-    say(f"profiled {name}: {w['requests']:,} requests, {sum(own.values()):,} samples")
-    return w["requests"], own
-
-
-def profile_table(profiles, command, top=30):
-    """CPU per request by function (its own samples, where it is the leaf of
-    the stack), the cells side by side: one table ordered by what /health/live
-    pays over the bare handler, one by what validation pays over
-    /health/live. perf weighs each sample by its period, which for the
-    cpu-clock event is in nanoseconds."""
-    per = {n: {f: c / max(1, req) for f, c in own.items()} for n, (req, own) in profiles.items()}
-    names = list(per)
-    funcs = set().union(*per.values())
-    lines = ["# Profile of the overhead cells", "", f"Command: `{command.strip()}` (`--perf`: one extra "
-             f"run per cell under `perf record -F {PERF_HZ} --call-graph dwarf`)", "",
-             "Each function's own CPU time in nanoseconds per request (the samples where it is the leaf of "
-             "the stack, weighed by their period; the event is cpu-clock, so the period is in ns). Profiling "
-             "slows the server, so the totals run above the rounds' figures. The flame graphs "
-             "(flame-<cell>.svg) show the callers."]
-    for cell, base in (("live", "bare"), ("validate", "live")):
-        if cell not in per or base not in per:
-            continue
-        order = sorted(funcs, key=lambda f: per[cell].get(f, 0) - per[base].get(f, 0), reverse=True)[:top]
-        lines += ["", f"## What `{cell}` pays over `{base}` ({top} functions)", "",
-                  "| function | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names),
-                  "| **all** | " + " | ".join(f"{sum(per[n].values()):,.0f}" for n in names) + " |"]
-        for f in order:
-            label = f if len(f) <= 110 else f[:107] + "..."
-            lines.append(f"| `{label.replace('|', '/')}` | "
-                         + " | ".join(f"{per[n].get(f, 0):.0f}" for n in names) + " |")
-    return "\n".join(lines) + "\n"
+    """One more wrk run of a cell with its server under perf."""
+    def load():
+        return run_wrk(url, LUA, args.conns, args.secs, raw / f"wrk-{name}-perf.txt",
+                       env={**os.environ, **extra})["requests"]
+    return profile.record(pid, args.secs, load, raw, outdir, name, f"latchkey overhead: {name} ({url})")
 
 
 def main(argv):
@@ -149,10 +99,7 @@ def main(argv):
     bare = ensure_bare()
     find_wrk()
     if args.perf:
-        for tool, install in (("perf", "apt-get install linux-perf"), ("inferno-collapse-perf", "cargo install inferno"),
-                              ("inferno-flamegraph", "cargo install inferno")):
-            if not shutil.which(tool):
-                raise RunError(f"--perf needs {tool} ({install})")
+        profile.require_tools()
     command = "scripts/loadtest overhead " + shlex.join(argv)
     results = {}
     with bench_workspace("overhead", args.out) as (started, outdir, raw, tmp, procs):
@@ -200,7 +147,8 @@ def main(argv):
         if args.perf:
             profiles = {name: profile_cell(url, pid, extra, args, raw, outdir, name)
                         for name, (url, pid, extra) in cells.items()}
-            (outdir / "profile.md").write_text(profile_table(profiles, command))
+            (outdir / "profile.md").write_text(
+                profile.table(profiles, command, [("live", "bare"), ("validate", "live")]))
     shares = {n: [w["rps"] / b["rps"] for w, b in zip(results[n], results["bare"])] for n in results if n != "bare"}
     med = {n: statistics.median(w["rps"] for w in v) for n, v in results.items()}
     share = {n: statistics.median(v) for n, v in shares.items()}

@@ -35,7 +35,8 @@ const UNMATCHED: &str = "unmatched";
 ///
 /// The templates are the router's own (`http::router` builds both from one
 /// table) and are matched the way axum matches them (the same `matchit`),
-/// so a path gets the label of the route that serves it, or `unmatched`. It
+/// so a path gets the label of the route that serves it, or `unmatched`
+/// (also for a method the route does not serve, see [`finish`]). It
 /// takes one match of the path per request; the alternative, the router
 /// handing its matched path out, costs an extension in the request (a
 /// shared reference count written by every core), another in the response,
@@ -86,7 +87,11 @@ impl RouteLabels {
         self.matcher
             .at(path)
             .map(|m| *m.value)
-            .unwrap_or(self.names.len() - 1)
+            .unwrap_or(self.unmatched())
+    }
+
+    fn unmatched(&self) -> usize {
+        self.names.len() - 1
     }
 
     fn name(&self, route: usize) -> &'static str {
@@ -167,8 +172,9 @@ fn status_class(s: u16) -> usize {
 /// A request id unique across processes without a syscall or a shared
 /// write per request: a random per-process prefix, then a per-thread
 /// counter. Each thread counts in its own block of 2^40 ids (a thread takes
-/// a block when it first needs one), so no two threads ever hand out the
-/// same id and no core writes a counter another one reads.
+/// a block when it first needs one), so no two threads hand out the same id
+/// and no core writes a counter another one reads. There are 2^24 blocks;
+/// a process would need that many threads (or ids) before one is reused.
 fn new_request_id() -> HeaderValue {
     static PREFIX: OnceLock<u64> = OnceLock::new();
     static NEXT_BLOCK: AtomicU64 = AtomicU64::new(0);
@@ -404,6 +410,9 @@ fn finish(started: Started, mut resp: Response) -> Response {
     resp.headers_mut().insert("x-request-id", id);
     let elapsed = start.elapsed();
     let status = resp.status().as_u16();
+    // A method the route does not serve counts as `unmatched`: otherwise any
+    // client could open a series for each route and method.
+    let route = if status == 405 { routes.unmatched() } else { route };
     routes.record(route, method, status_class(status), elapsed);
     // The access line's level decides, not the span's: with `log = warn` the
     // request span is off but a 5xx is still logged (the macros check their
@@ -447,6 +456,16 @@ mod tests {
             "",
         ] {
             assert_eq!(label(unknown), UNMATCHED, "{unknown:?}");
+        }
+    }
+
+    #[test]
+    fn every_route_of_the_service_is_labelled_with_its_own_template() {
+        let templates: Vec<&'static str> = super::super::routes().iter().map(|(t, _)| *t).collect();
+        let labels = RouteLabels::new(&templates);
+        for t in templates {
+            let path = t.replace("{id}", "0190b3f1-0000-7000-8000-00000000beef");
+            assert_eq!(labels.name(labels.route_of(&path)), t, "{path}");
         }
     }
 

@@ -30,9 +30,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-/// Stripes per metric. Threads beyond it share a stripe (still exact, since
-/// every write is atomic, only slower), so it is sized for the worker
-/// threads of a small machine, not for every thread of a large one.
+/// Stripes per metric. Threads take them in turn, so beyond eight threads
+/// some share a stripe (still exact, since every write is atomic, only
+/// slower): sized for the worker threads of a small machine.
 const STRIPES: usize = 8;
 
 /// The stripe of the calling thread: threads take stripes in turn as they
@@ -59,7 +59,9 @@ pub struct Counter {
 static COUNTERS: Mutex<Vec<&'static Counter>> = Mutex::new(Vec::new());
 
 impl Counter {
-    /// Wraps a recorder counter and registers it for [`publish_counters`].
+    /// Wraps a recorder counter and registers it for [`publish_counters`]:
+    /// once per counter and process (its stripes are never freed), for a
+    /// fixed set of `'static` counters.
     pub fn register(target: metrics::Counter) -> &'static Counter {
         let c: &'static Counter = Box::leak(Box::new(Counter {
             stripes: [const { Padded(AtomicU64::new(0)) }; STRIPES],

@@ -148,9 +148,10 @@ async fn metrics_are_exposed(app: &TestApp) {
         text.contains("route=\"/auth/login\""),
         "routes are labelled by template"
     );
-    // A path with a parameter counts under its template, a wrong method
-    // under the route it missed, an unknown path as `unmatched`: never a
-    // raw path, which would let any client grow the label set.
+    // A path with a parameter counts under its template; an unknown path
+    // and a method the route does not serve as `unmatched`: never a raw
+    // path or a series per route and method, which would let any client
+    // grow the label set.
     let id = "0190b3f1-0000-7000-8000-00000000beef";
     let gone = app
         .http
@@ -164,12 +165,22 @@ async fn metrics_are_exposed(app: &TestApp) {
     let text = app.metrics().await;
     for series in [
         "latchkey_http_requests_total{route=\"/auth/sessions/{id}\",method=\"DELETE\",status=\"4xx\"}",
-        "latchkey_http_requests_total{route=\"/oauth/token\",method=\"GET\",status=\"4xx\"}",
         "latchkey_http_requests_total{route=\"unmatched\",method=\"GET\",status=\"4xx\"}",
     ] {
         assert!(text.contains(series), "{series} missing from /metrics");
     }
     assert!(!text.contains(id), "a raw path became a label");
+    assert!(
+        !text.contains("route=\"/oauth/token\",method=\"GET\""),
+        "a 405 opened a series of its own"
+    );
+    // The request layer renders its families after the recorder's: each
+    // family is still declared once.
+    let mut families: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE ")).collect();
+    let declared = families.len();
+    families.sort_unstable();
+    families.dedup();
+    assert_eq!(families.len(), declared, "a metric family declared twice");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
