@@ -44,7 +44,7 @@
 //! ```
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::sync::Mutex;
 
 const SHARDS: usize = 16;
@@ -149,7 +149,46 @@ pub enum Take {
     Ask(u32),
 }
 
-type Shard = HashMap<&'static str, HashMap<Box<str>, Lease>>;
+/// Per shard: the leases by the hash of (policy, key), the one hash that
+/// also picked the shard (one SipHash and one table probe per check). Each
+/// entry keeps its policy and key: a key whose hash an entry of another key
+/// already holds is treated like a key a full table will not store (it
+/// asks for one token, exactly), so two keys never share a lease.
+type Shard = HashMap<u64, Entry, BuildHasherDefault<Prehashed>>;
+
+struct Entry {
+    policy: &'static str,
+    key: Box<str>,
+    lease: Lease,
+}
+
+impl Entry {
+    fn is(&self, policy: &'static str, key: &str) -> bool {
+        self.policy == policy && *self.key == *key
+    }
+}
+
+/// The identity hasher of a table whose keys are already SipHash values
+/// (keyed per process, so an attacker cannot choose collisions).
+#[derive(Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u64` keys are hashed here; fold anything else all the same.
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u64(&mut self, h: u64) {
+        self.0 = h;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Lease {
@@ -170,12 +209,13 @@ struct Lease {
 }
 
 pub struct Leases {
-    /// Per shard: policy -> key -> lease (nested so that a lookup by `&str`
-    /// allocates nothing).
     shards: Vec<Mutex<Shard>>,
     hasher: std::collections::hash_map::RandomState,
     /// [`MAX_KEYS_PER_SHARD`], smaller in tests.
     keys_per_shard: usize,
+    /// Tests: every key hashes alike.
+    #[cfg(test)]
+    colliding: bool,
 }
 
 impl Default for Leases {
@@ -191,17 +231,25 @@ impl Leases {
 
     fn with_keys_per_shard(keys_per_shard: usize) -> Self {
         Leases {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::default())).collect(),
             hasher: Default::default(),
             keys_per_shard,
+            #[cfg(test)]
+            colliding: false,
         }
     }
 
-    fn shard(&self, policy: &'static str, key: &str) -> &Mutex<Shard> {
+    /// The shard of (policy, key) and the key's hash in it. The shard takes
+    /// bits of the hash that the table does not use for its buckets (the
+    /// low bits) or its tags (the top seven).
+    fn locate(&self, policy: &'static str, key: &str) -> (&Mutex<Shard>, u64) {
         let mut h = self.hasher.build_hasher();
         policy.hash(&mut h);
         key.hash(&mut h);
-        &self.shards[h.finish() as usize % SHARDS]
+        let h = h.finish();
+        #[cfg(test)]
+        let h = if self.colliding { 0 } else { h };
+        (&self.shards[(h >> 32) as usize % SHARDS], h)
     }
 
     /// Uses a leased token if one is left, or says how many to ask for
@@ -210,12 +258,17 @@ impl Leases {
     /// gone also says to ask for the next lease in the background
     /// ([`Take::Renew`]), once at a time.
     pub fn take(&self, policy: &'static str, key: &str, now: i64, terms: Terms) -> Take {
-        let mut map = self.shard(policy, key).lock().expect("lease lock");
-        let Some(l) = map.get_mut(policy).and_then(|m| m.get_mut(key)) else {
+        let (shard, h) = self.locate(policy, key);
+        let mut map = shard.lock().expect("lease lock");
+        let full = map.len() >= self.keys_per_shard;
+        let l = match map.get_mut(&h) {
+            Some(e) if e.is(policy, key) => &mut e.lease,
+            // Another key holds this hash: this one is not stored.
+            Some(_) => return Take::Ask(1),
             // A key a full table will not store asks for one token: spare
             // ones would be lost.
-            let full = map.values().map(HashMap::len).sum::<usize>() >= self.keys_per_shard;
-            return Take::Ask(if full { 1 } else { terms.cold });
+            None if full => return Take::Ask(1),
+            None => return Take::Ask(terms.cold),
         };
         if !(l.tokens > 0 && now < l.until) && l.next_tokens > 0 && now < l.next_until {
             (l.tokens, l.until, l.next_tokens) = (l.next_tokens, l.next_until, 0);
@@ -253,26 +306,26 @@ impl Leases {
     /// spare tokens that a racing call leased: they have left the bucket,
     /// and the refused caller may take one (exact either way).
     pub fn granted(&self, policy: &'static str, key: &str, now: i64, ttl: i64, granted: u32) {
-        let mut map = self.shard(policy, key).lock().expect("lease lock");
-        let known = map.get(policy).is_some_and(|keys| keys.contains_key(key));
-        if !known && map.values().map(HashMap::len).sum::<usize>() >= self.keys_per_shard {
-            return;
-        }
-        let keys = map.entry(policy).or_default();
-        if !known {
-            keys.insert(
-                key.into(),
-                Lease {
+        let (shard, h) = self.locate(policy, key);
+        let mut map = shard.lock().expect("lease lock");
+        let full = map.len() >= self.keys_per_shard;
+        let entry = match map.entry(h) {
+            std::collections::hash_map::Entry::Occupied(e) if e.get().is(policy, key) => e.into_mut(),
+            // Another key's hash, or a full table: not stored.
+            std::collections::hash_map::Entry::Occupied(_) => return,
+            std::collections::hash_map::Entry::Vacant(_) if full => return,
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(Entry {
+                policy,
+                key: key.into(),
+                lease: Lease {
                     fetched: now,
                     until: now,
                     renew_asked: NEVER,
                     ..Lease::default()
                 },
-            );
-        }
-        let Some(entry) = keys.get_mut(key) else {
-            return;
+            }),
         };
+        let entry = &mut entry.lease;
         if granted == 0 {
             entry.fetched = now;
             return;
@@ -302,8 +355,13 @@ impl Leases {
         asked: i64,
         granted: Option<u32>,
     ) {
-        let mut map = self.shard(policy, key).lock().expect("lease lock");
-        let Some(entry) = map.get_mut(policy).and_then(|m| m.get_mut(key)) else {
+        let (shard, h) = self.locate(policy, key);
+        let mut map = shard.lock().expect("lease lock");
+        let Some(entry) = map
+            .get_mut(&h)
+            .filter(|e| e.is(policy, key))
+            .map(|e| &mut e.lease)
+        else {
             // Purged meanwhile (a key not seen for a lease's life): its
             // tokens are wasted, never used late.
             return;
@@ -328,16 +386,13 @@ impl Leases {
     /// Forgets leases that expired (housekeeping).
     pub fn purge(&self, now: i64) {
         for shard in &self.shards {
-            let mut map = shard.lock().expect("lease lock");
-            for keys in map.values_mut() {
-                keys.retain(|_, l| {
-                    (l.tokens > 0 && now < l.until)
-                        || (l.next_tokens > 0 && now < l.next_until)
-                        || now - l.fetched < HOT
-                        || now - l.renew_asked < RENEW_WAIT
-                });
-            }
-            map.retain(|_, keys| !keys.is_empty());
+            shard.lock().expect("lease lock").retain(|_, e| {
+                let l = &e.lease;
+                (l.tokens > 0 && now < l.until)
+                    || (l.next_tokens > 0 && now < l.next_until)
+                    || now - l.fetched < HOT
+                    || now - l.renew_asked < RENEW_WAIT
+            });
         }
     }
 }
@@ -555,6 +610,29 @@ mod tests {
         l.purge(TTL + HOT);
         l.granted("p", &format!("k{lost}"), TTL + HOT, TTL, 4);
         assert_eq!(l.take("p", &format!("k{lost}"), TTL + HOT, COLD), Take::Leased);
+    }
+
+    #[test]
+    fn two_keys_with_one_hash_never_share_a_lease() {
+        let l = Leases {
+            colliding: true,
+            ..Leases::new()
+        };
+        l.granted("p", "a", 0, TTL, 4);
+        // "b" has "a"'s hash: it is checked per request, for one token, and
+        // never handed "a"'s spare tokens, nor stores a lease over them.
+        assert_eq!(l.take("p", "b", 1, COLD), Take::Ask(1));
+        l.granted("p", "b", 1, TTL, 4);
+        assert_eq!(l.take("p", "b", 2, COLD), Take::Ask(1));
+        l.renewed("p", "b", 2, TTL, NEVER, Some(8));
+        assert_eq!(l.take("p", "b", 3, COLD), Take::Ask(1));
+        // The same key under another policy is another key.
+        assert_eq!(l.take("q", "a", 3, COLD), Take::Ask(1));
+        // "a" keeps exactly its three spare tokens.
+        for t in 4..7 {
+            assert_eq!(l.take("p", "a", t, COLD), Take::Leased);
+        }
+        assert_eq!(l.take("p", "a", 7, COLD), Take::Ask(MAX_LEASE));
     }
 
     #[test]
