@@ -23,8 +23,8 @@ Usage (from the repository root):
 - --perf: after the rounds, one more run of each cell under `perf record
   --call-graph dwarf` (not counted in the medians): a flame graph per cell
   (flame-<cell>.svg, drawn with inferno) and profile.md, each function's
-  own samples per 1,000 requests side by side, so that what latchkey pays
-  and the bare handler does not stands out;
+  own CPU per request side by side (loadtest/profile.py), so that what
+  latchkey pays and the bare handler does not stands out;
 - --gate: exits 1 when the median share of /health/live falls under
   LIVE_FLOOR or that of /auth/validate under VALIDATE_FLOOR (below): CI's
   regression gate on the per-request overhead;

@@ -671,23 +671,22 @@ def limiter_report(results, args, clients, started, command):
         "| CPU us per request: latchkey unlimited / Redis-limited; Redis |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
+    def lost(xs, unlimited):
+        return median([1 - x["rps"] / b["rps"] for x, b in zip(xs, unlimited)])
+
+    def rates(xs):
+        return f"{median([x['rps'] for x in xs]):,.0f} [" + ", ".join(f"{x['rps'] / 1000:.1f}k" for x in xs) + "]"
+
     for n in clients:
         u, r, loc = (results[(name, n)] for name in ("unlimited", "redis", "local"))
-
-        def lost(xs):
-            return median([1 - x["rps"] / b["rps"] for x, b in zip(xs, u)])
-
-        def rates(xs):
-            return f"{median([x['rps'] for x in xs]):,.0f} [" + ", ".join(f"{x['rps'] / 1000:.1f}k" for x in xs) + "]"
-
         bad = sum(x["errors"]["status"] for x in u + r + loc)
         p99 = " / ".join(f"{median([x['latency_us']['p99'] for x in xs]) / 1000:.2f}" for xs in (u, r, loc))
         waited = median([x.get("waited_per_req", 0.0) for x in r])
         cpu = (f"{median([x['cpu_us'] for x in u]):.1f} / {median([x['cpu_us'] for x in r]):.1f}; "
                f"{median([x['redis_us'] for x in r]):.1f}")
-        lines.append(f"| {n:,} | {rates(u)} | {rates(r)} | {lost(r):.1%} | "
+        lines.append(f"| {n:,} | {rates(u)} | {rates(r)} | {lost(r, u):.1%} | "
                      f"{median([x['redis_calls_per_req'] for x in r]):.3f} | {waited:.3f} | {rates(loc)} | "
-                     f"{lost(loc):.1%} | {p99} | {cpu} |"
+                     f"{lost(loc, u):.1%} | {p99} | {cpu} |"
                      + (f" ({bad} non-2xx!)" if bad else ""))
     if getattr(args, "compare", None):
         lines += [
@@ -700,10 +699,8 @@ def limiter_report(results, args, clients, started, command):
         ]
         for n in clients:
             u, o = results[("unlimited", n)], results[("redis-other", n)]
-            lost_o = median([1 - x["rps"] / b["rps"] for x, b in zip(o, u)])
-            rates_o = f"{median([x['rps'] for x in o]):,.0f} [" + ", ".join(f"{x['rps'] / 1000:.1f}k" for x in o) + "]"
             bad = sum(x["errors"]["status"] for x in o)
-            lines.append(f"| {n:,} | {rates_o} | {lost_o:.1%} | {median([x['redis_calls_per_req'] for x in o]):.3f} | "
+            lines.append(f"| {n:,} | {rates(o)} | {lost(o, u):.1%} | {median([x['redis_calls_per_req'] for x in o]):.3f} | "
                          f"{median([x.get('waited_per_req', 0.0) for x in o]):.3f} | "
                          f"{median([x['latency_us']['p99'] for x in o]) / 1000:.2f} | "
                          f"{median([x['cpu_us'] for x in o]):.1f}; {median([x['redis_us'] for x in o]):.1f} |"

@@ -4,7 +4,7 @@
 //! raw path.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -205,33 +205,16 @@ fn new_request_id() -> HeaderValue {
     HeaderValue::from_bytes(&buf).expect("hex is a valid header")
 }
 
-/// Requests being served, counted in per-thread slots (a request may end on
-/// another thread than it started on: only the sum means anything) and
-/// summed into `latchkey_http_requests_in_flight` when metrics are read
-/// ([`publish_in_flight`]). One shared counter would be written by every
-/// core twice per request.
-struct InFlightSlots([CachePadded; IN_FLIGHT_SLOTS]);
+/// Requests being served, in per-thread stripes (one shared counter would be
+/// written by every core twice per request), summed into
+/// `latchkey_http_requests_in_flight` when metrics are read
+/// ([`publish_in_flight`]).
+static IN_FLIGHT: striped::Sum = striped::Sum::new();
 
-const IN_FLIGHT_SLOTS: usize = 16;
-
-#[repr(align(128))]
-struct CachePadded(AtomicI64);
-
-static IN_FLIGHT: InFlightSlots = InFlightSlots([const { CachePadded(AtomicI64::new(0)) }; IN_FLIGHT_SLOTS]);
-
-fn in_flight_slot() -> &'static AtomicI64 {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static SLOT: usize = NEXT.fetch_add(1, Ordering::Relaxed) % IN_FLIGHT_SLOTS;
-    }
-    &IN_FLIGHT.0[SLOT.with(|s| *s)].0
-}
-
-/// Sets `latchkey_http_requests_in_flight` from the per-thread slots: called
-/// before the metrics are rendered.
+/// Sets `latchkey_http_requests_in_flight` from its stripes: called before
+/// the metrics are rendered.
 pub fn publish_in_flight() {
-    let n: i64 = IN_FLIGHT.0.iter().map(|s| s.0.load(Ordering::Relaxed)).sum();
-    metrics::gauge!("latchkey_http_requests_in_flight").set(n as f64);
+    metrics::gauge!("latchkey_http_requests_in_flight").set(IN_FLIGHT.read() as f64);
 }
 
 /// Outer layer: the request id in and out, the deadline, the span and
@@ -339,14 +322,14 @@ struct InFlight;
 
 impl InFlight {
     fn enter() -> InFlight {
-        in_flight_slot().fetch_add(1, Ordering::Relaxed);
+        IN_FLIGHT.add(1);
         InFlight
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        in_flight_slot().fetch_sub(1, Ordering::Relaxed);
+        IN_FLIGHT.add(-1);
     }
 }
 

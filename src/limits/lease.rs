@@ -43,6 +43,7 @@
 //!   refused (g = 0) ─────────────────────> a spare token a racing call leased, if any
 //! ```
 
+use std::collections::hash_map::Entry as Slot;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::sync::Mutex;
@@ -310,11 +311,11 @@ impl Leases {
         let mut map = shard.lock().expect("lease lock");
         let full = map.len() >= self.keys_per_shard;
         let entry = match map.entry(h) {
-            std::collections::hash_map::Entry::Occupied(e) if e.get().is(policy, key) => e.into_mut(),
+            Slot::Occupied(e) if e.get().is(policy, key) => e.into_mut(),
             // Another key's hash, or a full table: not stored.
-            std::collections::hash_map::Entry::Occupied(_) => return,
-            std::collections::hash_map::Entry::Vacant(_) if full => return,
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(Entry {
+            Slot::Occupied(_) => return,
+            Slot::Vacant(_) if full => return,
+            Slot::Vacant(e) => e.insert(Entry {
                 policy,
                 key: key.into(),
                 lease: Lease {

@@ -227,9 +227,7 @@ impl PolicyMetrics {
         }
         m
     }
-}
 
-impl PolicyMetrics {
     /// A check answered from a leased token.
     fn allowed_from_lease(&self) {
         self.allowed.increment(1);

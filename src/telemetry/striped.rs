@@ -16,6 +16,8 @@
 //!
 //! - [`Counter`]: a recorder counter whose increments wait in stripes;
 //!   [`publish_counters`] adds them to the recorder before it renders.
+//! - [`Sum`]: a value that goes up and down (requests in flight), read by
+//!   adding the stripes.
 //! - [`Histograms`]: one latency histogram per cell (a label set chosen by
 //!   its owner), rendered by its owner in the Prometheus text format with
 //!   [`Histograms::render`]: bucket counts, `_sum` and `_count`, and a
@@ -26,7 +28,7 @@
 //! each stripe (Prometheus asks no more of a counter).
 
 use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
@@ -46,13 +48,42 @@ fn stripe() -> usize {
 }
 
 #[repr(align(128))]
-struct Padded(AtomicU64);
+struct Padded<T>(T);
+
+/// A sum kept in stripes and read by adding them up: a gauge that goes up
+/// and down (a value may be added on one thread and taken away on another:
+/// only the sum means anything).
+pub struct Sum {
+    stripes: [Padded<AtomicI64>; STRIPES],
+}
+
+impl Default for Sum {
+    fn default() -> Sum {
+        Sum::new()
+    }
+}
+
+impl Sum {
+    pub const fn new() -> Sum {
+        Sum {
+            stripes: [const { Padded(AtomicI64::new(0)) }; STRIPES],
+        }
+    }
+
+    pub fn add(&self, n: i64) {
+        self.stripes[stripe()].0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn read(&self) -> i64 {
+        self.stripes.iter().map(|s| s.0.load(Ordering::Relaxed)).sum()
+    }
+}
 
 /// A recorder counter whose increments are kept per thread until
 /// [`publish_counters`] adds them to it. For `'static` counters on the
 /// request path: the recorder's own handle writes one shared word.
 pub struct Counter {
-    stripes: [Padded; STRIPES],
+    stripes: [Padded<AtomicU64>; STRIPES],
     target: metrics::Counter,
 }
 
@@ -253,6 +284,23 @@ mod tests {
             !out.contains("cell=\"0\""),
             "a cell never recorded into is left out"
         );
+    }
+
+    #[test]
+    fn a_sum_added_on_one_thread_and_taken_away_on_another_reads_right() {
+        let in_flight = Sum::new();
+        std::thread::scope(|s| {
+            for _ in 0..6 {
+                s.spawn(|| (0..1000).for_each(|_| in_flight.add(1)));
+            }
+        });
+        assert_eq!(in_flight.read(), 6000);
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| (0..1000).for_each(|_| in_flight.add(-1)));
+            }
+        });
+        assert_eq!(in_flight.read(), 3000);
     }
 
     #[test]
