@@ -1,8 +1,9 @@
 //! The baseline of the per-request overhead benchmark (`scripts/loadtest
 //! overhead`): a bare axum server answering every request with
-//! `{"status":"ok"}`, served as latchkey serves (`axum::serve` on a
-//! multi-threaded Tokio runtime), and nothing else: no request id, no
-//! deadline, no metrics, no tracing. latchkey's `/health/live` and a cached
+//! `{"status":"ok"}`, served by stock `axum::serve` on a multi-threaded
+//! Tokio runtime, and nothing else: no request id, no deadline, no
+//! metrics, no tracing, and none of latchkey's connection limits (its own
+//! accept loop, `src/http/connections.rs`, is part of what is measured). latchkey's `/health/live` and a cached
 //! `/auth/validate` are measured as a share of its throughput, in the same
 //! run on the same cores.
 //!

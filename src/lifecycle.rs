@@ -137,20 +137,6 @@ pub async fn drain(served: impl Future<Output = ()>, timeout: Duration) -> bool 
     done
 }
 
-/// Serves `router` on `listener` (with each connection's peer address)
-/// until `shutdown`, then lets open requests finish.
-pub async fn serve(listener: tokio::net::TcpListener, router: axum::Router, shutdown: Shutdown) {
-    let served = axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown.into_wait())
-    .await;
-    if let Err(e) = served {
-        tracing::warn!(error = %e, "a listener failed");
-    }
-}
-
 /// The loop of a periodic task: `while ticks.next().await { ... }` runs its
 /// body every `period` (a late tick is delayed, not bunched) until shutdown.
 pub struct Ticks {

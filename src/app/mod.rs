@@ -17,6 +17,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::net::TcpListener;
 
+use crate::http::connections::{serve, Connections};
 use crate::lifecycle::{drain, Tasks, Trigger};
 use crate::mail::{MailSink, OutboxWorker};
 use config::Config;
@@ -87,15 +88,18 @@ impl Application {
         spawn_background(&st, &mut tasks);
         let listeners = Trigger::new();
         let api = st.api_state();
-        let server = tokio::spawn(crate::lifecycle::serve(
+        let connections = st.config.http.connections;
+        let server = tokio::spawn(serve(
             self.listener,
             crate::http::router(api.clone()),
+            Connections::new(connections),
             listeners.subscribe(),
         ));
         if let Some(admin) = self.admin {
-            tasks.spawn(crate::lifecycle::serve(
+            tasks.spawn(serve(
                 admin,
                 crate::http::admin_router(api),
+                Connections::new(connections),
                 listeners.subscribe(),
             ));
         }

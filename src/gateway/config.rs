@@ -16,6 +16,7 @@ use std::time::Duration;
 use axum::http::{HeaderName, Uri};
 
 use crate::cache::RedisConfig;
+use crate::http::connections::ConnectionSettings;
 use crate::limits::{Fallback, Policy};
 use crate::settings::{ip, socket_addr, ConfigError, Source};
 use crate::telemetry::LogSettings;
@@ -213,6 +214,9 @@ pub struct GatewayConfig {
     /// token while neither source has been heard from.
     pub revocations: RevocationSource,
     pub upstream: UpstreamSettings,
+    /// Time limits and the cap for client connections (`header_timeout_ms`,
+    /// `max_connections`, read as the service reads them).
+    pub connections: ConnectionSettings,
     pub shutdown_timeout: Duration,
     pub log: LogSettings,
     pub routes: Vec<RouteConfig>,
@@ -313,9 +317,14 @@ impl<'a> Fields<'a> {
 }
 
 /// A table's values are read as the service's are, with the same parsers
-/// and messages; a list is a TOML array, each item named `key[i]`.
+/// and messages; a list is a TOML array, each item named `key[i]`, and a
+/// number may be a TOML integer.
 impl Source for Fields<'_> {
+    /// A string, or a whole number given as one (`header_timeout_ms = 5000`).
     fn text(&self, key: &str) -> Result<Option<(String, String)>> {
+        if let Some(toml::Value::Integer(i)) = self.table.get(key) {
+            return Ok(Some((i.to_string(), self.name(key))));
+        }
         Ok(self.string(key)?.map(|s| (s.to_string(), self.name(key))))
     }
 
@@ -352,6 +361,8 @@ const TOP_KEYS: &[&str] = &[
     "rate_limit_store",
     "trusted_proxies",
     "shutdown_timeout_secs",
+    "header_timeout_ms",
+    "max_connections",
     "log",
     "log_format",
     "identity_headers",
@@ -550,6 +561,7 @@ impl GatewayConfig {
             revocations,
             upstream,
             shutdown_timeout: Duration::from_secs(f.number("shutdown_timeout_secs", 10, 0, 600)?),
+            connections: ConnectionSettings::read(&f)?,
             log,
             routes: parsed,
         })
@@ -814,6 +826,17 @@ issuer = "http://127.0.0.1:8080"
         assert_eq!(r.upstream_path, "");
         assert_eq!(r.timeout, Duration::from_secs(30));
         assert_eq!(c.identity.subject.as_str(), "x-auth-subject");
+        assert_eq!(c.connections.header_timeout, Duration::from_secs(30));
+        assert_eq!(c.connections.max_connections, 10_000);
+    }
+
+    #[test]
+    fn connection_limits_are_read_as_numbers_or_strings() {
+        let c =
+            parse("header_timeout_ms = 2500\nmax_connections = \"64\"\n[[routes]]\nupstream = \"http://x\"")
+                .unwrap();
+        assert_eq!(c.connections.header_timeout, Duration::from_millis(2500));
+        assert_eq!(c.connections.max_connections, 64);
     }
 
     #[test]
@@ -898,6 +921,9 @@ on_redis_failure = "open"
             ("[identity_headers]\nsubject = \"bad header\"\n[[routes]]\nupstream = \"http://x\"", "identity_headers.subject"),
             ("[identity_headers]\nemail = \"Connection\"\n[[routes]]\nupstream = \"http://x\"", "identity_headers.email"),
             ("[upstream]\nconnect_timeout_ms = -1\n[[routes]]\nupstream = \"http://x\"", "upstream.connect_timeout_ms"),
+            ("header_timeout_ms = 5\n[[routes]]\nupstream = \"http://x\"", "header_timeout_ms"),
+            ("max_connections = 0\n[[routes]]\nupstream = \"http://x\"", "max_connections"),
+            ("max_connections = true\n[[routes]]\nupstream = \"http://x\"", "max_connections"),
         ];
         for (extra, field) in cases {
             let line = error(extra);

@@ -46,6 +46,7 @@ use tokio::net::TcpListener;
 use crate::cache::{RedisHandle, Revocations};
 use crate::clock::now_ms;
 use crate::domain::tokens::LEEWAY_SECS;
+use crate::http::connections::{self, Connections};
 use crate::lifecycle::{drain, Tasks, Trigger};
 use crate::limits::Limiter;
 pub use config::GatewayConfig;
@@ -146,9 +147,14 @@ impl Gateway {
     /// requests finish within `shutdown_timeout_secs`, stops the background tasks.
     pub async fn run_until(self, stop: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
         let st = self.state;
-        let (shutdown_timeout, source, runtime) = {
+        let (shutdown_timeout, source, runtime, client_conns) = {
             let c = st.config.read().expect("config lock");
-            (c.shutdown_timeout, c.revocations.clone(), c.runtime)
+            (
+                c.shutdown_timeout,
+                c.revocations.clone(),
+                c.runtime,
+                c.connections,
+            )
         };
         let mut tasks = Tasks::new();
         tasks.spawn(st.revocations.clone().listen(tasks.shutdown()));
@@ -172,11 +178,17 @@ impl Gateway {
         let (listeners, kill) = (Trigger::new(), Trigger::new());
         let with_ops = self.admin.is_none();
         let mut workers = Vec::new();
+        // One cap for `listen`, whichever thread accepts.
+        let public = Connections::new(client_conns);
         for (i, listener) in self.listeners.into_iter().enumerate() {
-            let (stop, kill) = (listeners.subscribe(), kill.subscribe());
+            let (stop, kill, conns) = (listeners.subscribe(), kill.subscribe(), public.clone());
             workers.push(match runtime {
-                RuntimeModel::PerCore => serve::spawn_worker(i, listener, st.clone(), with_ops, stop, kill)?,
-                RuntimeModel::WorkStealing => serve::spawn_shared(listener, st.clone(), with_ops, stop, kill),
+                RuntimeModel::PerCore => {
+                    serve::spawn_worker(i, listener, st.clone(), conns, with_ops, stop, kill)?
+                }
+                RuntimeModel::WorkStealing => {
+                    serve::spawn_shared(listener, st.clone(), conns, with_ops, stop, kill)
+                }
             });
         }
         let admin = self.admin.map(|listener| {
@@ -186,7 +198,12 @@ impl Gateway {
                 limiter: None,
             });
             let router = ops::ops_routes().with_state(worker);
-            tokio::spawn(crate::lifecycle::serve(listener, router, listeners.subscribe()))
+            tokio::spawn(connections::serve(
+                listener,
+                router,
+                Connections::new(client_conns),
+                listeners.subscribe(),
+            ))
         });
         stop.await;
         tracing::info!("gateway shutting down: no new connections, finishing in-flight requests");

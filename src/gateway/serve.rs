@@ -2,14 +2,12 @@
 //! (one single-threaded runtime per core, or one work-stealing runtime),
 //! and each thread's own pool of upstream connections.
 
-use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use axum::body::Body;
-use axum::serve::ListenerExt;
 use axum::Router;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -21,6 +19,7 @@ use super::ops::ops_routes;
 use super::proxy;
 use super::state::GatewayState;
 use crate::cache::RedisHandle;
+use crate::http::connections::{self, Connections};
 use crate::lifecycle::Shutdown;
 use crate::limits::Limiter;
 
@@ -79,6 +78,7 @@ pub(super) fn spawn_worker(
     index: usize,
     listener: std::net::TcpListener,
     st: Arc<GatewayState>,
+    connections: Connections,
     with_ops: bool,
     stop: Shutdown,
     kill: Shutdown,
@@ -113,7 +113,7 @@ pub(super) fn spawn_worker(
                     client: upstream_client(&client_config),
                     limiter,
                 };
-                serve(listener, worker, with_ops, stop, kill).await
+                serve(listener, worker, connections, with_ops, stop, kill).await
             });
             let _ = done_tx.send(result);
         })
@@ -126,6 +126,7 @@ pub(super) fn spawn_worker(
 pub(super) fn spawn_shared(
     listener: std::net::TcpListener,
     st: Arc<GatewayState>,
+    connections: Connections,
     with_ops: bool,
     stop: Shutdown,
     kill: Shutdown,
@@ -138,33 +139,26 @@ pub(super) fn spawn_shared(
             client,
             limiter: None,
         };
-        let _ = done_tx.send(serve(listener, worker, with_ops, stop, kill).await);
+        let _ = done_tx.send(serve(listener, worker, connections, with_ops, stop, kill).await);
     });
     done_rx
 }
 
-/// Serves `listener` (TCP_NODELAY on each connection) with `worker`, and the
-/// ops routes if `with_ops`, until `stop` (graceful: open requests finish) or
-/// `kill` (at once).
+/// Serves `listener` with `worker`, and the ops routes if `with_ops`, until
+/// `stop` (graceful: open requests finish) or `kill` (at once).
 async fn serve(
     listener: std::net::TcpListener,
     worker: Worker,
+    connections: Connections,
     with_ops: bool,
     stop: Shutdown,
     mut kill: Shutdown,
 ) -> std::io::Result<()> {
-    let listener = TcpListener::from_std(listener)?.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
+    let listener = TcpListener::from_std(listener)?;
     let routes = if with_ops { ops_routes() } else { Router::new() };
     let router = routes.fallback(proxy::handle).with_state(Arc::new(worker));
-    let server = axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(stop.into_wait());
     tokio::select! {
-        r = server.into_future() => r,
+        _ = connections::serve(listener, router, connections, stop) => Ok(()),
         _ = kill.wait() => Ok(()),
     }
 }

@@ -1,9 +1,10 @@
-//! The HTTP edge's settings: listeners, the request deadline and body
-//! limit, and whom to believe about a client's address.
+//! The HTTP edge's settings: listeners and their connections, the request
+//! deadline and body limit, and whom to believe about a client's address.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use super::connections::ConnectionSettings;
 use super::extract::ProxyHeader;
 use crate::settings::{ip, millis, number, socket_addr, ConfigError, Source};
 
@@ -16,6 +17,8 @@ pub struct HttpSettings {
     pub request_timeout: Duration,
     pub body_limit: usize,
     pub client_address: ClientAddress,
+    /// Time limits and the cap for client connections (both listeners).
+    pub connections: ConnectionSettings,
 }
 
 /// How the client's address is found behind proxies.
@@ -59,6 +62,7 @@ impl HttpSettings {
                     ProxyHeader::parse,
                 )?,
             },
+            connections: ConnectionSettings::read(src)?,
         })
     }
 }

@@ -528,6 +528,28 @@ async fn limits_answer_429_with_ratelimit_headers(app: &TestApp) {
     gw.stop().await;
 }
 
+/// Slow and idle clients are cut off at the gateway as at the service
+/// (`connections.rs`), with one cap for all the serving threads' sockets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_are_cut_off_at_the_gateway() {
+    let app = TestApp::embedded(&[]).await;
+    let up = Upstream::start().await;
+    let limits: String = crate::connections::SETTINGS
+        .iter()
+        .map(|(k, v)| format!("\n{k} = {v}"))
+        .collect();
+    let toml = config(&app, &up, "").replacen(
+        "log = \"warn\"",
+        &format!("log = \"warn\"\nworkers = 2{limits}"),
+        1,
+    );
+    let gw = TestGateway::start(&toml).await;
+    let addr = gw.base.trim_start_matches("http://").parse().unwrap();
+    crate::connections::slow_clients_are_cut_off(addr, "/public/slowloris").await;
+    gw.stop().await;
+    app.stop().await;
+}
+
 async fn a_down_upstream_is_502_and_a_slow_one_504(app: &TestApp) {
     let up = Upstream::start().await;
     let gw = TestGateway::start(&config(app, &up, "")).await;

@@ -6,6 +6,7 @@ mod admin;
 mod attacks;
 mod cli;
 mod common;
+mod connections;
 mod dump;
 mod events;
 mod gateway;

@@ -1,0 +1,183 @@
+//! Slow and idle clients (slowloris): a client that opens connections and
+//! never finishes a request must not hold them, or enough of them shut
+//! everyone else out. The same checks run against the service's listener
+//! and the gateway's (`gateway.rs` calls [`slow_clients_are_cut_off`]).
+//!
+//! Every instance here allows 300 ms for a request head and 3 open
+//! connections.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::common::TestApp;
+
+/// Settings of an instance under these checks (the service's names; the
+/// gateway's file uses the same keys).
+pub const SETTINGS: &[(&str, &str)] = &[("header_timeout_ms", "300"), ("max_connections", "3")];
+const TIMEOUT: Duration = Duration::from_millis(300);
+const CAP: usize = 3;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_are_cut_off_at_the_service() {
+    let app = TestApp::embedded(SETTINGS).await;
+    let addr = app.base.trim_start_matches("http://").parse().unwrap();
+    slow_clients_are_cut_off(addr, "/health/live").await;
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_with_prior_knowledge_is_served_and_its_idle_connections_end() {
+    let app = TestApp::embedded(SETTINGS).await;
+    let addr: SocketAddr = app.base.trim_start_matches("http://").parse().unwrap();
+
+    // A real HTTP/2 client is answered, twice on one connection.
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    let conn = tokio::spawn(conn);
+    for _ in 0..2 {
+        let req = axum::http::Request::get(format!("http://{addr}/health/live"))
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let answer = send.send_request(req).await.unwrap();
+        assert_eq!(answer.status(), 200);
+        tokio::time::sleep(TIMEOUT / 3).await;
+    }
+    // Then idle: the server sends GOAWAY and the connection ends.
+    let ended = tokio::time::timeout(Duration::from_secs(5), conn).await;
+    assert!(
+        ended.is_ok(),
+        "an idle HTTP/2 connection was kept past its timeout"
+    );
+
+    // A client that sends the preface and SETTINGS, then never a request.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    assert_closed_within(&mut s, Duration::from_secs(5), "HTTP/2 preface, then nothing").await;
+    app.stop().await;
+}
+
+/// The checks, against a listener that allows [`TIMEOUT`] for a head and
+/// [`CAP`] connections; `path` answers 200 to a GET.
+pub async fn slow_clients_are_cut_off(addr: SocketAddr, path: &'static str) {
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    let within = Duration::from_secs(5);
+
+    // A client that connects and sends nothing.
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    assert_closed_within(&mut silent, within, "nothing sent").await;
+
+    // A request head that never ends, sent a line at a time.
+    let (mut reader, mut writer) = TcpStream::connect(addr).await.unwrap().into_split();
+    let dribbling = tokio::spawn(async move {
+        writer
+            .write_all(format!("GET {path} HTTP/1.1\r\n").as_bytes())
+            .await?;
+        for i in 0.. {
+            tokio::time::sleep(TIMEOUT / 6).await;
+            writer.write_all(format!("X-Slow-{i}: a\r\n").as_bytes()).await?;
+        }
+        Ok::<(), std::io::Error>(())
+    });
+    let mut buf = [0u8; 256];
+    let closed = tokio::time::timeout(within, async {
+        while let Ok(n) = reader.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await;
+    dribbling.abort();
+    assert!(
+        closed.is_ok(),
+        "a head that never ends was still being read after {within:?}"
+    );
+
+    // Half of HTTP/2's preface, then nothing.
+    let mut preface = TcpStream::connect(addr).await.unwrap();
+    preface.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    assert_closed_within(&mut preface, within, "half a preface").await;
+
+    // A kept-alive client that asks more often than the timeout keeps its
+    // connection: the time counts from each answer, not from the start.
+    let mut steady = TcpStream::connect(addr).await.unwrap();
+    for _ in 0..5 {
+        steady.write_all(request.as_bytes()).await.unwrap();
+        let head = read_head(&mut steady).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        tokio::time::sleep(TIMEOUT / 2).await;
+    }
+    // ...and once it stops asking, it is closed.
+    assert_closed_within(&mut steady, within, "an idle kept-alive connection").await;
+
+    // At the cap, a new connection waits for a free one; it is not lost.
+    let mut idle = Vec::new();
+    for _ in 0..CAP {
+        idle.push(TcpStream::connect(addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let asked = Instant::now();
+    let mut waiting = TcpStream::connect(addr).await.unwrap();
+    waiting.write_all(request.as_bytes()).await.unwrap();
+    let head = tokio::time::timeout(within, read_head(&mut waiting))
+        .await
+        .expect("the waiting connection is served once the idle ones are closed");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        asked.elapsed() >= TIMEOUT / 2,
+        "answered after {:?}, beside {CAP} open connections (the cap)",
+        asked.elapsed()
+    );
+    for mut s in idle {
+        assert_closed_within(&mut s, within, "an idle connection at the cap").await;
+    }
+}
+
+/// The answer's head (up to the blank line), read from a kept-alive connection.
+async fn read_head(s: &mut TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).await.unwrap(), 1, "closed before the answer");
+        head.push(byte[0]);
+    }
+    // The body: these answers are short and carry a Content-Length.
+    let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    let len: usize = text
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .map(|v| v.trim().parse().unwrap())
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).await.unwrap();
+    String::from_utf8_lossy(&head).into_owned()
+}
+
+/// Reads until the server closes (or resets) the connection, which must
+/// happen within `within`; nothing but an HTTP/2 server's frames may come.
+async fn assert_closed_within(s: &mut TcpStream, within: Duration, what: &str) {
+    let mut buf = [0u8; 1024];
+    let closed = tokio::time::timeout(within, async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => continue,
+            }
+        }
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "{what}: the connection was still open after {within:?}"
+    );
+}
