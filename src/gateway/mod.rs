@@ -266,6 +266,7 @@ pub fn main(config_path: Option<&Path>, started: Instant) -> ExitCode {
         let redis = config.redis.is_some();
         let polls = config.revocations.poll_url.is_some();
         let routes = config.routes.len();
+        config.connections.prepare_file_limit();
         let gw = Gateway::build(config).await?;
         tracing::info!(
             address = %gw.local_addr(),

@@ -84,6 +84,46 @@ impl ConnectionSettings {
     }
 }
 
+impl ConnectionSettings {
+    /// Raises the process's open-file limit to its hard limit (as nginx's
+    /// `worker_rlimit_nofile` or Go's runtime do: the usual soft limit,
+    /// 1,024, is far below `max_connections`), and warns if the limit
+    /// still cannot hold this many connections besides the process's own
+    /// files and pools. Past the limit, accepting pauses (logged) and new
+    /// connections wait in the backlog.
+    pub fn prepare_file_limit(&self) {
+        const OWN_FILES: u64 = 256;
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: `lim` is a valid rlimit for the call to fill and read.
+        let soft: u64 = unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+                return;
+            }
+            if lim.rlim_cur < lim.rlim_max {
+                let raised = libc::rlimit {
+                    rlim_cur: lim.rlim_max,
+                    rlim_max: lim.rlim_max,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                    lim.rlim_cur = lim.rlim_max;
+                }
+            }
+            lim.rlim_cur
+        };
+        if soft < self.max_connections as u64 + OWN_FILES {
+            tracing::warn!(
+                open_files = soft,
+                max_connections = self.max_connections,
+                "the open-file limit (ulimit -n) is below max_connections plus the process's own files; \
+                 past it new connections wait until others close (raise the limit or lower max_connections)"
+            );
+        }
+    }
+}
+
 /// One listen address's connections: its settings and the permits of its
 /// open connections (shared by the gateway's serving threads, which each
 /// accept on their own socket for the same address).

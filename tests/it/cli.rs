@@ -89,6 +89,50 @@ fn serves_on_the_embedded_default_and_stops_on_sigterm() {
     }
 }
 
+/// The soft limit on open files (often 1,024) would stop accepting long
+/// before `max_connections`: `serve` raises it to the hard limit, and warns
+/// when even that cannot hold the cap.
+#[test]
+fn serve_raises_the_open_file_limit_and_warns_when_it_is_short_of_the_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let log = dir.path().join("stderr.log");
+    let hard: u64 = std::fs::read_to_string("/proc/self/limits")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(4).map(|v| v.parse().unwrap()))
+        .unwrap();
+    let soft = 512.min(hard);
+    let base = latchkey(dir.path());
+    let child = Command::new("sh")
+        .args(["-c", &format!("ulimit -Sn {soft} && exec \"$0\" serve")])
+        .arg(base.get_program())
+        .envs(base.get_envs().filter_map(|(k, v)| v.map(|v| (k, v))))
+        .env("LATCHKEY_LISTEN", format!("127.0.0.1:{port}"))
+        .env("LATCHKEY_MAX_CONNECTIONS", (hard + 1).to_string())
+        .current_dir(dir.path())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let guard = KillOnDrop(child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "not listening");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", guard.0.id())).unwrap();
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(fields[3], hard.to_string(), "soft limit raised: {line}");
+    drop(guard);
+    let err = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        err.contains("open-file limit"),
+        "no warning with max_connections above the limit: {err}"
+    );
+}
+
 #[test]
 fn clients_and_keys_commands() {
     let dir = tempfile::tempdir().unwrap();
