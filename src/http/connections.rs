@@ -5,23 +5,28 @@
 //!   accept ◄── a permit: at most `max_connections` open per listen address
 //!     │        (at the cap, new connections wait in the kernel's backlog)
 //!     ▼
-//!   first bytes within `header_timeout` ──────────────► closed
-//!     │ HTTP/1.1, or HTTP/2 by prior knowledge
-//!     ▼
-//!   serving ──► no request open for `header_timeout` ──► asked to close
-//!     ▲   │     (counted from the start or from the      (HTTP/1.1: at once
-//!     │   │      last answer's end; a head still being    if idle; HTTP/2:
-//!     │   │      received is not a request yet)           GOAWAY), dropped
-//!     │   ▼                                               1 s later if still
-//!   a request is open from its head to its body's end     no request is open
+//!   serving (HTTP/1.1, or HTTP/2 by prior knowledge), watched (`Activity`):
+//!     idle     no request for `header_timeout`     ──► asked to close, and
+//!              (from the start or the last             dropped a second later
+//!              progress; a head still arriving         if nothing is in flight
+//!              is not a request)
+//!     stalled  an answer the client has not taken  ──► dropped
+//!              for `header_timeout`
+//!     stop     (shutdown)                          ──► asked to close, and
+//!                                                      dropped once nothing
+//!                                                      is in flight
 //! ```
 //!
-//! So a client that sends nothing, sends a head a line at a time, or never
-//! finishes HTTP/2's preface or a `HEADERS` frame is cut off after about
-//! `header_timeout`, and an idle kept-alive connection is closed after the
-//! same time. The watch costs each request a few uncontended atomic
-//! updates and a clock read, and each connection one timer (hyper's own head timer
-//! would allocate and register a timer per request).
+//! So a client that sends nothing, sends a head a line at a time, never
+//! finishes HTTP/2's preface or a `HEADERS` frame, or asks and then never
+//! reads the answer (HTTP/2: a zero flow-control window) is cut off after
+//! about `header_timeout`, and an idle kept-alive connection is closed
+//! after the same time. A download the client keeps taking, or an answer
+//! whose source (the gateway's upstream) is still producing it, is
+//! activity. The watch costs each request a few uncontended atomic updates
+//! and clock reads, and each connection one timer (hyper's own head timer
+//! would allocate and register a timer per request, and does not see
+//! HTTP/2 or answers at all).
 //!
 //! Without these a client that opens connections and never finishes a
 //! request (slowloris) holds each one, and its task and buffers, for as
@@ -32,7 +37,8 @@
 //!
 //! On shutdown, accepting stops and each open connection is asked to close
 //! after its current request (HTTP/1.1: no keep-alive; HTTP/2: GOAWAY);
-//! [`serve`] returns when the last one has.
+//! [`serve`] returns when the last one has (a connection with nothing in
+//! flight is dropped within a second).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -47,10 +53,9 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::Router;
 use hyper::body::Incoming;
-use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::io::Interest;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -191,40 +196,41 @@ async fn refused(e: io::Error) {
 }
 
 async fn connection(tcp: TcpStream, peer: SocketAddr, router: Router, timeout: Duration, stop: Shutdown) {
-    let Some(h2) = prior_knowledge_h2(&tcp, Instant::now() + timeout).await else {
-        return;
-    };
-    let idle = Arc::new(Idle::new());
-    let watched = idle.clone();
-    // Each request counts as activity from its head to its body's end.
+    let activity = Arc::new(Activity::new(Instant::now()));
+    let watched = activity.clone();
     let svc = service_fn(move |mut req: axum::http::Request<Incoming>| {
-        let open = watched.begin();
+        let handling = Handling::begin(&watched);
         req.extensions_mut().insert(ConnectInfo(peer));
         let answer = router.clone().oneshot(req.map(Body::new));
         async move {
             let r: Result<_, Infallible> = answer.await;
-            r.map(|res| res.map(|body| Counted { body, _open: open }))
+            r.map(|res| res.map(|body| handling.answered(body)))
         }
     });
-    let io = TokioIo::new(tcp);
-    if h2 {
-        let conn = http2::Builder::new(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .serve_connection(io, svc);
-        drive(conn, |c| c.graceful_shutdown(), stop, &idle, timeout).await;
-    } else {
-        let conn = http1::Builder::new().serve_connection(io, svc);
-        drive(conn, |c| c.graceful_shutdown(), stop, &idle, timeout).await;
-    }
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http2().max_concurrent_streams(H2_STREAMS);
+    let conn = builder.serve_connection(TokioIo::new(tcp), svc);
+    drive(conn, |c| c.graceful_shutdown(), &activity, timeout, stop).await;
 }
 
-/// Runs a connection to its end. On `stop` it is asked to close after its
-/// current requests. Once no request has been open for `timeout` (a head
-/// being received is not a request yet) it is asked to close and, if
-/// that does not end it within [`GRACE`] with still no request open,
-/// dropped.
-async fn drive<C, E>(conn: C, close: fn(Pin<&mut C>), mut stop: Shutdown, idle: &Idle, timeout: Duration)
-where
+/// Concurrent requests on one HTTP/2 connection (hyper's default is 200):
+/// each may hold an answer in memory while the client does not read it.
+const H2_STREAMS: u32 = 100;
+
+/// Runs a connection to its end (`close` asks it to close after its
+/// current requests), watching [`Activity`] every so often:
+///
+/// - stalled (an answer the client has not read for `timeout`): dropped;
+/// - idle (no request for `timeout`): asked to close, and dropped one
+///   [`GRACE`] later if nothing is in flight by then;
+/// - on `stop`: asked to close, and dropped once nothing is in flight.
+async fn drive<C, E>(
+    conn: C,
+    close: fn(Pin<&mut C>),
+    activity: &Activity,
+    timeout: Duration,
+    mut stop: Shutdown,
+) where
     C: Future<Output = Result<(), E>>,
     E: std::fmt::Display,
 {
@@ -242,83 +248,182 @@ where
             }
             _ = stop.wait(), if !stopping => {
                 stopping = true;
+                closing = true;
                 close(conn.as_mut());
+                check = Instant::now() + GRACE;
             }
             _ = tokio::time::sleep_until(check) => {
-                match idle.idle_for(Instant::now(), timeout) {
-                    Some(remaining) => check = Instant::now() + remaining,
-                    None if closing => return,
-                    None => {
+                let now = Instant::now();
+                if closing && !activity.in_flight() {
+                    return;
+                }
+                match activity.verdict(now, timeout) {
+                    Verdict::Stalled => return,
+                    Verdict::Idle if !closing => {
                         closing = true;
                         close(conn.as_mut());
-                        check = Instant::now() + GRACE;
+                        check = now + GRACE;
                     }
+                    Verdict::Idle => check = now + GRACE,
+                    Verdict::Active(next) if closing => check = now + next.min(GRACE),
+                    Verdict::Active(next) => check = now + next,
                 }
             }
         }
     }
 }
 
-/// How long an idle connection asked to close may take before it is dropped.
+/// How long a connection asked to close may take, with nothing in flight,
+/// before it is dropped.
 const GRACE: Duration = Duration::from_secs(1);
 
-/// A connection's open requests and when the last one ended.
-struct Idle {
+/// What a connection is doing, as the watch in [`drive`] sees it.
+///
+/// ```text
+///   head received ──► handling ──► answered: body being sent ──► body ended
+///   (Handling::begin)  (active;     (active while the client       (progress)
+///                       bounded by   takes it or its source is
+///                       the request  producing; "stalled" once
+///                       deadline)    neither for the timeout)
+/// ```
+///
+/// Progress is the end of a handler, each frame of an answer's body taken
+/// by the connection, and a body's end; a connection with nothing handling
+/// and nothing waiting on a body's source is idle (no body open) or
+/// stalled (a body open) once it has made no progress for the timeout.
+struct Activity {
     start: Instant,
-    open: AtomicUsize,
-    /// Milliseconds from `start` to the end of the last request.
+    /// Requests whose answer's head is not ready yet.
+    handling: AtomicUsize,
+    /// Answers' bodies not yet ended.
+    bodies: AtomicUsize,
+    /// Bodies whose last poll waited for their source (an upstream), not
+    /// for the client.
+    waiting: AtomicUsize,
+    /// Milliseconds from `start` to the last progress.
     last: AtomicU64,
 }
 
-/// One request of an [`Idle`] connection, open until dropped.
-struct Open(Arc<Idle>);
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// Look again in this long.
+    Active(Duration),
+    Idle,
+    Stalled,
+}
 
-impl Idle {
-    fn new() -> Idle {
-        Idle {
-            start: Instant::now(),
-            open: AtomicUsize::new(0),
+impl Activity {
+    fn new(start: Instant) -> Activity {
+        Activity {
+            start,
+            handling: AtomicUsize::new(0),
+            bodies: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
             last: AtomicU64::new(0),
         }
     }
 
-    fn begin(self: &Arc<Self>) -> Open {
-        self.open.fetch_add(1, Ordering::AcqRel);
-        Open(self.clone())
-    }
-
-    /// A request ended at `at`.
-    fn end(&self, at: Instant) {
+    fn progress(&self, at: Instant) {
         let ms = at.saturating_duration_since(self.start).as_millis() as u64;
         self.last.fetch_max(ms, Ordering::AcqRel);
-        self.open.fetch_sub(1, Ordering::AcqRel);
     }
 
-    /// At `now`: `None` if no request is open and none has ended within
-    /// `timeout`; otherwise how long until that could be so.
-    fn idle_for(&self, now: Instant, timeout: Duration) -> Option<Duration> {
-        if self.open.load(Ordering::Acquire) > 0 {
-            return Some(timeout);
+    fn in_flight(&self) -> bool {
+        self.handling.load(Ordering::Acquire) + self.bodies.load(Ordering::Acquire) > 0
+    }
+
+    fn verdict(&self, now: Instant, timeout: Duration) -> Verdict {
+        if self.handling.load(Ordering::Acquire) + self.waiting.load(Ordering::Acquire) > 0 {
+            return Verdict::Active(timeout);
         }
         let last = self.start + Duration::from_millis(self.last.load(Ordering::Acquire));
         let quiet = now.saturating_duration_since(last);
-        (quiet < timeout).then(|| timeout - quiet)
+        if quiet < timeout {
+            Verdict::Active(timeout - quiet)
+        } else if self.bodies.load(Ordering::Acquire) > 0 {
+            Verdict::Stalled
+        } else {
+            Verdict::Idle
+        }
     }
 }
 
-impl Drop for Open {
+/// A request being handled; dropped unanswered (the client went away), it
+/// counts as progress.
+struct Handling(Option<Arc<Activity>>);
+
+impl Handling {
+    fn begin(activity: &Arc<Activity>) -> Handling {
+        activity.handling.fetch_add(1, Ordering::AcqRel);
+        Handling(Some(activity.clone()))
+    }
+
+    /// The answer's head is ready: its body is watched from now on.
+    fn answered(mut self, body: Body) -> Counted {
+        let activity = self.0.take().expect("answered once");
+        activity.bodies.fetch_add(1, Ordering::AcqRel);
+        activity.handling.fetch_sub(1, Ordering::AcqRel);
+        activity.progress(Instant::now());
+        Counted {
+            body,
+            open: BodyOpen {
+                activity,
+                waiting: false,
+            },
+        }
+    }
+}
+
+impl Drop for Handling {
     fn drop(&mut self) {
-        self.0.end(Instant::now());
+        if let Some(a) = self.0.take() {
+            a.handling.fetch_sub(1, Ordering::AcqRel);
+            a.progress(Instant::now());
+        }
+    }
+}
+
+/// An answer's body being sent, and whether its last poll waited for its source.
+struct BodyOpen {
+    activity: Arc<Activity>,
+    waiting: bool,
+}
+
+impl BodyOpen {
+    fn polled<T>(&mut self, poll: &std::task::Poll<T>) {
+        let a = &self.activity;
+        match (poll.is_pending(), self.waiting) {
+            (true, false) => {
+                a.waiting.fetch_add(1, Ordering::AcqRel);
+            }
+            (false, true) => {
+                a.waiting.fetch_sub(1, Ordering::AcqRel);
+            }
+            _ => {}
+        }
+        self.waiting = poll.is_pending();
+        if !self.waiting {
+            a.progress(Instant::now());
+        }
+    }
+}
+
+impl Drop for BodyOpen {
+    fn drop(&mut self) {
+        if self.waiting {
+            self.activity.waiting.fetch_sub(1, Ordering::AcqRel);
+        }
+        self.activity.bodies.fetch_sub(1, Ordering::AcqRel);
+        self.activity.progress(Instant::now());
     }
 }
 
 pin_project_lite::pin_project! {
-    /// An answer's body that keeps its request open until it ends (or is
-    /// dropped), so that a long download is activity.
+    /// An answer's body, watched (see [`Activity`]).
     struct Counted {
         #[pin]
         body: Body,
-        _open: Open,
+        open: BodyOpen,
     }
 }
 
@@ -330,7 +435,10 @@ impl hyper::body::Body for Counted {
         self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
-        self.project().body.poll_frame(cx)
+        let this = self.project();
+        let poll = this.body.poll_frame(cx);
+        this.open.polled(&poll);
+        poll
     }
 
     fn is_end_stream(&self) -> bool {
@@ -342,82 +450,75 @@ impl hyper::body::Body for Counted {
     }
 }
 
-const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-/// Whether the client opened with HTTP/2's preface (`Some(true)`) or with
-/// anything else (`Some(false)`), from its first bytes, read without taking
-/// them; `None` if it closed, or sent nothing decisive before `deadline`
-/// (nothing at all, or a preface it never finishes).
-async fn prior_knowledge_h2(tcp: &TcpStream, deadline: Instant) -> Option<bool> {
-    let mut buf = [0u8; 24];
-    let decided = async {
-        loop {
-            tcp.readable().await.ok()?;
-            // Undecided (a part of the preface) counts as "would block", so
-            // that the readiness seen is cleared and the wait is for more
-            // bytes, not a spin on the ones already here.
-            let peeked = tcp.try_io(Interest::READABLE, || {
-                let n = peek(tcp, &mut buf)?;
-                if n > 0 && n < buf.len() && buf[..n] == H2_PREFACE[..n] {
-                    return Err(io::ErrorKind::WouldBlock.into());
-                }
-                Ok(n)
-            });
-            match peeked {
-                Ok(0) => return None,
-                Ok(n) => return Some(n == H2_PREFACE.len() && buf == *H2_PREFACE),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(_) => return None,
-            }
-        }
-    };
-    tokio::time::timeout_at(deadline, decided).await.ok().flatten()
-}
-
-/// The bytes waiting on `tcp`, left for the next read (`MSG_PEEK`).
-fn peek(tcp: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: `buf` is valid for `buf.len()` bytes and the descriptor is
-    // open for as long as `tcp` is borrowed.
-    let n = unsafe {
-        libc::recv(
-            tcp.as_raw_fd(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            libc::MSG_PEEK,
-        )
-    };
-    if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_connection_is_idle_only_with_no_request_open_for_the_timeout() {
-        let (t, s) = (Duration::from_secs(10), Duration::from_secs);
-        let idle = Arc::new(Idle::new());
-        let t0 = idle.start;
-        assert_eq!(idle.idle_for(t0 + s(4), t), Some(s(6)), "counted from the start");
-        assert_eq!(idle.idle_for(t0 + s(10), t), None);
+    const T: Duration = Duration::from_secs(10);
+    fn s(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
 
-        let open = idle.begin();
+    #[test]
+    fn a_connection_without_requests_is_idle_after_the_timeout_from_its_start() {
+        let a = Activity::new(Instant::now());
+        let t0 = a.start;
+        assert_eq!(a.verdict(t0 + s(4), T), Verdict::Active(s(6)));
+        assert_eq!(a.verdict(t0 + s(10), T), Verdict::Idle);
+        assert!(!a.in_flight());
+    }
+
+    #[test]
+    fn a_request_being_handled_is_activity_however_long_it_takes() {
+        let a = Arc::new(Activity::new(Instant::now()));
+        let t0 = a.start;
+        let h = Handling::begin(&a);
+        assert!(a.in_flight());
+        assert_eq!(a.verdict(t0 + s(300), T), Verdict::Active(T));
+        drop(h); // the client went away: progress now
+        assert!(!a.in_flight());
+        assert!(matches!(a.verdict(Instant::now(), T), Verdict::Active(_)));
+        assert_eq!(a.verdict(Instant::now() + T, T), Verdict::Idle);
+    }
+
+    #[test]
+    fn an_answer_the_client_does_not_take_is_stalled_and_one_it_takes_is_not() {
+        let a = Arc::new(Activity::new(Instant::now()));
+        let mut body = Handling::begin(&a).answered(Body::empty());
+        let answered = Instant::now();
+        assert!(a.in_flight());
         assert_eq!(
-            idle.idle_for(t0 + s(30), t),
-            Some(t),
-            "a request still open is activity"
+            a.verdict(answered + T + s(1), T),
+            Verdict::Stalled,
+            "never polled"
         );
-        let other = idle.begin();
-        std::mem::forget((open, other));
-        idle.end(t0 + s(31));
-        assert_eq!(idle.idle_for(t0 + s(60), t), Some(t), "one of two still open");
-        idle.end(t0 + s(32));
-        assert_eq!(idle.idle_for(t0 + s(41), t), Some(s(1)), "from the last end");
-        assert_eq!(idle.idle_for(t0 + s(42), t), None);
+
+        // Each frame taken is progress...
+        body.open.polled(&std::task::Poll::Ready(()));
+        let later = Instant::now();
+        assert!(matches!(a.verdict(later, T), Verdict::Active(_)));
+        // ...and waiting for the source (an upstream) is activity.
+        body.open.polled(&std::task::Poll::<()>::Pending);
+        assert_eq!(a.verdict(later + s(300), T), Verdict::Active(T));
+        body.open.polled(&std::task::Poll::Ready(()));
+        assert_eq!(a.verdict(Instant::now() + T, T), Verdict::Stalled);
+
+        drop(body);
+        assert!(!a.in_flight());
+        assert_eq!(a.waiting.load(Ordering::Acquire), 0);
+        assert_eq!(a.verdict(Instant::now() + T, T), Verdict::Idle);
+    }
+
+    #[test]
+    fn a_body_dropped_while_waiting_for_its_source_leaves_no_count_behind() {
+        let a = Arc::new(Activity::new(Instant::now()));
+        let mut body = Handling::begin(&a).answered(Body::empty());
+        body.open.polled(&std::task::Poll::<()>::Pending);
+        body.open.polled(&std::task::Poll::<()>::Pending);
+        assert_eq!(a.waiting.load(Ordering::Acquire), 1);
+        drop(body);
+        assert_eq!(a.waiting.load(Ordering::Acquire), 0);
+        assert_eq!(a.bodies.load(Ordering::Acquire), 0);
+        assert_eq!(a.handling.load(Ordering::Acquire), 0);
     }
 }
