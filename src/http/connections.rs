@@ -2,8 +2,9 @@
 //! accepts them, how long a client may take, and how many may be open.
 //!
 //! ```text
-//!   accept ◄── a permit: at most `max_connections` open per listen address
-//!     │        (at the cap, new connections wait in the kernel's backlog)
+//!   accept ──► a permit: at most `max_connections` served per listen
+//!     │        address (at the cap, one accepted connection per serving
+//!     │        thread waits for a permit, the next ones in the backlog)
 //!     ▼
 //!   serving (HTTP/1.1, or HTTP/2 by prior knowledge), watched (`Activity`):
 //!     idle     no request for `header_timeout`     ──► asked to close, and
@@ -46,7 +47,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -153,11 +154,6 @@ impl Connections {
 /// Each request carries its peer's address (`ConnectInfo<SocketAddr>`).
 pub async fn serve(listener: TcpListener, router: Router, connections: Connections, mut stop: Shutdown) {
     loop {
-        let permit = tokio::select! {
-            biased;
-            _ = stop.wait() => break,
-            p = connections.open.clone().acquire_owned() => p.expect("the semaphore is never closed"),
-        };
         let (tcp, peer) = tokio::select! {
             biased;
             _ = stop.wait() => break,
@@ -168,6 +164,14 @@ pub async fn serve(listener: TcpListener, router: Router, connections: Connectio
                     continue;
                 }
             },
+        };
+        // Taken after accepting, so that a thread waiting for a connection
+        // holds no permit that another thread's connection could use; at
+        // the cap, this connection waits here, the next ones in the backlog.
+        let permit = tokio::select! {
+            biased;
+            _ = stop.wait() => break,
+            p = connections.open.clone().acquire_owned() => p.expect("the semaphore is never closed"),
         };
         let _ = tcp.set_nodelay(true);
         let (router, stop) = (router.clone(), stop.clone());
@@ -281,27 +285,44 @@ const GRACE: Duration = Duration::from_secs(1);
 ///
 /// ```text
 ///   head received ──► handling ──► answered: body being sent ──► body ended
-///   (Handling::begin)  (active;     (active while the client       (progress)
-///                       bounded by   takes it or its source is
-///                       the request  producing; "stalled" once
-///                       deadline)    neither for the timeout)
+///   (Handling::begin)  (active;     (each body on its own clock:   (progress)
+///                       bounded by   a frame taken by the client,
+///                       the request  or waiting on its source, is
+///                       deadline)    activity; neither for the
+///                                    timeout: stalled)
 /// ```
 ///
-/// Progress is the end of a handler, each frame of an answer's body taken
-/// by the connection, and a body's end; a connection with nothing handling
-/// and nothing waiting on a body's source is idle (no body open) or
-/// stalled (a body open) once it has made no progress for the timeout.
+/// Each open body has its own clock, so that progress on one stream of an
+/// HTTP/2 connection does not cover another stream whose answer the client
+/// never takes. A body's data frames are handed over at most [`CHUNK`] at a
+/// time, so that a large answer stays visible here while the client takes
+/// it instead of vanishing whole into hyper's buffers. A connection with
+/// nothing handled and no body open is idle once it has made no progress
+/// (a handler's end, a body's frame or end) for the timeout.
 struct Activity {
     start: Instant,
     /// Requests whose answer's head is not ready yet.
     handling: AtomicUsize,
-    /// Answers' bodies not yet ended.
-    bodies: AtomicUsize,
-    /// Bodies whose last poll waited for their source (an upstream), not
-    /// for the client.
-    waiting: AtomicUsize,
-    /// Milliseconds from `start` to the last progress.
+    /// Milliseconds from `start` to the connection's last progress.
     last: AtomicU64,
+    /// The open bodies' clocks.
+    bodies: Mutex<Bodies>,
+}
+
+#[derive(Default)]
+struct Bodies {
+    slots: Vec<Option<Clock>>,
+    free: Vec<usize>,
+    open: usize,
+}
+
+/// One open body: its last progress (ms from the connection's start), and
+/// whether its last poll waited for its source (an upstream), not for the
+/// client.
+#[derive(Clone, Copy)]
+struct Clock {
+    last: u64,
+    waiting: bool,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -317,31 +338,45 @@ impl Activity {
         Activity {
             start,
             handling: AtomicUsize::new(0),
-            bodies: AtomicUsize::new(0),
-            waiting: AtomicUsize::new(0),
             last: AtomicU64::new(0),
+            bodies: Mutex::new(Bodies::default()),
         }
+    }
+
+    fn ms(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.start).as_millis() as u64
     }
 
     fn progress(&self, at: Instant) {
-        let ms = at.saturating_duration_since(self.start).as_millis() as u64;
-        self.last.fetch_max(ms, Ordering::AcqRel);
+        self.last.fetch_max(self.ms(at), Ordering::AcqRel);
+    }
+
+    fn bodies(&self) -> std::sync::MutexGuard<'_, Bodies> {
+        self.bodies.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn in_flight(&self) -> bool {
-        self.handling.load(Ordering::Acquire) + self.bodies.load(Ordering::Acquire) > 0
+        self.handling.load(Ordering::Acquire) > 0 || self.bodies().open > 0
     }
 
     fn verdict(&self, now: Instant, timeout: Duration) -> Verdict {
-        if self.handling.load(Ordering::Acquire) + self.waiting.load(Ordering::Acquire) > 0 {
-            return Verdict::Active(timeout);
+        let now_ms = self.ms(now);
+        let limit = timeout.as_millis() as u64;
+        let bodies = self.bodies();
+        let mut next = limit;
+        for clock in bodies.slots.iter().flatten().filter(|c| !c.waiting) {
+            let quiet = now_ms.saturating_sub(clock.last);
+            if quiet >= limit {
+                return Verdict::Stalled;
+            }
+            next = next.min(limit - quiet);
         }
-        let last = self.start + Duration::from_millis(self.last.load(Ordering::Acquire));
-        let quiet = now.saturating_duration_since(last);
-        if quiet < timeout {
-            Verdict::Active(timeout - quiet)
-        } else if self.bodies.load(Ordering::Acquire) > 0 {
-            Verdict::Stalled
+        if self.handling.load(Ordering::Acquire) > 0 || bodies.open > 0 {
+            return Verdict::Active(Duration::from_millis(next.max(1)));
+        }
+        let quiet = now_ms.saturating_sub(self.last.load(Ordering::Acquire));
+        if quiet < limit {
+            Verdict::Active(Duration::from_millis(limit - quiet))
         } else {
             Verdict::Idle
         }
@@ -361,15 +396,31 @@ impl Handling {
     /// The answer's head is ready: its body is watched from now on.
     fn answered(mut self, body: Body) -> Counted {
         let activity = self.0.take().expect("answered once");
-        activity.bodies.fetch_add(1, Ordering::AcqRel);
+        let now = Instant::now();
+        let slot = {
+            let mut b = activity.bodies();
+            let clock = Some(Clock {
+                last: activity.ms(now),
+                waiting: false,
+            });
+            b.open += 1;
+            match b.free.pop() {
+                Some(i) => {
+                    b.slots[i] = clock;
+                    i
+                }
+                None => {
+                    b.slots.push(clock);
+                    b.slots.len() - 1
+                }
+            }
+        };
         activity.handling.fetch_sub(1, Ordering::AcqRel);
-        activity.progress(Instant::now());
+        activity.progress(now);
         Counted {
             body,
-            open: BodyOpen {
-                activity,
-                waiting: false,
-            },
+            rest: None,
+            open: BodyOpen { activity, slot },
         }
     }
 }
@@ -383,46 +434,56 @@ impl Drop for Handling {
     }
 }
 
-/// An answer's body being sent, and whether its last poll waited for its source.
+/// An answer's body being sent: its slot among the connection's clocks.
 struct BodyOpen {
     activity: Arc<Activity>,
-    waiting: bool,
+    slot: usize,
 }
 
 impl BodyOpen {
-    fn polled<T>(&mut self, poll: &std::task::Poll<T>) {
+    /// After each poll of the body: a frame (or its end) is progress, a
+    /// wait is a wait for its source.
+    fn polled(&mut self, pending: bool) {
         let a = &self.activity;
-        match (poll.is_pending(), self.waiting) {
-            (true, false) => {
-                a.waiting.fetch_add(1, Ordering::AcqRel);
+        let now = (!pending).then(Instant::now);
+        {
+            let mut b = a.bodies();
+            if let Some(clock) = b.slots[self.slot].as_mut() {
+                clock.waiting = pending;
+                if let Some(now) = now {
+                    clock.last = a.ms(now);
+                }
             }
-            (false, true) => {
-                a.waiting.fetch_sub(1, Ordering::AcqRel);
-            }
-            _ => {}
         }
-        self.waiting = poll.is_pending();
-        if !self.waiting {
-            a.progress(Instant::now());
+        if let Some(now) = now {
+            a.progress(now);
         }
     }
 }
 
 impl Drop for BodyOpen {
     fn drop(&mut self) {
-        if self.waiting {
-            self.activity.waiting.fetch_sub(1, Ordering::AcqRel);
+        let a = &self.activity;
+        {
+            let mut b = a.bodies();
+            b.slots[self.slot] = None;
+            b.free.push(self.slot);
+            b.open -= 1;
         }
-        self.activity.bodies.fetch_sub(1, Ordering::AcqRel);
-        self.activity.progress(Instant::now());
+        a.progress(Instant::now());
     }
 }
 
+/// The most of an answer's data handed to hyper at once.
+const CHUNK: usize = 16 * 1024;
+
 pin_project_lite::pin_project! {
-    /// An answer's body, watched (see [`Activity`]).
+    /// An answer's body, watched (see [`Activity`]), its data frames cut
+    /// to [`CHUNK`].
     struct Counted {
         #[pin]
         body: Body,
+        rest: Option<bytes::Bytes>,
         open: BodyOpen,
     }
 }
@@ -435,24 +496,51 @@ impl hyper::body::Body for Counted {
         self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        use std::task::Poll;
         let this = self.project();
-        let poll = this.body.poll_frame(cx);
-        this.open.polled(&poll);
-        poll
+        let mut data = match this.rest.take() {
+            Some(rest) => rest,
+            None => match this.body.poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => data,
+                    Err(frame) => {
+                        this.open.polled(false);
+                        return Poll::Ready(Some(Ok(frame)));
+                    }
+                },
+                other => {
+                    this.open.polled(other.is_pending());
+                    return other;
+                }
+            },
+        };
+        if data.len() > CHUNK {
+            *this.rest = Some(data.split_off(CHUNK));
+        }
+        this.open.polled(false);
+        Poll::Ready(Some(Ok(hyper::body::Frame::data(data))))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.rest.is_none() && self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> hyper::body::SizeHint {
-        self.body.size_hint()
+        let inner = self.body.size_hint();
+        let held = self.rest.as_ref().map_or(0, |r| r.len() as u64);
+        let mut hint = hyper::body::SizeHint::new();
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + held);
+        }
+        hint.set_lower(inner.lower() + held);
+        hint
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::task::{Context, Poll};
 
     const T: Duration = Duration::from_secs(10);
     fn s(n: u64) -> Duration {
@@ -494,31 +582,77 @@ mod tests {
         );
 
         // Each frame taken is progress...
-        body.open.polled(&std::task::Poll::Ready(()));
+        body.open.polled(false);
         let later = Instant::now();
         assert!(matches!(a.verdict(later, T), Verdict::Active(_)));
         // ...and waiting for the source (an upstream) is activity.
-        body.open.polled(&std::task::Poll::<()>::Pending);
-        assert_eq!(a.verdict(later + s(300), T), Verdict::Active(T));
-        body.open.polled(&std::task::Poll::Ready(()));
+        body.open.polled(true);
+        assert!(matches!(a.verdict(later + s(300), T), Verdict::Active(_)));
+        body.open.polled(false);
         assert_eq!(a.verdict(Instant::now() + T, T), Verdict::Stalled);
 
         drop(body);
         assert!(!a.in_flight());
-        assert_eq!(a.waiting.load(Ordering::Acquire), 0);
         assert_eq!(a.verdict(Instant::now() + T, T), Verdict::Idle);
     }
 
     #[test]
-    fn a_body_dropped_while_waiting_for_its_source_leaves_no_count_behind() {
+    fn progress_on_one_stream_does_not_cover_another_that_stalls() {
         let a = Arc::new(Activity::new(Instant::now()));
-        let mut body = Handling::begin(&a).answered(Body::empty());
-        body.open.polled(&std::task::Poll::<()>::Pending);
-        body.open.polled(&std::task::Poll::<()>::Pending);
-        assert_eq!(a.waiting.load(Ordering::Acquire), 1);
-        drop(body);
-        assert_eq!(a.waiting.load(Ordering::Acquire), 0);
-        assert_eq!(a.bodies.load(Ordering::Acquire), 0);
-        assert_eq!(a.handling.load(Ordering::Acquire), 0);
+        let stalled = Handling::begin(&a).answered(Body::empty());
+        let _kept = stalled;
+        // Another stream answered and taken again and again, and requests
+        // handled beside it: the first is still stalled after the timeout.
+        let mut busy = Handling::begin(&a).answered(Body::empty());
+        let _handling = Handling::begin(&a);
+        busy.open.polled(false);
+        assert_eq!(a.verdict(Instant::now() + T + s(1), T), Verdict::Stalled);
+    }
+
+    #[test]
+    fn a_large_answer_is_handed_over_in_chunks_and_keeps_its_length() {
+        let a = Arc::new(Activity::new(Instant::now()));
+        let big = bytes::Bytes::from(vec![7u8; 2 * CHUNK + 5]);
+        let mut body = std::pin::pin!(Handling::begin(&a).answered(Body::from(big.clone())));
+        assert_eq!(
+            hyper::body::Body::size_hint(&*body).exact(),
+            Some(big.len() as u64)
+        );
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        let mut got = Vec::new();
+        let mut sizes = Vec::new();
+        loop {
+            match hyper::body::Body::poll_frame(body.as_mut(), &mut cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    let data = frame.into_data().unwrap();
+                    sizes.push(data.len());
+                    got.extend_from_slice(&data);
+                    let left = hyper::body::Body::size_hint(&*body).exact();
+                    assert_eq!(left, Some((big.len() - got.len()) as u64));
+                    assert!(a.in_flight(), "open until the last chunk is taken");
+                }
+                Poll::Ready(None) => break,
+                other => panic!("{:?}", other.map(|_| ())),
+            }
+        }
+        assert_eq!(sizes, vec![CHUNK, CHUNK, 5]);
+        assert_eq!(got, big);
+        assert!(hyper::body::Body::is_end_stream(&*body));
+    }
+
+    #[test]
+    fn closed_bodies_free_their_slots_for_the_next() {
+        let a = Arc::new(Activity::new(Instant::now()));
+        for _ in 0..3 {
+            let bodies: Vec<_> = (0..4)
+                .map(|_| Handling::begin(&a).answered(Body::empty()))
+                .collect();
+            assert_eq!(a.bodies().open, 4);
+            drop(bodies);
+        }
+        let b = a.bodies();
+        assert_eq!((b.open, b.slots.len()), (0, 4));
+        assert!(b.slots.iter().all(Option::is_none));
     }
 }

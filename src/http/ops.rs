@@ -43,7 +43,19 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
 #[utoipa::path(get, path = "/openapi.json", tag = "operations",
     responses((status = 200, description = "This document")))]
 pub async fn openapi() -> Response {
-    Json(super::ApiDoc::openapi()).into_response()
+    // Rendered once (about 70 KB): every answer shares the same bytes, so
+    // answers held for slow readers cost no copy each.
+    static DOCUMENT: std::sync::OnceLock<bytes::Bytes> = std::sync::OnceLock::new();
+    let body = DOCUMENT.get_or_init(|| {
+        serde_json::to_vec(&super::ApiDoc::openapi())
+            .expect("the OpenAPI document serializes")
+            .into()
+    });
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        body.clone(),
+    )
+        .into_response()
 }
 
 #[derive(serde::Deserialize)]

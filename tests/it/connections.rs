@@ -30,7 +30,8 @@ async fn slow_clients_are_cut_off_at_the_service() {
 
 /// Asking and never reading the answers: the answers stall and the
 /// connection is dropped, over HTTP/1.1 (pipelined requests) and HTTP/2
-/// (a flow-control window of zero), and the service goes on answering.
+/// (a flow-control window of zero, with other requests on the same
+/// connection all along), and the service goes on answering.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_a_client_never_reads_do_not_hold_its_connection() {
     let app = TestApp::embedded(SETTINGS).await;
@@ -74,8 +75,23 @@ async fn answers_a_client_never_reads_do_not_hold_its_connection() {
         .unwrap();
     let answer = send.send_request(req).await.unwrap();
     assert_eq!(answer.status(), 200);
+    // Beside it, a request every 100 ms whose answer is dropped (its stream
+    // reset): activity on other streams does not cover the stalled one.
+    let busy = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let req = axum::http::Request::get(format!("http://{addr}/health/live"))
+                .body(http_body_util::Empty::<bytes::Bytes>::new())
+                .unwrap();
+            match send.send_request(req).await {
+                Ok(a) => drop(a),
+                Err(_) => return,
+            }
+        }
+    });
     let ended = tokio::time::timeout(Duration::from_secs(5), conn).await;
     assert!(ended.is_ok(), "an HTTP/2 answer never read held its connection");
+    busy.abort();
     drop(answer);
 
     assert_eq!(app.get("/health/live").await.status(), 200);
