@@ -20,21 +20,24 @@
 //!
 //! So a client that sends nothing, sends a head a line at a time, never
 //! finishes HTTP/2's preface or a `HEADERS` frame, or asks and then never
-//! reads the answer (HTTP/2: a zero flow-control window) is cut off after
-//! about `header_timeout`, and an idle kept-alive connection is closed
-//! after the same time. A download the client keeps taking, or an answer
-//! whose source (the gateway's upstream) is still producing it, is
-//! activity. The watch costs each request a few uncontended atomic updates
-//! and clock reads, and each connection one timer (hyper's own head timer
-//! would allocate and register a timer per request, and does not see
-//! HTTP/2 or answers at all).
+//! reads the answer (HTTP/2: a zero flow-control window; HTTP/1.1: writes
+//! that wait on the socket) is cut off after about `header_timeout`, and an
+//! idle kept-alive connection is closed after the same time. A download
+//! the client keeps taking, a stream HTTP/2 holds back while the client
+//! reads others (for up to four timeouts), or an answer whose source (the
+//! gateway's upstream) is still producing it, is activity. The watch costs
+//! each answer a lock of its connection's table of answers and a clock
+//! read per frame, each write an atomic load, and each connection one
+//! timer (hyper's own head timer would allocate and register a timer per
+//! request, and does not see HTTP/2 or answers at all).
 //!
 //! Without these a client that opens connections and never finishes a
 //! request (slowloris) holds each one, and its task and buffers, for as
 //! long as it likes, until the process runs out of file descriptors and
 //! nobody can log in. Once a request is open, its time is bounded
 //! elsewhere: the service's request deadline (`middleware`), the gateway's
-//! route timeout.
+//! route timeout (to the answer's head only: an upstream that sends a head
+//! and then nothing holds the client's connection, docs/security.md).
 //!
 //! On shutdown, accepting stops and each open connection is asked to close
 //! after its current request (HTTP/1.1: no keep-alive; HTTP/2: GOAWAY);
@@ -213,7 +216,11 @@ async fn connection(tcp: TcpStream, peer: SocketAddr, router: Router, timeout: D
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder.http2().max_concurrent_streams(H2_STREAMS);
-    let conn = builder.serve_connection(TokioIo::new(tcp), svc);
+    let io = Watched {
+        io: TokioIo::new(tcp),
+        activity: activity.clone(),
+    };
+    let conn = builder.serve_connection(io, svc);
     drive(conn, |c| c.graceful_shutdown(), &activity, timeout, stop).await;
 }
 
@@ -281,6 +288,10 @@ async fn drive<C, E>(
 /// before it is dropped.
 const GRACE: Duration = Duration::from_secs(1);
 
+/// How many timeouts an answer may go untaken while its connection takes
+/// data for other answers.
+const STALL_CAP: u64 = 4;
+
 /// What a connection is doing, as the watch in [`drive`] sees it.
 ///
 /// ```text
@@ -305,6 +316,13 @@ struct Activity {
     handling: AtomicUsize,
     /// Milliseconds from `start` to the connection's last progress.
     last: AtomicU64,
+    /// Milliseconds from `start` to the last data frame of any answer
+    /// handed over (not a reset, a new request or a body's end).
+    last_data: AtomicU64,
+    /// 1 + milliseconds from `start` to when the socket stopped taking
+    /// writes (the client does not read what hyper has buffered); 0 while
+    /// writes go through.
+    blocked: AtomicU64,
     /// The open bodies' clocks.
     bodies: Mutex<Bodies>,
 }
@@ -339,6 +357,8 @@ impl Activity {
             start,
             handling: AtomicUsize::new(0),
             last: AtomicU64::new(0),
+            last_data: AtomicU64::new(0),
+            blocked: AtomicU64::new(0),
             bodies: Mutex::new(Bodies::default()),
         }
     }
@@ -355,23 +375,55 @@ impl Activity {
         self.bodies.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// After each write to the socket: whether it had to wait (the client
+    /// is not reading). Only a change of state reads the clock.
+    fn wrote(&self, pending: bool) {
+        let since = self.blocked.load(Ordering::Acquire);
+        if pending && since == 0 {
+            self.blocked.store(self.ms(Instant::now()) + 1, Ordering::Release);
+        } else if !pending && since != 0 {
+            self.blocked.store(0, Ordering::Release);
+            self.progress(Instant::now());
+        }
+    }
+
     fn in_flight(&self) -> bool {
-        self.handling.load(Ordering::Acquire) > 0 || self.bodies().open > 0
+        self.handling.load(Ordering::Acquire) > 0
+            || self.blocked.load(Ordering::Acquire) != 0
+            || self.bodies().open > 0
     }
 
     fn verdict(&self, now: Instant, timeout: Duration) -> Verdict {
         let now_ms = self.ms(now);
         let limit = timeout.as_millis() as u64;
-        let bodies = self.bodies();
         let mut next = limit;
-        for clock in bodies.slots.iter().flatten().filter(|c| !c.waiting) {
-            let quiet = now_ms.saturating_sub(clock.last);
+        let blocked = self.blocked.load(Ordering::Acquire);
+        if blocked != 0 {
+            let quiet = now_ms.saturating_sub(blocked - 1);
             if quiet >= limit {
                 return Verdict::Stalled;
             }
-            next = next.min(limit - quiet);
+            next = limit - quiet;
         }
-        if self.handling.load(Ordering::Acquire) > 0 || bodies.open > 0 {
+        // A body quiet for the timeout is stalled unless the connection is
+        // taking data for others (HTTP/2 flow control may hold a stream
+        // back while the client reads the rest), and in any case after
+        // STALL_CAP timeouts: reading one stream slowly does not keep
+        // unread ones alive for long.
+        let data_quiet = now_ms.saturating_sub(self.last_data.load(Ordering::Acquire));
+        let bodies = self.bodies();
+        for clock in bodies.slots.iter().flatten().filter(|c| !c.waiting) {
+            let quiet = now_ms.saturating_sub(clock.last);
+            if quiet >= STALL_CAP * limit || (quiet >= limit && data_quiet >= limit) {
+                return Verdict::Stalled;
+            }
+            next = next.min(if quiet >= limit {
+                (limit - data_quiet).min(STALL_CAP * limit - quiet)
+            } else {
+                limit - quiet
+            });
+        }
+        if blocked != 0 || self.handling.load(Ordering::Acquire) > 0 || bodies.open > 0 {
             return Verdict::Active(Duration::from_millis(next.max(1)));
         }
         let quiet = now_ms.saturating_sub(self.last.load(Ordering::Acquire));
@@ -442,8 +494,9 @@ struct BodyOpen {
 
 impl BodyOpen {
     /// After each poll of the body: a frame (or its end) is progress, a
-    /// wait is a wait for its source.
-    fn polled(&mut self, pending: bool) {
+    /// data frame also for the connection's data, a wait is a wait for its
+    /// source.
+    fn polled(&mut self, pending: bool, data: bool) {
         let a = &self.activity;
         let now = (!pending).then(Instant::now);
         {
@@ -457,6 +510,9 @@ impl BodyOpen {
         }
         if let Some(now) = now {
             a.progress(now);
+            if data {
+                a.last_data.fetch_max(a.ms(now), Ordering::AcqRel);
+            }
         }
     }
 }
@@ -471,6 +527,68 @@ impl Drop for BodyOpen {
             b.open -= 1;
         }
         a.progress(Instant::now());
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The client's socket, telling [`Activity`] when its writes wait: what
+    /// hyper has buffered is still in flight until written.
+    struct Watched {
+        #[pin]
+        io: TokioIo<TcpStream>,
+        activity: Arc<Activity>,
+    }
+}
+
+impl hyper::rt::Read for Watched {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        self.project().io.poll_read(cx, buf)
+    }
+}
+
+impl hyper::rt::Write for Watched {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        let this = self.project();
+        let poll = this.io.poll_write(cx, buf);
+        this.activity.wrote(poll.is_pending());
+        poll
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> std::task::Poll<io::Result<usize>> {
+        let this = self.project();
+        let poll = this.io.poll_write_vectored(cx, bufs);
+        this.activity.wrote(poll.is_pending());
+        poll
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<()>> {
+        let this = self.project();
+        let poll = this.io.poll_flush(cx);
+        this.activity.wrote(poll.is_pending());
+        poll
+    }
+
+    fn poll_shutdown(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        self.project().io.poll_shutdown(cx)
     }
 }
 
@@ -504,12 +622,12 @@ impl hyper::body::Body for Counted {
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                     Ok(data) => data,
                     Err(frame) => {
-                        this.open.polled(false);
+                        this.open.polled(false, false);
                         return Poll::Ready(Some(Ok(frame)));
                     }
                 },
                 other => {
-                    this.open.polled(other.is_pending());
+                    this.open.polled(other.is_pending(), false);
                     return other;
                 }
             },
@@ -517,7 +635,7 @@ impl hyper::body::Body for Counted {
         if data.len() > CHUNK {
             *this.rest = Some(data.split_off(CHUNK));
         }
-        this.open.polled(false);
+        this.open.polled(false, true);
         Poll::Ready(Some(Ok(hyper::body::Frame::data(data))))
     }
 
@@ -582,13 +700,13 @@ mod tests {
         );
 
         // Each frame taken is progress...
-        body.open.polled(false);
+        body.open.polled(false, true);
         let later = Instant::now();
         assert!(matches!(a.verdict(later, T), Verdict::Active(_)));
         // ...and waiting for the source (an upstream) is activity.
-        body.open.polled(true);
+        body.open.polled(true, false);
         assert!(matches!(a.verdict(later + s(300), T), Verdict::Active(_)));
-        body.open.polled(false);
+        body.open.polled(false, true);
         assert_eq!(a.verdict(Instant::now() + T, T), Verdict::Stalled);
 
         drop(body);
@@ -605,8 +723,35 @@ mod tests {
         // handled beside it: the first is still stalled after the timeout.
         let mut busy = Handling::begin(&a).answered(Body::empty());
         let _handling = Handling::begin(&a);
-        busy.open.polled(false);
+        busy.open.polled(false, true);
         assert_eq!(a.verdict(Instant::now() + T + s(1), T), Verdict::Stalled);
+    }
+
+    #[test]
+    fn a_stream_held_back_while_the_connection_takes_data_stalls_only_at_the_cap() {
+        let a = Arc::new(Activity::new(Instant::now()));
+        let t0 = a.start;
+        let _held = Handling::begin(&a).answered(Body::empty());
+        // Data handed over on other streams all along.
+        a.last_data.store(a.ms(t0 + 3 * T), Ordering::Release);
+        assert!(matches!(a.verdict(t0 + 3 * T + s(1), T), Verdict::Active(_)));
+        a.last_data.store(a.ms(t0 + 4 * T - s(1)), Ordering::Release);
+        assert_eq!(a.verdict(t0 + 4 * T, T), Verdict::Stalled, "the cap");
+    }
+
+    #[test]
+    fn writes_the_client_does_not_take_are_in_flight_and_stall_after_the_timeout() {
+        let a = Activity::new(Instant::now());
+        a.wrote(false);
+        assert!(!a.in_flight());
+        a.wrote(true);
+        let blocked = Instant::now();
+        assert!(a.in_flight(), "what hyper buffered is not delivered yet");
+        assert!(matches!(a.verdict(blocked, T), Verdict::Active(_)));
+        assert_eq!(a.verdict(blocked + T + s(1), T), Verdict::Stalled);
+        a.wrote(false);
+        assert!(!a.in_flight());
+        assert!(matches!(a.verdict(Instant::now(), T), Verdict::Active(_)));
     }
 
     #[test]
