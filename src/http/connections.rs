@@ -73,10 +73,10 @@ use crate::settings::{millis, number, ConfigError, Source};
 /// (`header_timeout_ms`, ... at the top of its file).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnectionSettings {
-    /// Time to send a whole request head, from connecting or from the
-    /// previous answer; also how long an idle connection is kept.
+    /// How long a connection may make no progress (a head still arriving
+    /// is none; docs above).
     pub header_timeout: Duration,
-    /// Open client connections per listen address.
+    /// Client connections served per listen address.
     pub max_connections: usize,
 }
 
@@ -91,9 +91,7 @@ impl ConnectionSettings {
             max_connections: src.get("max_connections", 10_000, number(1, 1_000_000))?,
         })
     }
-}
 
-impl ConnectionSettings {
     /// Raises the process's open-file limit to its hard limit (as nginx's
     /// `worker_rlimit_nofile` or Go's runtime do: the usual soft limit,
     /// 1,024, is far below `max_connections`), and warns if the limit
@@ -367,8 +365,11 @@ impl Activity {
         at.saturating_duration_since(self.start).as_millis() as u64
     }
 
-    fn progress(&self, at: Instant) {
-        self.last.fetch_max(self.ms(at), Ordering::AcqRel);
+    /// Progress at `at`; the milliseconds recorded.
+    fn progress(&self, at: Instant) -> u64 {
+        let ms = self.ms(at);
+        self.last.fetch_max(ms, Ordering::AcqRel);
+        ms
     }
 
     fn bodies(&self) -> std::sync::MutexGuard<'_, Bodies> {
@@ -448,13 +449,10 @@ impl Handling {
     /// The answer's head is ready: its body is watched from now on.
     fn answered(mut self, body: Body) -> Counted {
         let activity = self.0.take().expect("answered once");
-        let now = Instant::now();
+        let last = activity.progress(Instant::now());
         let slot = {
             let mut b = activity.bodies();
-            let clock = Some(Clock {
-                last: activity.ms(now),
-                waiting: false,
-            });
+            let clock = Some(Clock { last, waiting: false });
             b.open += 1;
             match b.free.pop() {
                 Some(i) => {
@@ -468,7 +466,6 @@ impl Handling {
             }
         };
         activity.handling.fetch_sub(1, Ordering::AcqRel);
-        activity.progress(now);
         Counted {
             body,
             rest: None,
@@ -498,21 +495,15 @@ impl BodyOpen {
     /// source.
     fn polled(&mut self, pending: bool, data: bool) {
         let a = &self.activity;
-        let now = (!pending).then(Instant::now);
-        {
-            let mut b = a.bodies();
-            if let Some(clock) = b.slots[self.slot].as_mut() {
-                clock.waiting = pending;
-                if let Some(now) = now {
-                    clock.last = a.ms(now);
-                }
+        let ms = (!pending).then(|| a.progress(Instant::now()));
+        if let Some(clock) = a.bodies().slots[self.slot].as_mut() {
+            clock.waiting = pending;
+            if let Some(ms) = ms {
+                clock.last = ms;
             }
         }
-        if let Some(now) = now {
-            a.progress(now);
-            if data {
-                a.last_data.fetch_max(a.ms(now), Ordering::AcqRel);
-            }
+        if let (Some(ms), true) = (ms, data) {
+            a.last_data.fetch_max(ms, Ordering::AcqRel);
         }
     }
 }
