@@ -24,8 +24,11 @@
 //! that wait on the socket) is cut off after about `header_timeout`, and an
 //! idle kept-alive connection is closed after the same time. A download
 //! the client keeps taking, a stream HTTP/2 holds back while the client
-//! reads others (for up to four timeouts), or an answer whose source (the
-//! gateway's upstream) is still producing it, is activity. The watch costs
+//! takes the data of others (for up to four timeouts), or an answer whose
+//! source (the gateway's upstream) is still producing it, is activity. On
+//! HTTP/2 an answer's last byte is handed over only once the client's
+//! window covers the rest ([`Counted`]), so no answer ends here while h2
+//! still holds its data for a window that never comes. The watch costs
 //! each answer a lock of its connection's table of answers and a clock
 //! read per frame, each write an atomic load, and each connection one
 //! timer (hyper's own head timer would allocate and register a timer per
@@ -160,8 +163,15 @@ pub async fn serve(listener: TcpListener, router: Router, connections: Connectio
             _ = stop.wait() => break,
             accepted = listener.accept() => match accepted {
                 Ok(c) => c,
+                Err(e) if out_of_resources(&e) => {
+                    tracing::warn!(error = %e, "accepting a connection failed; pausing for a second");
+                    tokio::select! {
+                        _ = stop.wait() => break,
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    }
+                }
                 Err(e) => {
-                    refused(e).await;
+                    tracing::debug!(error = %e, "a connection failed before it was accepted");
                     continue;
                 }
             },
@@ -188,16 +198,17 @@ pub async fn serve(listener: TcpListener, router: Router, connections: Connectio
     let _ = connections.open.acquire_many(all).await;
 }
 
-/// An error from `accept`: one connection's (aborted before it was taken)
-/// is skipped; anything else (out of file descriptors) is logged and the
-/// loop pauses a second rather than spin.
-async fn refused(e: io::Error) {
-    use io::ErrorKind::*;
-    if matches!(e.kind(), ConnectionAborted | ConnectionRefused | ConnectionReset) {
-        return;
-    }
-    tracing::warn!(error = %e, "accepting a connection failed; pausing for a second");
-    tokio::time::sleep(Duration::from_secs(1)).await;
+/// Whether an error from `accept` is the process's or the system's lack of
+/// resources (file descriptors, memory), after which the loop pauses a
+/// second rather than spin; any other error is one connection's (Linux
+/// reports a new connection's pending network errors, `ECONNABORTED`,
+/// `EPROTO`, `ENETDOWN`, `EHOSTUNREACH` and the like, from `accept`), and
+/// only that connection is skipped.
+fn out_of_resources(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
 }
 
 async fn connection(tcp: TcpStream, peer: SocketAddr, router: Router, timeout: Duration, stop: Shutdown) {
@@ -205,14 +216,16 @@ async fn connection(tcp: TcpStream, peer: SocketAddr, router: Router, timeout: D
     let watched = activity.clone();
     let svc = service_fn(move |mut req: axum::http::Request<Incoming>| {
         let handling = Handling::begin(&watched);
+        let h2 = req.version() == axum::http::Version::HTTP_2;
         req.extensions_mut().insert(ConnectInfo(peer));
         let answer = router.clone().oneshot(req.map(Body::new));
         async move {
             let r: Result<_, Infallible> = answer.await;
-            r.map(|res| res.map(|body| handling.answered(body)))
+            r.map(|res| res.map(|body| handling.answered(body, h2)))
         }
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().max_buf_size(H1_BUFFER);
     builder.http2().max_concurrent_streams(H2_STREAMS);
     let io = Watched {
         io: TokioIo::new(tcp),
@@ -225,6 +238,12 @@ async fn connection(tcp: TcpStream, peer: SocketAddr, router: Router, timeout: D
 /// Concurrent requests on one HTTP/2 connection (hyper's default is 200):
 /// each may hold an answer in memory while the client does not read it.
 const H2_STREAMS: u32 = 100;
+
+/// The most an HTTP/1.1 connection's read and write buffers may hold
+/// (hyper's default is about 400 KiB): a request head larger than this is
+/// refused (`431`), and a client that pipelines requests while reading
+/// slowly cannot make the buffer grow past it.
+const H1_BUFFER: usize = 64 * 1024;
 
 /// Runs a connection to its end (`close` asks it to close after its
 /// current requests), watching [`Activity`] every so often:
@@ -446,8 +465,9 @@ impl Handling {
         Handling(Some(activity.clone()))
     }
 
-    /// The answer's head is ready: its body is watched from now on.
-    fn answered(mut self, body: Body) -> Counted {
+    /// The answer's head is ready: its body is watched from now on (`h2`:
+    /// the answer goes out on an HTTP/2 stream, see [`Counted`]).
+    fn answered(mut self, body: Body, h2: bool) -> Counted {
         let activity = self.0.take().expect("answered once");
         let last = activity.progress(Instant::now());
         let slot = {
@@ -469,7 +489,12 @@ impl Handling {
         Counted {
             body,
             rest: None,
-            open: BodyOpen { activity, slot },
+            hold_last: h2,
+            open: BodyOpen {
+                activity,
+                slot,
+                frames: 0,
+            },
         }
     }
 }
@@ -487,12 +512,23 @@ impl Drop for Handling {
 struct BodyOpen {
     activity: Arc<Activity>,
     slot: usize,
+    /// Data frames handed over so far.
+    frames: u32,
 }
 
+/// The data frame of an answer from which on handing one over shows that
+/// the client takes data. hyper asks an HTTP/2 body for its next frame as
+/// soon as it has passed the previous one to h2 (which takes it once the
+/// stream's window has room for a single byte), and passes a frame on only
+/// when everything before it fits the client's window: so the first two
+/// frames of every answer are asked for whether or not the client reads
+/// anything, and the third only once the first was granted in full.
+const TAKEN_FROM_FRAME: u32 = 3;
+
 impl BodyOpen {
-    /// After each poll of the body: a frame (or its end) is progress, a
-    /// data frame also for the connection's data, a wait is a wait for its
-    /// source.
+    /// After each poll of the body: a frame (or its end) is progress for
+    /// the body, a data frame past the first two also for the
+    /// connection's data, a wait is a wait for its source.
     fn polled(&mut self, pending: bool, data: bool) {
         let a = &self.activity;
         let ms = (!pending).then(|| a.progress(Instant::now()));
@@ -503,7 +539,10 @@ impl BodyOpen {
             }
         }
         if let (Some(ms), true) = (ms, data) {
-            a.last_data.fetch_max(ms, Ordering::AcqRel);
+            self.frames = self.frames.saturating_add(1);
+            if self.frames >= TAKEN_FROM_FRAME {
+                a.last_data.fetch_max(ms, Ordering::AcqRel);
+            }
         }
     }
 }
@@ -589,10 +628,23 @@ const CHUNK: usize = 16 * 1024;
 pin_project_lite::pin_project! {
     /// An answer's body, watched (see [`Activity`]), its data frames cut
     /// to [`CHUNK`].
+    ///
+    /// On HTTP/2 (`hold_last`) the last byte of each frame from the source
+    /// is handed over as a frame of its own, after the rest. hyper passes a
+    /// frame to h2 once the stream's window has room for one byte, and h2
+    /// keeps what the window does not cover; were the body's last frame
+    /// handed over whole, the body would end here with its data still held
+    /// in h2, unwatched, for as long as the client grants no window (and
+    /// the stream would count against the connection's streams). Held
+    /// back, the last byte is passed on only once the window covers
+    /// everything before it, so until then the body is open and its clock
+    /// runs. The cost is one more `DATA` frame of one byte per frame from
+    /// the source.
     struct Counted {
         #[pin]
         body: Body,
         rest: Option<bytes::Bytes>,
+        hold_last: bool,
         open: BodyOpen,
     }
 }
@@ -625,6 +677,8 @@ impl hyper::body::Body for Counted {
         };
         if data.len() > CHUNK {
             *this.rest = Some(data.split_off(CHUNK));
+        } else if *this.hold_last && data.len() > 1 {
+            *this.rest = Some(data.split_off(data.len() - 1));
         }
         this.open.polled(false, true);
         Poll::Ready(Some(Ok(hyper::body::Frame::data(data))))
@@ -681,7 +735,7 @@ mod tests {
     #[test]
     fn an_answer_the_client_does_not_take_is_stalled_and_one_it_takes_is_not() {
         let a = Arc::new(Activity::new(Instant::now()));
-        let mut body = Handling::begin(&a).answered(Body::empty());
+        let mut body = Handling::begin(&a).answered(Body::empty(), false);
         let answered = Instant::now();
         assert!(a.in_flight());
         assert_eq!(
@@ -708,11 +762,11 @@ mod tests {
     #[test]
     fn progress_on_one_stream_does_not_cover_another_that_stalls() {
         let a = Arc::new(Activity::new(Instant::now()));
-        let stalled = Handling::begin(&a).answered(Body::empty());
+        let stalled = Handling::begin(&a).answered(Body::empty(), false);
         let _kept = stalled;
         // Another stream answered and taken again and again, and requests
         // handled beside it: the first is still stalled after the timeout.
-        let mut busy = Handling::begin(&a).answered(Body::empty());
+        let mut busy = Handling::begin(&a).answered(Body::empty(), false);
         let _handling = Handling::begin(&a);
         busy.open.polled(false, true);
         assert_eq!(a.verdict(Instant::now() + T + s(1), T), Verdict::Stalled);
@@ -722,7 +776,7 @@ mod tests {
     fn a_stream_held_back_while_the_connection_takes_data_stalls_only_at_the_cap() {
         let a = Arc::new(Activity::new(Instant::now()));
         let t0 = a.start;
-        let _held = Handling::begin(&a).answered(Body::empty());
+        let _held = Handling::begin(&a).answered(Body::empty(), false);
         // Data handed over on other streams all along.
         a.last_data.store(a.ms(t0 + 3 * T), Ordering::Release);
         assert!(matches!(a.verdict(t0 + 3 * T + s(1), T), Verdict::Active(_)));
@@ -746,13 +800,30 @@ mod tests {
     }
 
     #[test]
-    fn a_large_answer_is_handed_over_in_chunks_and_keeps_its_length() {
-        let a = Arc::new(Activity::new(Instant::now()));
-        let big = bytes::Bytes::from(vec![7u8; 2 * CHUNK + 5]);
-        let mut body = std::pin::pin!(Handling::begin(&a).answered(Body::from(big.clone())));
+    fn the_first_two_frames_of_an_answer_do_not_count_as_the_client_taking_data() {
+        let a = Arc::new(Activity::new(Instant::now() - s(5)));
+        let mut body = Handling::begin(&a).answered(Body::empty(), true);
+        body.open.polled(false, true);
+        body.open.polled(false, true);
+        assert_eq!(
+            a.last_data.load(Ordering::Acquire),
+            0,
+            "asked for whatever the window"
+        );
+        body.open.polled(false, true);
+        assert!(
+            a.last_data.load(Ordering::Acquire) >= 5_000,
+            "the first frame was granted"
+        );
+    }
+
+    /// Polls `body` to its end: the sizes of its data frames, checking that
+    /// the size hint stays exact and the body stays open until the last.
+    fn frames(a: &Activity, body: Counted, whole: &[u8]) -> Vec<usize> {
+        let mut body = std::pin::pin!(body);
         assert_eq!(
             hyper::body::Body::size_hint(&*body).exact(),
-            Some(big.len() as u64)
+            Some(whole.len() as u64)
         );
         let waker = std::task::Waker::noop();
         let mut cx = Context::from_waker(waker);
@@ -765,16 +836,38 @@ mod tests {
                     sizes.push(data.len());
                     got.extend_from_slice(&data);
                     let left = hyper::body::Body::size_hint(&*body).exact();
-                    assert_eq!(left, Some((big.len() - got.len()) as u64));
+                    assert_eq!(left, Some((whole.len() - got.len()) as u64));
                     assert!(a.in_flight(), "open until the last chunk is taken");
                 }
                 Poll::Ready(None) => break,
                 other => panic!("{:?}", other.map(|_| ())),
             }
         }
-        assert_eq!(sizes, vec![CHUNK, CHUNK, 5]);
-        assert_eq!(got, big);
+        assert_eq!(got, whole);
         assert!(hyper::body::Body::is_end_stream(&*body));
+        sizes
+    }
+
+    #[test]
+    fn a_large_answer_is_handed_over_in_chunks_and_keeps_its_length() {
+        let a = Arc::new(Activity::new(Instant::now()));
+        let big = bytes::Bytes::from(vec![7u8; 2 * CHUNK + 5]);
+        let body = Handling::begin(&a).answered(Body::from(big.clone()), false);
+        assert_eq!(frames(&a, body, &big), vec![CHUNK, CHUNK, 5]);
+    }
+
+    #[test]
+    fn on_http2_the_last_byte_of_each_frame_is_handed_over_on_its_own() {
+        let a = Arc::new(Activity::new(Instant::now()));
+        let big = bytes::Bytes::from(vec![7u8; 2 * CHUNK + 5]);
+        let body = Handling::begin(&a).answered(Body::from(big.clone()), true);
+        assert_eq!(frames(&a, body, &big), vec![CHUNK, CHUNK, 4, 1]);
+        let small = bytes::Bytes::from_static(b"{\"status\":\"ok\"}");
+        let body = Handling::begin(&a).answered(Body::from(small.clone()), true);
+        assert_eq!(frames(&a, body, &small), vec![small.len() - 1, 1]);
+        let one = bytes::Bytes::from_static(b"x");
+        let body = Handling::begin(&a).answered(Body::from(one.clone()), true);
+        assert_eq!(frames(&a, body, &one), vec![1]);
     }
 
     #[test]
@@ -782,7 +875,7 @@ mod tests {
         let a = Arc::new(Activity::new(Instant::now()));
         for _ in 0..3 {
             let bodies: Vec<_> = (0..4)
-                .map(|_| Handling::begin(&a).answered(Body::empty()))
+                .map(|_| Handling::begin(&a).answered(Body::empty(), false))
                 .collect();
             assert_eq!(a.bodies().open, 4);
             drop(bodies);

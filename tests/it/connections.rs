@@ -98,6 +98,129 @@ async fn answers_a_client_never_reads_do_not_hold_its_connection() {
     app.stop().await;
 }
 
+/// HTTP/2 with a stream window of one byte: each answer's first byte goes
+/// out and the rest waits for a window the client never grants, while a
+/// `HEAD` every half timeout (an answer without a body) keeps the
+/// connection busy. The answers held for the window stall the connection,
+/// at the service and at the gateway (`gateway.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_held_back_by_a_one_byte_window_do_not_hold_their_connection_at_the_service() {
+    let app = TestApp::embedded(SETTINGS).await;
+    let addr = app.base.trim_start_matches("http://").parse().unwrap();
+    answers_held_back_by_a_one_byte_window_do_not_hold_their_connection(addr, "/health/live").await;
+    assert_eq!(app.get("/health/live").await.status(), 200);
+    app.stop().await;
+}
+
+pub async fn answers_held_back_by_a_one_byte_window_do_not_hold_their_connection(
+    addr: SocketAddr,
+    path: &'static str,
+) {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+        .initial_stream_window_size(1)
+        .handshake(hyper_util::rt::TokioIo::new(tcp))
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let request = move |method: axum::http::Method| {
+        axum::http::Request::builder()
+            .method(method)
+            .uri(format!("http://{addr}{path}"))
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap()
+    };
+    let mut held = Vec::new();
+    for _ in 0..10 {
+        let answer = send.send_request(request(axum::http::Method::GET)).await.unwrap();
+        assert_eq!(answer.status(), 200);
+        held.push(answer);
+    }
+    let busy = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(TIMEOUT / 2).await;
+            match send.send_request(request(axum::http::Method::HEAD)).await {
+                Ok(a) => drop(a),
+                Err(_) => return,
+            }
+        }
+    });
+    let ended = tokio::time::timeout(Duration::from_secs(5), conn).await;
+    busy.abort();
+    assert!(
+        ended.is_ok(),
+        "answers waiting for a window held their connection"
+    );
+    drop(held);
+}
+
+/// An answer the client never grants a window, beside requests on other
+/// streams every 100 ms whose answers are not read either: their answers
+/// being asked for is not the client taking data, so the unread answer
+/// stalls its connection after one timeout (here 1 s), not four.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_asked_for_but_not_read_do_not_extend_an_unread_answers_time() {
+    let app = TestApp::embedded(&[("header_timeout_ms", "1000")]).await;
+    let addr: SocketAddr = app.base.trim_start_matches("http://").parse().unwrap();
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+        .initial_stream_window_size(0)
+        .handshake(hyper_util::rt::TokioIo::new(tcp))
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let get = move |path: &str| {
+        axum::http::Request::get(format!("http://{addr}{path}"))
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap()
+    };
+    let answer = send.send_request(get("/openapi.json")).await.unwrap();
+    let asked = Instant::now();
+    let busy = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            match send.send_request(get("/health/live")).await {
+                Ok(a) => drop(a),
+                Err(_) => return,
+            }
+        }
+    });
+    let ended = tokio::time::timeout(Duration::from_secs(8), conn).await;
+    busy.abort();
+    assert!(ended.is_ok(), "an HTTP/2 answer never read held its connection");
+    assert!(
+        asked.elapsed() < Duration::from_millis(2500),
+        "the unread answer was kept {:?} (four timeouts are 4 s)",
+        asked.elapsed()
+    );
+    drop(answer);
+    app.stop().await;
+}
+
+/// A request head is read into a buffer of at most 64 KiB (hyper's default
+/// lets it grow to about 400 KiB per connection): a larger head is refused
+/// with `431`, and an ordinary one with a large header still passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_heads_over_64_kib_are_refused() {
+    let app = TestApp::embedded(&[]).await;
+    let addr: SocketAddr = app.base.trim_start_matches("http://").parse().unwrap();
+    for (filler, status) in [(32 * 1024, "200"), (100 * 1024, "431")] {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "GET /health/live HTTP/1.1\r\nHost: {addr}\r\nX-Filler: {}\r\nConnection: close\r\n\r\n",
+            "a".repeat(filler)
+        );
+        // The server may answer and close before it has read everything.
+        let _ = s.write_all(head.as_bytes()).await;
+        let answer = read_head(&mut s).await;
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status}")),
+            "a {filler}-byte header: {answer:?}"
+        );
+    }
+    app.stop().await;
+}
+
 /// On shutdown a connection with nothing in flight (silent, or half a
 /// head) is dropped within about a second, not kept until the shutdown
 /// timeout (10 s) or its own timeout (here 20 s).

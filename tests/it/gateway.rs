@@ -546,6 +546,11 @@ async fn slow_clients_are_cut_off_at_the_gateway() {
     let gw = TestGateway::start(&toml).await;
     let addr = gw.base.trim_start_matches("http://").parse().unwrap();
     crate::connections::slow_clients_are_cut_off(addr, "/public/slowloris").await;
+    crate::connections::answers_held_back_by_a_one_byte_window_do_not_hold_their_connection(
+        addr,
+        "/public/slowloris",
+    )
+    .await;
     gw.stop().await;
     app.stop().await;
 }
