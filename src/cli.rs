@@ -301,7 +301,7 @@ async fn serve(config: Config, started: Instant) -> anyhow::Result<()> {
             "LATCHKEY_MAIL=log: mail (codes included) goes to the log; use file: or smtp:// in production"
         );
     }
-    config.http.connections.prepare_file_limit();
+    config.http.connections.prepare_file_limit(0);
     let app = Application::build(config).await?;
     let st = app.services();
     tracing::info!(

@@ -164,6 +164,10 @@ pub struct UpstreamSettings {
     pub timeout: Duration,
     pub pool_idle_timeout: Duration,
     pub pool_max_idle_per_host: usize,
+    /// Upstream requests open at once, all routes together (from sending
+    /// until the answer's body ends); past it, `503 OVERLOADED`. With one
+    /// serving thread per core, each thread has its share.
+    pub max_requests: usize,
 }
 
 /// How requests are spread over the serving threads.
@@ -623,6 +627,7 @@ fn upstream_settings(t: &toml::Table) -> Result<UpstreamSettings> {
             "timeout_ms",
             "pool_idle_timeout_secs",
             "pool_max_idle_per_host",
+            "max_requests",
         ],
     )?;
     Ok(UpstreamSettings {
@@ -630,6 +635,7 @@ fn upstream_settings(t: &toml::Table) -> Result<UpstreamSettings> {
         timeout: Duration::from_millis(f.number("timeout_ms", 30_000, 1, 3_600_000)?),
         pool_idle_timeout: Duration::from_secs(f.number("pool_idle_timeout_secs", 90, 1, 3600)?),
         pool_max_idle_per_host: f.number("pool_max_idle_per_host", 1024, 0, 100_000)? as usize,
+        max_requests: f.number("max_requests", 10_000, 1, 1_000_000)? as usize,
     })
 }
 
@@ -828,6 +834,7 @@ issuer = "http://127.0.0.1:8080"
         assert_eq!(c.identity.subject.as_str(), "x-auth-subject");
         assert_eq!(c.connections.header_timeout, Duration::from_secs(30));
         assert_eq!(c.connections.max_connections, 10_000);
+        assert_eq!(c.upstream.max_requests, 10_000);
     }
 
     #[test]
@@ -921,6 +928,7 @@ on_redis_failure = "open"
             ("[identity_headers]\nsubject = \"bad header\"\n[[routes]]\nupstream = \"http://x\"", "identity_headers.subject"),
             ("[identity_headers]\nemail = \"Connection\"\n[[routes]]\nupstream = \"http://x\"", "identity_headers.email"),
             ("[upstream]\nconnect_timeout_ms = -1\n[[routes]]\nupstream = \"http://x\"", "upstream.connect_timeout_ms"),
+            ("[upstream]\nmax_requests = 0\n[[routes]]\nupstream = \"http://x\"", "upstream.max_requests"),
             ("header_timeout_ms = 5\n[[routes]]\nupstream = \"http://x\"", "header_timeout_ms"),
             ("max_connections = 0\n[[routes]]\nupstream = \"http://x\"", "max_connections"),
             ("max_connections = true\n[[routes]]\nupstream = \"http://x\"", "max_connections"),

@@ -192,10 +192,12 @@ impl Gateway {
             });
         }
         let admin = self.admin.map(|listener| {
+            // The ops routes only: this worker sends nothing upstream.
             let worker = Arc::new(Worker {
                 gw: st.clone(),
                 client: serve::upstream_client(&st.config.read().expect("config lock")),
                 limiter: None,
+                upstream: proxy::UpstreamSlots::share(1, 1),
             });
             let router = ops::ops_routes().with_state(worker);
             tokio::spawn(connections::serve(
@@ -266,7 +268,9 @@ pub fn main(config_path: Option<&Path>, started: Instant) -> ExitCode {
         let redis = config.redis.is_some();
         let polls = config.revocations.poll_url.is_some();
         let routes = config.routes.len();
-        config.connections.prepare_file_limit();
+        config
+            .connections
+            .prepare_file_limit(config.upstream.max_requests);
         let gw = Gateway::build(config).await?;
         tracing::info!(
             address = %gw.local_addr(),

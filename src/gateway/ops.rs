@@ -105,7 +105,7 @@ pub(super) fn describe_metrics() {
     );
     describe_counter!(
         "latchkey_gateway_upstream_errors_total",
-        "Upstream failures by route and kind (connect, io: 502; timeout: 504)"
+        "Upstream failures by route and kind (connect, io: 502; timeout: 504; busy: 503)"
     );
     describe_gauge!("latchkey_gateway_requests_in_flight", "Requests being proxied");
     describe_gauge!("latchkey_gateway_routes", "Routes in the active table");

@@ -13,6 +13,7 @@
 //!            identity headers, forwarding headers, X-Request-Id, Host
 //!            the normal path (the one the route was chosen by) upstream
 //!            upstream (pooled keep-alive connection), bodies streamed both ways
+//!              this thread's share of upstream.max_requests open ─► 503 OVERLOADED
 //!              connect/IO error ─► 502 BAD_GATEWAY
 //!              no response headers within the route's timeout ─► 504 GATEWAY_TIMEOUT
 //!            response: hop-by-hop headers stripped, X-Request-Id added
@@ -24,6 +25,7 @@
 //! reaches the upstream.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -139,6 +141,8 @@ enum Refusal {
     UpstreamFailed(&'static str),
     /// 504: no response headers within the route's timeout.
     UpstreamTimeout,
+    /// 503: as many upstream requests open as this thread may have.
+    UpstreamBusy,
 }
 
 impl Refusal {
@@ -200,6 +204,18 @@ impl Refusal {
                     "BAD_GATEWAY",
                     "the upstream service could not be reached or broke the connection",
                 )
+            }
+            Refusal::UpstreamBusy => {
+                metrics::counter!("latchkey_gateway_upstream_errors_total", "route" => name, "kind" => "busy")
+                    .increment(1);
+                let mut r = error_response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "OVERLOADED",
+                    "too many requests are open to the upstream services; retry shortly",
+                );
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                r
             }
             Refusal::UpstreamTimeout => {
                 metrics::counter!("latchkey_gateway_upstream_errors_total", "route" => name, "kind" => "timeout")
@@ -383,6 +399,9 @@ fn rewrite(
 /// timeout; the response's hop-by-hop headers removed.
 async fn send(w: &Worker, route: &Route, req: Request) -> (Result<Response, Refusal>, Duration) {
     let rc = &route.config;
+    let Some(slot) = w.upstream.take() else {
+        return (Err(Refusal::UpstreamBusy), Duration::ZERO);
+    };
     let sent = Instant::now();
     let result = tokio::time::timeout(rc.timeout, w.client.request(req)).await;
     let took = sent.elapsed();
@@ -393,7 +412,7 @@ async fn send(w: &Worker, route: &Route, req: Request) -> (Result<Response, Refu
             // Our answer is ours: an HTTP/1.0 upstream does not make it 1.0.
             p.version = Version::HTTP_11;
             strip_hop_by_hop(&mut p.headers);
-            Ok(Response::from_parts(p, Body::new(body)))
+            Ok(Response::from_parts(p, Body::new(SlotHeld { body, _slot: slot })))
         }
         Ok(Err(e)) => {
             tracing::warn!(route = route.name, upstream = %rc.upstream_origin, error = %error_chain(&e),
@@ -411,6 +430,75 @@ async fn send(w: &Worker, route: &Route, req: Request) -> (Result<Response, Refu
         }
     };
     (response, took)
+}
+
+/// One serving thread's upstream requests open (from sending until the
+/// answer's body ends or is dropped) and its share of
+/// `upstream.max_requests`. Without a cap each client connection could
+/// hold up to 100 upstream requests (its HTTP/2 streams, each sending a
+/// body slowly or leaving an answer unread), and `max_connections` of them
+/// a million upstream sockets: past the process's file limit, and likely
+/// past what the upstreams accept.
+pub(crate) struct UpstreamSlots {
+    open: Arc<AtomicUsize>,
+    cap: usize,
+}
+
+impl UpstreamSlots {
+    /// This thread's share when `threads` serving threads split `max_requests`.
+    pub fn share(max_requests: usize, threads: usize) -> UpstreamSlots {
+        UpstreamSlots {
+            open: Arc::new(AtomicUsize::new(0)),
+            cap: max_requests.div_ceil(threads.max(1)).max(1),
+        }
+    }
+
+    fn take(&self) -> Option<UpstreamSlot> {
+        if self.open.fetch_add(1, Ordering::AcqRel) >= self.cap {
+            self.open.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(UpstreamSlot(self.open.clone()))
+    }
+}
+
+/// An open upstream request; dropped, its slot is free again.
+struct UpstreamSlot(Arc<AtomicUsize>);
+
+impl Drop for UpstreamSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The upstream's answer body, holding its request's slot until it is
+    /// dropped (sent to its end, or its client gone).
+    struct SlotHeld {
+        #[pin]
+        body: hyper::body::Incoming,
+        _slot: UpstreamSlot,
+    }
+}
+
+impl hyper::body::Body for SlotHeld {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, hyper::Error>>> {
+        self.project().body.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// The verified token of an authenticated route, or why not (a metric label).

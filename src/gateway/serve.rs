@@ -32,6 +32,8 @@ pub(crate) struct Worker {
     pub client: UpstreamClient,
     /// With Redis buckets: the shared limiter over this thread's own Redis connection.
     pub limiter: Option<Limiter>,
+    /// This thread's upstream requests open, and its share of the cap.
+    pub upstream: proxy::UpstreamSlots,
 }
 
 impl Worker {
@@ -112,6 +114,10 @@ pub(super) fn spawn_worker(
                     gw: st,
                     client: upstream_client(&client_config),
                     limiter,
+                    upstream: proxy::UpstreamSlots::share(
+                        client_config.upstream.max_requests,
+                        client_config.workers,
+                    ),
                 };
                 serve(listener, worker, connections, with_ops, stop, kill).await
             });
@@ -132,12 +138,17 @@ pub(super) fn spawn_shared(
     kill: Shutdown,
 ) -> tokio::sync::oneshot::Receiver<std::io::Result<()>> {
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-    let client = upstream_client(&st.config.read().expect("config lock"));
+    let (client, upstream) = {
+        let config = st.config.read().expect("config lock");
+        let slots = proxy::UpstreamSlots::share(config.upstream.max_requests, 1);
+        (upstream_client(&config), slots)
+    };
     tokio::spawn(async move {
         let worker = Worker {
             gw: st,
             client,
             limiter: None,
+            upstream,
         };
         let _ = done_tx.send(serve(listener, worker, connections, with_ops, stop, kill).await);
     });

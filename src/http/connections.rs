@@ -99,9 +99,10 @@ impl ConnectionSettings {
     /// `worker_rlimit_nofile` or Go's runtime do: the usual soft limit,
     /// 1,024, is far below `max_connections`), and warns if the limit
     /// still cannot hold this many connections besides the process's own
-    /// files and pools. Past the limit, accepting pauses (logged) and new
-    /// connections wait in the backlog.
-    pub fn prepare_file_limit(&self) {
+    /// files and pools and `outgoing` sockets it may open on their behalf
+    /// (the gateway's upstream requests). Past the limit, accepting pauses
+    /// (logged) and new connections wait in the backlog.
+    pub fn prepare_file_limit(&self, outgoing: usize) {
         const OWN_FILES: u64 = 256;
         let mut lim = libc::rlimit {
             rlim_cur: 0,
@@ -123,12 +124,14 @@ impl ConnectionSettings {
             }
             lim.rlim_cur
         };
-        if soft < self.max_connections as u64 + OWN_FILES {
+        if soft < (self.max_connections + outgoing) as u64 + OWN_FILES {
             tracing::warn!(
                 open_files = soft,
                 max_connections = self.max_connections,
-                "the open-file limit (ulimit -n) is below max_connections plus the process's own files; \
-                 past it new connections wait until others close (raise the limit or lower max_connections)"
+                outgoing,
+                "the open-file limit (ulimit -n) is below max_connections plus the sockets opened for them \
+                 and the process's own files; past it new connections wait until others close \
+                 (raise the limit or lower max_connections)"
             );
         }
     }

@@ -21,6 +21,7 @@ use http_body_util::BodyExt;
 use latchkey::gateway::{Gateway, GatewayConfig, GatewayState};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -551,6 +552,69 @@ async fn slow_clients_are_cut_off_at_the_gateway() {
         "/public/slowloris",
     )
     .await;
+    gw.stop().await;
+    app.stop().await;
+}
+
+/// At most `upstream.max_requests` upstream requests are open at once
+/// (from sending until the answer's body ends): past it the gateway
+/// answers `503 OVERLOADED` at once and sends nothing upstream. Without the
+/// cap, a client's HTTP/2 streams each holding an upstream request (a body
+/// sent slowly, an answer left unread) multiplied its connections by a
+/// hundred on the upstream side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_requests_past_the_cap_are_refused_and_never_reach_the_upstream() {
+    let app = TestApp::embedded(&[]).await;
+    let up = Upstream::start().await;
+    let toml = config(&app, &up, "[upstream]\nmax_requests = 2").replacen(
+        "log = \"warn\"",
+        "log = \"warn\"\nworkers = 1",
+        1,
+    );
+    let gw = TestGateway::start(&toml).await;
+    let addr: SocketAddr = gw.base.trim_start_matches("http://").parse().unwrap();
+    let hits = || up.hits.load(Ordering::SeqCst);
+
+    // Two uploads that never finish hold two upstream requests.
+    let mut holds = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"POST /public/hold HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc")
+            .await
+            .unwrap();
+        holds.push(s);
+    }
+    let before = Instant::now();
+    while hits() < 2 {
+        assert!(
+            before.elapsed() < Duration::from_secs(5),
+            "the uploads never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let r = gw.get("/public/x", None).await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"], "OVERLOADED");
+    assert_eq!(hits(), 2, "a refused request reached the upstream");
+
+    // A client that goes away frees its request's slot.
+    drop(holds.pop());
+    gw.until_status("/public/x", None, 200, &[503], Duration::from_secs(5))
+        .await;
+
+    // An answer being streamed holds its slot until its end: the stream's
+    // second chunk comes 400 ms after its first.
+    let (_, pair) = user(&app, "gw-cap").await;
+    let at = pair["access_token"].as_str().unwrap();
+    let mut streamed = gw.get("/api/stream", Some(at)).await;
+    assert_eq!(streamed.chunk().await.unwrap().unwrap(), "first\n");
+    assert_eq!(gw.get("/public/x", None).await.status(), 503);
+    while streamed.chunk().await.unwrap().is_some() {}
+    assert_eq!(gw.get("/public/x", None).await.status(), 200);
+
+    drop(holds);
     gw.stop().await;
     app.stop().await;
 }
