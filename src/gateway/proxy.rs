@@ -402,6 +402,14 @@ async fn send(w: &Worker, route: &Route, req: Request) -> (Result<Response, Refu
     let Some(slot) = w.upstream.take() else {
         return (Err(Refusal::UpstreamBusy), Duration::ZERO);
     };
+    // A request body still to come holds the slot too: an upstream may
+    // answer early and go on reading it.
+    let req = if hyper::body::Body::is_end_stream(req.body()) {
+        req
+    } else {
+        let slot = slot.clone();
+        req.map(|body| Body::new(SlotHeld { body, _slot: slot }))
+    };
     let sent = Instant::now();
     let result = tokio::time::timeout(rc.timeout, w.client.request(req)).await;
     let took = sent.elapsed();
@@ -453,16 +461,18 @@ impl UpstreamSlots {
         }
     }
 
-    fn take(&self) -> Option<UpstreamSlot> {
+    fn take(&self) -> Option<Arc<UpstreamSlot>> {
         if self.open.fetch_add(1, Ordering::AcqRel) >= self.cap {
             self.open.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
-        Some(UpstreamSlot(self.open.clone()))
+        Some(Arc::new(UpstreamSlot(self.open.clone())))
     }
 }
 
-/// An open upstream request; dropped, its slot is free again.
+/// An open upstream request, shared by its request body (while one is
+/// being sent) and its answer's body; when both are dropped, its slot is
+/// free again.
 struct UpstreamSlot(Arc<AtomicUsize>);
 
 impl Drop for UpstreamSlot {
@@ -472,23 +482,24 @@ impl Drop for UpstreamSlot {
 }
 
 pin_project_lite::pin_project! {
-    /// The upstream's answer body, holding its request's slot until it is
-    /// dropped (sent to its end, or its client gone).
-    struct SlotHeld {
+    /// A body of an upstream exchange (the answer, or the request's while
+    /// it is sent), holding the exchange's slot until it is dropped (sent
+    /// to its end, or its client gone).
+    struct SlotHeld<B> {
         #[pin]
-        body: hyper::body::Incoming,
-        _slot: UpstreamSlot,
+        body: B,
+        _slot: Arc<UpstreamSlot>,
     }
 }
 
-impl hyper::body::Body for SlotHeld {
-    type Data = bytes::Bytes;
-    type Error = hyper::Error;
+impl<B: hyper::body::Body> hyper::body::Body for SlotHeld<B> {
+    type Data = B::Data;
+    type Error = B::Error;
 
     fn poll_frame(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, hyper::Error>>> {
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<B::Data>, B::Error>>> {
         self.project().body.poll_frame(cx)
     }
 

@@ -229,7 +229,10 @@ async fn connection(tcp: TcpStream, peer: SocketAddr, router: Router, timeout: D
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder.http1().max_buf_size(H1_BUFFER);
-    builder.http2().max_concurrent_streams(H2_STREAMS);
+    builder
+        .http2()
+        .max_concurrent_streams(H2_STREAMS)
+        .max_send_buf_size(H2_STREAM_BUFFER);
     let io = Watched {
         io: TokioIo::new(tcp),
         activity: activity.clone(),
@@ -242,6 +245,16 @@ async fn connection(tcp: TcpStream, peer: SocketAddr, router: Router, timeout: D
 /// each may hold an answer in memory while the client does not read it.
 const H2_STREAMS: u32 = 100;
 
+/// What h2 may hold of a stream's answer before hyper hands it the next
+/// frame: one byte, i.e. a frame is handed over only once everything
+/// before it has left h2 for the socket (hyper's default lets h2 take up to
+/// 400 KiB per stream as soon as the window allows). A client can take
+/// window back after it was granted (by lowering its initial window size),
+/// and what h2 then holds waits, unwatched once its body has ended; with
+/// this, that is at most the answer's last byte ([`Counted`]), and an
+/// answer's body stays open while any of the rest is still in h2.
+const H2_STREAM_BUFFER: usize = 1;
+
 /// The most an HTTP/1.1 connection's read and write buffers may hold
 /// (hyper's default is about 400 KiB): a request head larger than this is
 /// refused (`431`), and a client that pipelines requests while reading
@@ -252,8 +265,8 @@ const H1_BUFFER: usize = 64 * 1024;
 /// current requests), watching [`Activity`] every so often:
 ///
 /// - stalled (an answer the client has not read for `timeout`): dropped;
-/// - idle (no request for `timeout`): asked to close, and dropped one
-///   [`GRACE`] later if nothing is in flight by then;
+/// - idle (no request for `timeout`), or open for [`MAX_AGE`]: asked to
+///   close, and dropped one [`GRACE`] later if nothing is in flight by then;
 /// - on `stop`: asked to close, and dropped once nothing is in flight.
 async fn drive<C, E>(
     conn: C,
@@ -268,6 +281,7 @@ async fn drive<C, E>(
     let mut conn = pin!(conn);
     let mut stopping = false;
     let mut closing = false;
+    let retire = Instant::now() + MAX_AGE;
     let mut check = Instant::now() + timeout;
     loop {
         tokio::select! {
@@ -290,6 +304,11 @@ async fn drive<C, E>(
                 }
                 match activity.verdict(now, timeout) {
                     Verdict::Stalled => return,
+                    Verdict::Active(_) if !closing && now >= retire => {
+                        closing = true;
+                        close(conn.as_mut());
+                        check = now + GRACE;
+                    }
                     Verdict::Idle if !closing => {
                         closing = true;
                         close(conn.as_mut());
@@ -297,7 +316,7 @@ async fn drive<C, E>(
                     }
                     Verdict::Idle => check = now + GRACE,
                     Verdict::Active(next) if closing => check = now + next.min(GRACE),
-                    Verdict::Active(next) => check = now + next,
+                    Verdict::Active(next) => check = (now + next).min(retire),
                 }
             }
         }
@@ -307,6 +326,12 @@ async fn drive<C, E>(
 /// How long a connection asked to close may take, with nothing in flight,
 /// before it is dropped.
 const GRACE: Duration = Duration::from_secs(1);
+
+/// How long a connection may stay open however busy (nginx's
+/// `keepalive_time` default): then it is asked to close like an idle one.
+/// This bounds whatever a client can hold that the watch does not see
+/// (an answer's last byte left in h2 for a window taken back, above).
+const MAX_AGE: Duration = Duration::from_secs(3600);
 
 /// How many timeouts an answer may go untaken while its connection takes
 /// data for other answers.

@@ -154,6 +154,122 @@ pub async fn answers_held_back_by_a_one_byte_window_do_not_hold_their_connection
     drop(held);
 }
 
+/// HTTP/2: window granted, then taken back. While the client does not read
+/// (its socket full), it asks for 99 answers under a large window, lowers
+/// its initial window to zero, then reads again and sends a `HEAD` every
+/// half timeout. What the server had handed to h2 under the old window
+/// cannot be sent; the answers holding it stall their connection. (With
+/// hyper's defaults h2 took whole answers while the socket was full, the
+/// answers ended on our side, and the data stayed in h2 for good.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_stranded_by_a_window_taken_back_do_not_hold_their_connection() {
+    let timeout = Duration::from_secs(2);
+    let app = TestApp::embedded(&[("header_timeout_ms", "2000")]).await;
+    let addr: SocketAddr = app.base.trim_start_matches("http://").parse().unwrap();
+
+    // A proxy whose server-to-client direction can be paused.
+    let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy_addr = proxy.local_addr().unwrap();
+    let (pause, paused) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        let (client, _) = proxy.accept().await.unwrap();
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let server = socket.connect(addr).await.unwrap();
+        let (mut from_client, mut to_client) = client.into_split();
+        let (mut from_server, mut to_server) = server.into_split();
+        tokio::spawn(async move { tokio::io::copy(&mut from_client, &mut to_server).await });
+        let mut paused = paused;
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            while *paused.borrow() {
+                if paused.changed().await.is_err() {
+                    return;
+                }
+            }
+            match from_server.read(&mut buf).await {
+                Ok(n) if n > 0 => {
+                    if to_client.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
+                _ => {
+                    let _ = to_client.shutdown().await;
+                    return;
+                }
+            }
+        }
+    });
+
+    let tcp = TcpStream::connect(proxy_addr).await.unwrap();
+    let (mut send, mut conn) = h2::client::Builder::new()
+        .initial_window_size(1 << 20)
+        .initial_connection_window_size(1 << 30)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .unwrap();
+    let (shrink, shrink_asked) = tokio::sync::oneshot::channel::<()>();
+    let driver = tokio::spawn(async move {
+        let mut shrink_asked = Some(shrink_asked);
+        loop {
+            tokio::select! {
+                r = &mut conn => return r.map_err(|e| e.to_string()),
+                _ = async { shrink_asked.as_mut().unwrap().await }, if shrink_asked.is_some() => {
+                    shrink_asked = None;
+                    conn.set_initial_window_size(0).unwrap();
+                }
+            }
+        }
+    });
+    let request = move |method: &str, path: &str| {
+        axum::http::Request::builder()
+            .method(method)
+            .uri(format!("http://{addr}{path}"))
+            .body(())
+            .unwrap()
+    };
+    // One exchange first, so that the settings are acknowledged.
+    send = send.ready().await.unwrap();
+    let (first, _) = send.send_request(request("GET", "/health/live"), true).unwrap();
+    assert_eq!(first.await.unwrap().status(), 200);
+    send = send.ready().await.unwrap();
+    pause.send(true).unwrap();
+    let mut answers = Vec::new();
+    for _ in 0..99 {
+        send = send.ready().await.unwrap();
+        answers.push(
+            send.send_request(request("GET", "/openapi.json"), true)
+                .unwrap()
+                .0,
+        );
+    }
+    // The server takes the requests and fills its socket; then the window
+    // is taken back, and the client reads again.
+    tokio::time::sleep(timeout / 4).await;
+    shrink.send(()).unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    pause.send(false).unwrap();
+    let busy = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(timeout / 2).await;
+            let Ok(ready) = send.clone().ready().await else {
+                return;
+            };
+            send = ready;
+            match send.send_request(request("HEAD", "/health/live"), true) {
+                Ok((answer, _)) => drop(answer.await),
+                Err(_) => return,
+            }
+        }
+    });
+    let ended = tokio::time::timeout(timeout * 4, driver).await;
+    busy.abort();
+    let ended = ended.expect("answers stranded in h2 held their connection");
+    let _ = ended.expect("the client runs");
+    drop(answers);
+    app.stop().await;
+}
+
 /// An answer the client never grants a window, beside requests on other
 /// streams every 100 ms whose answers are not read either: their answers
 /// being asked for is not the client taking data, so the unread answer
@@ -394,7 +510,7 @@ pub async fn slow_clients_are_cut_off(addr: SocketAddr, path: &'static str) {
 }
 
 /// The answer's head (up to the blank line), read from a kept-alive connection.
-async fn read_head(s: &mut TcpStream) -> String {
+pub async fn read_head(s: &mut TcpStream) -> String {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {

@@ -619,6 +619,57 @@ async fn upstream_requests_past_the_cap_are_refused_and_never_reach_the_upstream
     app.stop().await;
 }
 
+/// An upstream may answer before it has read the request's body and go on
+/// reading it (Go's and Node's servers do): the exchange keeps its slot
+/// until the body has been sent, not only until the answer has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_answers_before_the_body_ends_keeps_its_slot_until_it_does() {
+    let app = TestApp::embedded(&[]).await;
+    let up = Upstream::start().await;
+    let early = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let early_addr = early.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = early.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut head = Vec::new();
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(n) if n > 0 => head.extend_from_slice(&buf[..n]),
+                        _ => return,
+                    }
+                }
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    .await;
+                while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    let extra = format!(
+        "[[routes]]\nname = \"early\"\npath_prefix = \"/early\"\nupstream = \"http://{early_addr}\"\nauth = false\n\n\
+         [upstream]\nmax_requests = 1"
+    );
+    let toml = config(&app, &up, &extra).replacen("log = \"warn\"", "log = \"warn\"\nworkers = 1", 1);
+    let gw = TestGateway::start(&toml).await;
+    let addr: SocketAddr = gw.base.trim_start_matches("http://").parse().unwrap();
+
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"POST /early/x HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc")
+        .await
+        .unwrap();
+    let answer = crate::connections::read_head(&mut s).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // Answered, but the body is still being sent: the slot is held.
+    assert_eq!(gw.get("/public/x", None).await.status(), 503);
+    // The rest of the body: the slot is free.
+    s.write_all(&[b'a'; 97]).await.unwrap();
+    gw.until_status("/public/x", None, 200, &[503], Duration::from_secs(5))
+        .await;
+    gw.stop().await;
+    app.stop().await;
+}
+
 async fn a_down_upstream_is_502_and_a_slow_one_504(app: &TestApp) {
     let up = Upstream::start().await;
     let gw = TestGateway::start(&config(app, &up, "")).await;
