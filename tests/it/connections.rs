@@ -63,13 +63,7 @@ async fn answers_a_client_never_reads_do_not_hold_its_connection() {
     );
 
     // HTTP/2: a window of zero, so that no answer's body can be sent.
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    let (mut send, conn) = hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-        .initial_stream_window_size(0)
-        .handshake(hyper_util::rt::TokioIo::new(tcp))
-        .await
-        .unwrap();
-    let conn = tokio::spawn(conn);
+    let (mut send, conn) = h2_client(addr, Some(0)).await;
     let req = axum::http::Request::get(format!("http://{addr}/openapi.json"))
         .body(http_body_util::Empty::<bytes::Bytes>::new())
         .unwrap();
@@ -116,13 +110,7 @@ pub async fn answers_held_back_by_a_one_byte_window_do_not_hold_their_connection
     addr: SocketAddr,
     path: &'static str,
 ) {
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    let (mut send, conn) = hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-        .initial_stream_window_size(1)
-        .handshake(hyper_util::rt::TokioIo::new(tcp))
-        .await
-        .unwrap();
-    let conn = tokio::spawn(conn);
+    let (mut send, conn) = h2_client(addr, Some(1)).await;
     let request = move |method: axum::http::Method| {
         axum::http::Request::builder()
             .method(method)
@@ -278,13 +266,7 @@ async fn answers_stranded_by_a_window_taken_back_do_not_hold_their_connection() 
 async fn answers_asked_for_but_not_read_do_not_extend_an_unread_answers_time() {
     let app = TestApp::embedded(&[("header_timeout_ms", "1000")]).await;
     let addr: SocketAddr = app.base.trim_start_matches("http://").parse().unwrap();
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    let (mut send, conn) = hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-        .initial_stream_window_size(0)
-        .handshake(hyper_util::rt::TokioIo::new(tcp))
-        .await
-        .unwrap();
-    let conn = tokio::spawn(conn);
+    let (mut send, conn) = h2_client(addr, Some(0)).await;
     let get = move |path: &str| {
         axum::http::Request::get(format!("http://{addr}{path}"))
             .body(http_body_util::Empty::<bytes::Bytes>::new())
@@ -369,14 +351,7 @@ async fn http2_with_prior_knowledge_is_served_and_its_idle_connections_end() {
     let addr: SocketAddr = app.base.trim_start_matches("http://").parse().unwrap();
 
     // A real HTTP/2 client is answered, twice on one connection.
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    let (mut send, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(tcp),
-    )
-    .await
-    .unwrap();
-    let conn = tokio::spawn(conn);
+    let (mut send, conn) = h2_client(addr, None).await;
     for _ in 0..2 {
         let req = axum::http::Request::get(format!("http://{addr}/health/live"))
             .body(http_body_util::Empty::<bytes::Bytes>::new())
@@ -399,6 +374,28 @@ async fn http2_with_prior_knowledge_is_served_and_its_idle_connections_end() {
         .unwrap();
     assert_closed_within(&mut s, Duration::from_secs(5), "HTTP/2 preface, then nothing").await;
     app.stop().await;
+}
+
+/// An HTTP/2 client (prior knowledge) on a new connection to `addr`, its
+/// streams' initial window `window` (`None`: hyper's default); the
+/// connection runs in the returned task, which ends when it closes.
+async fn h2_client(
+    addr: SocketAddr,
+    window: Option<u32>,
+) -> (
+    hyper::client::conn::http2::SendRequest<http_body_util::Empty<bytes::Bytes>>,
+    tokio::task::JoinHandle<Result<(), hyper::Error>>,
+) {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let mut builder = hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+    if let Some(w) = window {
+        builder.initial_stream_window_size(w);
+    }
+    let (send, conn) = builder
+        .handshake(hyper_util::rt::TokioIo::new(tcp))
+        .await
+        .unwrap();
+    (send, tokio::spawn(conn))
 }
 
 /// The checks, against a listener that allows [`TIMEOUT`] for a head and
