@@ -152,6 +152,17 @@ impl Refusal {
             metrics::counter!("latchkey_gateway_auth_failures_total", "route" => name, "reason" => reason)
                 .increment(1)
         };
+        let upstream_error = |kind: &'static str| {
+            metrics::counter!("latchkey_gateway_upstream_errors_total", "route" => name, "kind" => kind)
+                .increment(1)
+        };
+        // 503 with `Retry-After: 1`: the gateway itself cannot serve it now.
+        let retry_shortly = |code: &'static str, message: &'static str| {
+            let mut r = error_response(StatusCode::SERVICE_UNAVAILABLE, code, message);
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            r
+        };
         match self {
             Refusal::BadRequest(why) => error_response(StatusCode::BAD_REQUEST, "INVALID_REQUEST", why),
             Refusal::NoRoute => error_response(
@@ -167,14 +178,10 @@ impl Refusal {
             }
             Refusal::RevocationsUnknown => {
                 auth_failure("revocations_unknown");
-                let mut r = error_response(
-                    StatusCode::SERVICE_UNAVAILABLE,
+                retry_shortly(
                     "UNAVAILABLE",
                     "sessions cannot be checked right now; retry shortly",
-                );
-                r.headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-                r
+                )
             }
             Refusal::InvalidToken(reason) => {
                 auth_failure(reason);
@@ -197,8 +204,7 @@ impl Refusal {
                 r
             }
             Refusal::UpstreamFailed(kind) => {
-                metrics::counter!("latchkey_gateway_upstream_errors_total", "route" => name, "kind" => kind)
-                    .increment(1);
+                upstream_error(kind);
                 error_response(
                     StatusCode::BAD_GATEWAY,
                     "BAD_GATEWAY",
@@ -206,20 +212,14 @@ impl Refusal {
                 )
             }
             Refusal::UpstreamBusy => {
-                metrics::counter!("latchkey_gateway_upstream_errors_total", "route" => name, "kind" => "busy")
-                    .increment(1);
-                let mut r = error_response(
-                    StatusCode::SERVICE_UNAVAILABLE,
+                upstream_error("busy");
+                retry_shortly(
                     "OVERLOADED",
                     "too many requests are open to the upstream services; retry shortly",
-                );
-                r.headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-                r
+                )
             }
             Refusal::UpstreamTimeout => {
-                metrics::counter!("latchkey_gateway_upstream_errors_total", "route" => name, "kind" => "timeout")
-                    .increment(1);
+                upstream_error("timeout");
                 error_response(
                     StatusCode::GATEWAY_TIMEOUT,
                     "GATEWAY_TIMEOUT",

@@ -556,6 +556,15 @@ async fn slow_clients_are_cut_off_at_the_gateway() {
     app.stop().await;
 }
 
+/// A gateway with [`config`] and `extra`, on one serving thread (so that
+/// the whole `upstream.max_requests` is that thread's share), and its address.
+async fn one_thread_gateway(app: &TestApp, up: &Upstream, extra: &str) -> (TestGateway, SocketAddr) {
+    let toml = config(app, up, extra).replacen("log = \"warn\"", "log = \"warn\"\nworkers = 1", 1);
+    let gw = TestGateway::start(&toml).await;
+    let addr = gw.base.trim_start_matches("http://").parse().unwrap();
+    (gw, addr)
+}
+
 /// At most `upstream.max_requests` upstream requests are open at once
 /// (from sending until the answer's body ends): past it the gateway
 /// answers `503 OVERLOADED` at once and sends nothing upstream. Without the
@@ -566,13 +575,7 @@ async fn slow_clients_are_cut_off_at_the_gateway() {
 async fn upstream_requests_past_the_cap_are_refused_and_never_reach_the_upstream() {
     let app = TestApp::embedded(&[]).await;
     let up = Upstream::start().await;
-    let toml = config(&app, &up, "[upstream]\nmax_requests = 2").replacen(
-        "log = \"warn\"",
-        "log = \"warn\"\nworkers = 1",
-        1,
-    );
-    let gw = TestGateway::start(&toml).await;
-    let addr: SocketAddr = gw.base.trim_start_matches("http://").parse().unwrap();
+    let (gw, addr) = one_thread_gateway(&app, &up, "[upstream]\nmax_requests = 2").await;
     let hits = || up.hits.load(Ordering::SeqCst);
 
     // Two uploads that never finish hold two upstream requests.
@@ -650,9 +653,7 @@ async fn an_upstream_that_answers_before_the_body_ends_keeps_its_slot_until_it_d
         "[[routes]]\nname = \"early\"\npath_prefix = \"/early\"\nupstream = \"http://{early_addr}\"\nauth = false\n\n\
          [upstream]\nmax_requests = 1"
     );
-    let toml = config(&app, &up, &extra).replacen("log = \"warn\"", "log = \"warn\"\nworkers = 1", 1);
-    let gw = TestGateway::start(&toml).await;
-    let addr: SocketAddr = gw.base.trim_start_matches("http://").parse().unwrap();
+    let (gw, addr) = one_thread_gateway(&app, &up, &extra).await;
 
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(b"POST /early/x HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc")
