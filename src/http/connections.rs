@@ -28,11 +28,13 @@
 //! source (the gateway's upstream) is still producing it, is activity. On
 //! HTTP/2 an answer's last byte is handed over only once the client's
 //! window covers the rest ([`Counted`]), so no answer ends here while h2
-//! still holds its data for a window that never comes. The watch costs
-//! each answer a lock of its connection's table of answers and a clock
-//! read per frame, each write an atomic load, and each connection one
-//! timer (hyper's own head timer would allocate and register a timer per
-//! request, and does not see HTTP/2 or answers at all).
+//! still holds its data for a window that never comes. The watch costs an
+//! HTTP/1.1 request two atomic counts and a clock read (its answer is one
+//! at a time, and one the client does not take shows as writes that
+//! wait), an HTTP/2 answer a lock of its connection's table of answers and
+//! a clock read per frame, each write an atomic load, and each connection
+//! one timer (hyper's own head timer would allocate and register a timer
+//! per request, and does not see HTTP/2 or answers at all).
 //!
 //! Without these a client that opens connections and never finishes a
 //! request (slowloris) holds each one, and its task and buffers, for as
@@ -341,20 +343,24 @@ const STALL_CAP: u64 = 4;
 ///
 /// ```text
 ///   head received ──► handling ──► answered: body being sent ──► body ended
-///   (Handling::begin)  (active;     (each body on its own clock:   (progress)
-///                       bounded by   a frame taken by the client,
-///                       the request  or waiting on its source, is
-///                       deadline)    activity; neither for the
-///                                    timeout: stalled)
+///   (Handling::begin)  (active;     HTTP/1.1: still handling;      (progress)
+///                       bounded by  HTTP/2: on the body's own
+///                       the request clock (a frame taken by the
+///                       deadline)   client, or waiting on its
+///                                   source, is activity; neither
+///                                   for the timeout: stalled)
 /// ```
 ///
-/// Each open body has its own clock, so that progress on one stream of an
-/// HTTP/2 connection does not cover another stream whose answer the client
-/// never takes. A body's data frames are handed over at most [`CHUNK`] at a
-/// time, so that a large answer stays visible here while the client takes
-/// it instead of vanishing whole into hyper's buffers. A connection with
-/// nothing handled and no body open is idle once it has made no progress
-/// (a handler's end, a body's frame or end) for the timeout.
+/// On HTTP/1.1 a request is handled until its answer's body ends
+/// ([`Handling::answered`]): a client that does not take it stalls the
+/// socket's writes (`blocked`). On HTTP/2 each open body has its own
+/// clock, so that progress on one stream does not cover another stream
+/// whose answer the client never takes. A body's data frames are handed
+/// over at most [`CHUNK`] at a time, so that a large answer stays visible
+/// here while the client takes it instead of vanishing whole into hyper's
+/// buffers. A connection with nothing handled and no body open is idle
+/// once it has made no progress (a handler's end, a body's frame or end)
+/// for the timeout.
 struct Activity {
     start: Instant,
     /// Requests whose answer's head is not ready yet.
@@ -495,7 +501,21 @@ impl Handling {
 
     /// The answer's head is ready: its body is watched from now on (`h2`:
     /// the answer goes out on an HTTP/2 stream, see [`Counted`]).
+    ///
+    /// On HTTP/1.1 the request stays handled until its body ends: the
+    /// connection sends one answer at a time, and an answer the client
+    /// does not take fills hyper's buffer until the socket's writes wait
+    /// (`blocked`), so the body needs no clock of its own and its frames
+    /// cost nothing to watch. On HTTP/2 each body has its clock, because
+    /// flow control can hold one stream back while others move.
     fn answered(mut self, body: Body, h2: bool) -> Counted {
+        if !h2 {
+            return Counted {
+                body,
+                rest: None,
+                watch: Watch::Request { _handling: self },
+            };
+        }
         let activity = self.0.take().expect("answered once");
         let last = activity.progress(Instant::now());
         let slot = {
@@ -517,12 +537,11 @@ impl Handling {
         Counted {
             body,
             rest: None,
-            hold_last: h2,
-            open: BodyOpen {
+            watch: Watch::Body(BodyOpen {
                 activity,
                 slot,
                 frames: 0,
-            },
+            }),
         }
     }
 }
@@ -536,7 +555,25 @@ impl Drop for Handling {
     }
 }
 
-/// An answer's body being sent: its slot among the connection's clocks.
+/// How an answer's body is watched while it is sent.
+enum Watch {
+    /// HTTP/1.1: as the request it answers, until it ends (dropped with
+    /// the body).
+    Request { _handling: Handling },
+    /// HTTP/2: by its own clock.
+    Body(BodyOpen),
+}
+
+impl Watch {
+    fn polled(&mut self, pending: bool, data: bool) {
+        if let Watch::Body(open) = self {
+            open.polled(pending, data);
+        }
+    }
+}
+
+/// An answer's HTTP/2 body being sent: its slot among the connection's
+/// clocks.
 struct BodyOpen {
     activity: Arc<Activity>,
     slot: usize,
@@ -657,7 +694,7 @@ pin_project_lite::pin_project! {
     /// An answer's body, watched (see [`Activity`]), its data frames cut
     /// to [`CHUNK`].
     ///
-    /// On HTTP/2 (`hold_last`) the last byte of each frame from the source
+    /// On HTTP/2 (a body with its own clock) the last byte of each frame from the source
     /// is handed over as a frame of its own, after the rest. hyper passes a
     /// frame to h2 once the stream's window has room for one byte, and h2
     /// keeps what the window does not cover; were the body's last frame
@@ -672,8 +709,7 @@ pin_project_lite::pin_project! {
         #[pin]
         body: Body,
         rest: Option<bytes::Bytes>,
-        hold_last: bool,
-        open: BodyOpen,
+        watch: Watch,
     }
 }
 
@@ -693,22 +729,22 @@ impl hyper::body::Body for Counted {
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                     Ok(data) => data,
                     Err(frame) => {
-                        this.open.polled(false, false);
+                        this.watch.polled(false, false);
                         return Poll::Ready(Some(Ok(frame)));
                     }
                 },
                 other => {
-                    this.open.polled(other.is_pending(), false);
+                    this.watch.polled(other.is_pending(), false);
                     return other;
                 }
             },
         };
         if data.len() > CHUNK {
             *this.rest = Some(data.split_off(CHUNK));
-        } else if *this.hold_last && data.len() > 1 {
+        } else if matches!(this.watch, Watch::Body(_)) && data.len() > 1 {
             *this.rest = Some(data.split_off(data.len() - 1));
         }
-        this.open.polled(false, true);
+        this.watch.polled(false, true);
         Poll::Ready(Some(Ok(hyper::body::Frame::data(data))))
     }
 
@@ -763,7 +799,7 @@ mod tests {
     #[test]
     fn an_answer_the_client_does_not_take_is_stalled_and_one_it_takes_is_not() {
         let a = Arc::new(Activity::new(Instant::now()));
-        let mut body = Handling::begin(&a).answered(Body::empty(), false);
+        let mut body = Handling::begin(&a).answered(Body::empty(), true);
         let answered = Instant::now();
         assert!(a.in_flight());
         assert_eq!(
@@ -773,13 +809,13 @@ mod tests {
         );
 
         // Each frame taken is progress...
-        body.open.polled(false, true);
+        body.watch.polled(false, true);
         let later = Instant::now();
         assert!(matches!(a.verdict(later, T), Verdict::Active(_)));
         // ...and waiting for the source (an upstream) is activity.
-        body.open.polled(true, false);
+        body.watch.polled(true, false);
         assert!(matches!(a.verdict(later + s(300), T), Verdict::Active(_)));
-        body.open.polled(false, true);
+        body.watch.polled(false, true);
         assert_eq!(a.verdict(Instant::now() + T, T), Verdict::Stalled);
 
         drop(body);
@@ -788,15 +824,37 @@ mod tests {
     }
 
     #[test]
+    fn an_http1_answer_is_handled_until_its_body_ends_and_stalls_only_by_its_writes() {
+        let a = Arc::new(Activity::new(Instant::now()));
+        let mut body = Handling::begin(&a).answered(Body::empty(), false);
+        assert_eq!(a.handling.load(Ordering::Acquire), 1);
+        assert!(a.bodies().slots.is_empty(), "no clock of its own");
+        body.watch.polled(false, true);
+        assert_eq!(
+            a.verdict(Instant::now() + s(300), T),
+            Verdict::Active(T),
+            "not taken yet is not stalled"
+        );
+        // A client that does not read: hyper's writes wait on the socket.
+        a.wrote(true);
+        assert_eq!(a.verdict(Instant::now() + T + s(1), T), Verdict::Stalled);
+        a.wrote(false);
+        drop(body);
+        assert!(!a.in_flight());
+        assert!(matches!(a.verdict(Instant::now(), T), Verdict::Active(_)));
+        assert_eq!(a.verdict(Instant::now() + T, T), Verdict::Idle);
+    }
+
+    #[test]
     fn progress_on_one_stream_does_not_cover_another_that_stalls() {
         let a = Arc::new(Activity::new(Instant::now()));
-        let stalled = Handling::begin(&a).answered(Body::empty(), false);
+        let stalled = Handling::begin(&a).answered(Body::empty(), true);
         let _kept = stalled;
         // Another stream answered and taken again and again, and requests
         // handled beside it: the first is still stalled after the timeout.
-        let mut busy = Handling::begin(&a).answered(Body::empty(), false);
+        let mut busy = Handling::begin(&a).answered(Body::empty(), true);
         let _handling = Handling::begin(&a);
-        busy.open.polled(false, true);
+        busy.watch.polled(false, true);
         assert_eq!(a.verdict(Instant::now() + T + s(1), T), Verdict::Stalled);
     }
 
@@ -804,7 +862,7 @@ mod tests {
     fn a_stream_held_back_while_the_connection_takes_data_stalls_only_at_the_cap() {
         let a = Arc::new(Activity::new(Instant::now()));
         let t0 = a.start;
-        let _held = Handling::begin(&a).answered(Body::empty(), false);
+        let _held = Handling::begin(&a).answered(Body::empty(), true);
         // Data handed over on other streams all along.
         a.last_data.store(a.ms(t0 + 3 * T), Ordering::Release);
         assert!(matches!(a.verdict(t0 + 3 * T + s(1), T), Verdict::Active(_)));
@@ -831,14 +889,14 @@ mod tests {
     fn the_first_two_frames_of_an_answer_do_not_count_as_the_client_taking_data() {
         let a = Arc::new(Activity::new(Instant::now() - s(5)));
         let mut body = Handling::begin(&a).answered(Body::empty(), true);
-        body.open.polled(false, true);
-        body.open.polled(false, true);
+        body.watch.polled(false, true);
+        body.watch.polled(false, true);
         assert_eq!(
             a.last_data.load(Ordering::Acquire),
             0,
             "asked for whatever the window"
         );
-        body.open.polled(false, true);
+        body.watch.polled(false, true);
         assert!(
             a.last_data.load(Ordering::Acquire) >= 5_000,
             "the first frame was granted"
@@ -903,7 +961,7 @@ mod tests {
         let a = Arc::new(Activity::new(Instant::now()));
         for _ in 0..3 {
             let bodies: Vec<_> = (0..4)
-                .map(|_| Handling::begin(&a).answered(Body::empty(), false))
+                .map(|_| Handling::begin(&a).answered(Body::empty(), true))
                 .collect();
             assert_eq!(a.bodies().open, 4);
             drop(bodies);
