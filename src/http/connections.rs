@@ -21,7 +21,8 @@
 //! So a client that sends nothing, sends a head a line at a time, never
 //! finishes HTTP/2's preface or a `HEADERS` frame, or asks and then never
 //! reads the answer (HTTP/2: a zero flow-control window; HTTP/1.1: writes
-//! that wait on the socket) is cut off after about `header_timeout`, and an
+//! that wait on the socket, and stay waiting until a buffer's worth is
+//! taken) is cut off after about `header_timeout`, and an
 //! idle kept-alive connection is closed after the same time. A download
 //! the client keeps taking, a stream HTTP/2 holds back while the client
 //! takes the data of others (for up to four timeouts), or an answer whose
@@ -372,8 +373,13 @@ struct Activity {
     last_data: AtomicU64,
     /// 1 + milliseconds from `start` to when the socket stopped taking
     /// writes (the client does not read what hyper has buffered); 0 while
-    /// writes go through.
+    /// writes go through. Set at a write that waits, cleared only once the
+    /// client has taken [`TAKEN_BYTES`] since or hyper's buffer is empty
+    /// (flushed): a client that reads a trickle, each read letting one
+    /// small write through, is still blocked.
     blocked: AtomicU64,
+    /// Bytes the socket took since `blocked` was set.
+    taken: AtomicU64,
     /// The open bodies' clocks.
     bodies: Mutex<Bodies>,
 }
@@ -410,6 +416,7 @@ impl Activity {
             last: AtomicU64::new(0),
             last_data: AtomicU64::new(0),
             blocked: AtomicU64::new(0),
+            taken: AtomicU64::new(0),
             bodies: Mutex::new(Bodies::default()),
         }
     }
@@ -429,16 +436,36 @@ impl Activity {
         self.bodies.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// After each write to the socket: whether it had to wait (the client
-    /// is not reading). Only a change of state reads the clock.
-    fn wrote(&self, pending: bool) {
+    /// After each write to the socket: `None` if it had to wait (the
+    /// client is not reading), else the bytes it took. Only a change of
+    /// state reads the clock; while writes go through, this is one load.
+    fn wrote(&self, took: Option<usize>) {
         let since = self.blocked.load(Ordering::Acquire);
-        if pending && since == 0 {
-            self.blocked.store(self.ms(Instant::now()) + 1, Ordering::Release);
-        } else if !pending && since != 0 {
-            self.blocked.store(0, Ordering::Release);
-            self.progress(Instant::now());
+        match took {
+            None if since == 0 => {
+                self.taken.store(0, Ordering::Release);
+                self.blocked.store(self.ms(Instant::now()) + 1, Ordering::Release);
+            }
+            Some(n) if since != 0 => {
+                let taken = self.taken.fetch_add(n as u64, Ordering::AcqRel) + n as u64;
+                if taken >= TAKEN_BYTES {
+                    self.unblocked();
+                }
+            }
+            _ => {}
         }
+    }
+
+    /// hyper flushed the socket: everything it buffered has been written.
+    fn flushed(&self) {
+        if self.blocked.load(Ordering::Acquire) != 0 {
+            self.unblocked();
+        }
+    }
+
+    fn unblocked(&self) {
+        self.blocked.store(0, Ordering::Release);
+        self.progress(Instant::now());
     }
 
     fn in_flight(&self) -> bool {
@@ -653,7 +680,7 @@ impl hyper::rt::Write for Watched {
     ) -> std::task::Poll<io::Result<usize>> {
         let this = self.project();
         let poll = this.io.poll_write(cx, buf);
-        this.activity.wrote(poll.is_pending());
+        this.activity.wrote(took(&poll));
         poll
     }
 
@@ -664,7 +691,7 @@ impl hyper::rt::Write for Watched {
     ) -> std::task::Poll<io::Result<usize>> {
         let this = self.project();
         let poll = this.io.poll_write_vectored(cx, bufs);
-        this.activity.wrote(poll.is_pending());
+        this.activity.wrote(took(&poll));
         poll
     }
 
@@ -674,8 +701,12 @@ impl hyper::rt::Write for Watched {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<()>> {
         let this = self.project();
+        // hyper (h1's buffer, h2's codec) flushes the socket only once
+        // its own buffer is empty.
         let poll = this.io.poll_flush(cx);
-        this.activity.wrote(poll.is_pending());
+        if poll.is_ready() {
+            this.activity.flushed();
+        }
         poll
     }
 
@@ -686,6 +717,23 @@ impl hyper::rt::Write for Watched {
         self.project().io.poll_shutdown(cx)
     }
 }
+
+/// What a write to the socket says for [`Activity::wrote`]: `None` if it
+/// waits, else the bytes taken (none for an error: the connection ends).
+fn took(poll: &std::task::Poll<io::Result<usize>>) -> Option<usize> {
+    match poll {
+        std::task::Poll::Pending => None,
+        std::task::Poll::Ready(r) => Some(*r.as_ref().unwrap_or(&0)),
+    }
+}
+
+/// What the client must take, once the socket's writes waited, to count as
+/// reading again (unless hyper's buffer empties first): the HTTP/1.1
+/// buffer's worth, about what it had to take before each new frame of an
+/// answer (hyper polls the body again only once its buffer is flushed).
+/// At the default timeout of 30 s, a client that reads less than about
+/// 2 KiB a second is cut off.
+const TAKEN_BYTES: u64 = H1_BUFFER as u64;
 
 /// The most of an answer's data handed to hyper at once.
 const CHUNK: usize = 16 * 1024;
@@ -836,9 +884,9 @@ mod tests {
             "not taken yet is not stalled"
         );
         // A client that does not read: hyper's writes wait on the socket.
-        a.wrote(true);
+        a.wrote(None);
         assert_eq!(a.verdict(Instant::now() + T + s(1), T), Verdict::Stalled);
-        a.wrote(false);
+        a.flushed();
         drop(body);
         assert!(!a.in_flight());
         assert!(matches!(a.verdict(Instant::now(), T), Verdict::Active(_)));
@@ -873,16 +921,48 @@ mod tests {
     #[test]
     fn writes_the_client_does_not_take_are_in_flight_and_stall_after_the_timeout() {
         let a = Activity::new(Instant::now());
-        a.wrote(false);
+        a.wrote(Some(100));
         assert!(!a.in_flight());
-        a.wrote(true);
+        a.wrote(None);
         let blocked = Instant::now();
         assert!(a.in_flight(), "what hyper buffered is not delivered yet");
         assert!(matches!(a.verdict(blocked, T), Verdict::Active(_)));
         assert_eq!(a.verdict(blocked + T + s(1), T), Verdict::Stalled);
-        a.wrote(false);
+        a.flushed();
         assert!(!a.in_flight());
         assert!(matches!(a.verdict(Instant::now(), T), Verdict::Active(_)));
+    }
+
+    #[test]
+    fn a_trickle_of_reads_does_not_unblock_writes_that_waited() {
+        let a = Activity::new(Instant::now());
+        a.wrote(None);
+        let blocked = Instant::now();
+        // Each small read lets one small write through, then it waits again.
+        let since = a.blocked.load(Ordering::Acquire);
+        for _ in 0..10 {
+            a.wrote(Some(1024));
+            assert!(a.in_flight(), "still blocked after a small write");
+            a.wrote(None);
+        }
+        assert_eq!(a.blocked.load(Ordering::Acquire), since, "its clock kept");
+        assert!(a.in_flight());
+        assert_eq!(
+            a.verdict(blocked + T + s(1), T),
+            Verdict::Stalled,
+            "10 KiB taken is not a client reading"
+        );
+        // A buffer's worth taken is.
+        a.wrote(Some(TAKEN_BYTES as usize - 10 * 1024));
+        assert!(!a.in_flight());
+        a.wrote(None);
+        let again = Instant::now();
+        a.wrote(Some(1024));
+        assert_eq!(
+            a.verdict(again + T + s(1), T),
+            Verdict::Stalled,
+            "counted afresh from the next wait"
+        );
     }
 
     #[test]

@@ -295,6 +295,51 @@ async fn answers_asked_for_but_not_read_do_not_extend_an_unread_answers_time() {
     app.stop().await;
 }
 
+/// A client that takes its answers steadily keeps its connection however
+/// long the download lasts: the rule against a trickle of reads (the
+/// socket's writes count as going through again only once a buffer's
+/// worth is taken) does not cut off a reader that keeps up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_download_taken_steadily_keeps_its_connection_past_the_timeout() {
+    let app = TestApp::embedded(SETTINGS).await;
+    let addr: SocketAddr = app.base.trim_start_matches("http://").parse().unwrap();
+    let size = app.get("/openapi.json").await.bytes().await.unwrap().len();
+
+    // A small receive buffer, so that the server's writes wait on this
+    // client's reads from the start.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(64 * 1024).unwrap();
+    let mut s = socket.connect(addr).await.unwrap();
+    let asked = 300;
+    let one = format!("GET /openapi.json HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    s.write_all(one.repeat(asked).as_bytes()).await.unwrap();
+
+    // 64 KiB every 100 ms (three buffers' worth per timeout) for eight
+    // timeouts: about 1.5 MB of the 4 MB asked for.
+    let start = Instant::now();
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 64 * 1024];
+    while start.elapsed() < TIMEOUT * 8 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut want = 64 * 1024;
+        while want > 0 {
+            let n = tokio::time::timeout(TIMEOUT, s.read(&mut buf[..want.min(64 * 1024)]))
+                .await
+                .expect("the answers kept coming")
+                .unwrap();
+            assert!(
+                n > 0,
+                "the connection was closed after {got} bytes in {:?}",
+                start.elapsed()
+            );
+            got += n;
+            want -= n;
+        }
+    }
+    assert!(got < asked * size, "the download ended before the test did");
+    app.stop().await;
+}
+
 /// A request head is read into a buffer of at most 64 KiB (hyper's default
 /// lets it grow to about 400 KiB per connection): a larger head is refused
 /// with `431`, and an ordinary one with a large header still passes.
