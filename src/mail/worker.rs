@@ -19,7 +19,16 @@ use crate::clock::now_ms;
 use crate::crypto::Sealer;
 use crate::store::Store;
 
-const LEASE_MS: i64 = 60_000;
+/// How long a claim holds a message for its worker. A worker renews the
+/// claims of its batch every [`RENEW`] while it delivers (a relay that
+/// hangs holds a message up to its timeouts, 10 s per SMTP step, longer
+/// than a lease), so a claim runs out only once its worker is gone: the
+/// mail of an instance killed mid-batch goes out from another within about
+/// this long, not after the minute a single long lease would take.
+const LEASE_MS: i64 = 15_000;
+/// How often a worker renews its batch's claims (a third of the lease: a
+/// renewal can fail twice before the claim runs out).
+const RENEW: Duration = Duration::from_secs(5);
 const BATCH: i64 = 20;
 const POLL: Duration = Duration::from_secs(1);
 const MAX_BACKOFF_MS: i64 = 3_600_000;
@@ -49,7 +58,7 @@ enum Unsettled {
     /// Delivered, but its row could not be deleted: it would be sent again
     /// when its lease ends.
     Delivered(i64),
-    /// Claimed but not tried: it would wait out the whole lease, a minute.
+    /// Claimed but not tried: it would wait out the whole lease.
     Untried(i64),
 }
 
@@ -73,7 +82,7 @@ impl OutboxWorker {
         metrics::counter!("latchkey_outbox_dead_total").increment(0);
         // The embedded backend is one process: a claim found at start-up was
         // left by a crash of this service, and waiting out its lease would
-        // only delay the mail by up to a minute.
+        // only delay the mail by up to a lease.
         if self.store.backend_name() == "sqlite" {
             match self.store.release_outbox_claims().await {
                 Ok(0) => {}
@@ -118,20 +127,46 @@ impl OutboxWorker {
     /// Delivers one batch; returns how many were claimed.
     pub async fn deliver_batch(&self) -> anyhow::Result<usize> {
         self.settle().await?;
-        let rows = self.store.claim_outbox(now_ms(), LEASE_MS, BATCH).await?;
+        let now = now_ms();
+        let rows = self.store.claim_outbox(now, LEASE_MS, BATCH).await?;
         let n = rows.len();
         let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-        for (i, row) in rows.into_iter().enumerate() {
-            if let Err(e) = self.deliver_one(row).await {
-                // The rows after this one were claimed but not tried.
-                self.unsettled
-                    .lock()
-                    .expect("unsettled")
-                    .extend(ids[i + 1..].iter().map(|&id| Unsettled::Untried(id)));
-                return Err(e);
+        // How far the batch has got: the rows from here on are still
+        // claimed (those before were settled: deleted, rescheduled or dead).
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let deliver = async {
+            for (i, row) in rows.into_iter().enumerate() {
+                next.store(i, Ordering::Relaxed);
+                if let Err(e) = self.deliver_one(row).await {
+                    // The rows after this one were claimed but not tried.
+                    self.unsettled
+                        .lock()
+                        .expect("unsettled")
+                        .extend(ids[i + 1..].iter().map(|&id| Unsettled::Untried(id)));
+                    return Err(e);
+                }
+            }
+            Ok(n)
+        };
+        let mut deliver = std::pin::pin!(deliver);
+        // Each row's claim as this worker last set it.
+        let mut held = vec![now + LEASE_MS; ids.len()];
+        let mut renew = tokio::time::interval_at(tokio::time::Instant::now() + RENEW, RENEW);
+        loop {
+            tokio::select! {
+                done = &mut deliver => return done,
+                _ = renew.tick() => {
+                    let until = now_ms() + LEASE_MS;
+                    for i in next.load(Ordering::Relaxed)..ids.len() {
+                        match self.store.extend_outbox_claim(ids[i], held[i], until).await {
+                            Ok(true) => held[i] = until,
+                            Ok(false) => {}
+                            Err(e) => tracing::warn!(error = %e, "outbox: renewing a claim failed"),
+                        }
+                    }
+                }
             }
         }
-        Ok(n)
     }
 
     async fn deliver_one(&self, row: crate::store::OutboxRow) -> anyhow::Result<()> {

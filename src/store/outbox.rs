@@ -135,6 +135,21 @@ impl Store {
         })
     }
 
+    /// Extends this worker's claim on `id` to `until` (a claim it still
+    /// holds: a message settled since has no claim, or another's).
+    pub async fn extend_outbox_claim(&self, id: i64, held_until: i64, until: i64) -> StoreResult<bool> {
+        db_op!(self, "extend_outbox_claim", conn => {
+            Ok(sqlx::query("UPDATE outbox SET claimed_until = $3 WHERE id = $1 AND claimed_until = $2")
+                .bind(id)
+                .bind(held_until)
+                .bind(until)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected()
+                == 1)
+        })
+    }
+
     pub async fn release_outbox_claims(&self) -> StoreResult<u64> {
         db_op!(self, "release_outbox_claims", conn => {
             Ok(sqlx::query("UPDATE outbox SET claimed_until = NULL WHERE claimed_until IS NOT NULL")
