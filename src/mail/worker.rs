@@ -6,7 +6,7 @@
 //! about a day) becomes a dead letter: kept, sealed, for `mail_dead_letter_ttl`
 //! and counted in `latchkey_outbox_dead_total`, never retried.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,8 +58,9 @@ enum Unsettled {
     /// Delivered, but its row could not be deleted: it would be sent again
     /// when its lease ends.
     Delivered(i64),
-    /// Claimed but not tried: it would wait out the whole lease.
-    Untried(i64),
+    /// Claimed (the claim's value) but not tried: it would wait out the
+    /// whole lease.
+    Untried(i64, i64),
 }
 
 impl OutboxWorker {
@@ -118,64 +119,90 @@ impl OutboxWorker {
             };
             match next {
                 Unsettled::Delivered(id) => self.store.outbox_delivered(id).await?,
-                Unsettled::Untried(id) => self.store.release_outbox_claim(id).await?,
+                Unsettled::Untried(id, held) => self.store.release_outbox_claim(id, held).await?,
             }
             self.unsettled.lock().expect("unsettled").pop();
         }
     }
 
     /// Delivers one batch; returns how many were claimed.
+    ///
+    /// While it runs, the batch's claims are renewed every [`RENEW`]. A row
+    /// whose claim was lost meanwhile (a renewal late past the lease, say
+    /// while the database was slow: another instance may have claimed it)
+    /// is left alone: not sent, and not settled, because it may be another
+    /// instance's now. Every settlement is conditional on the claim this
+    /// worker last set, so a lost row is never rescheduled or released
+    /// from under its new holder.
     pub async fn deliver_batch(&self) -> anyhow::Result<usize> {
         self.settle().await?;
         let now = now_ms();
         let rows = self.store.claim_outbox(now, LEASE_MS, BATCH).await?;
         let n = rows.len();
         let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+        // The claim's value as this worker last set it (one for the batch).
+        let held = AtomicI64::new(now + LEASE_MS);
         // How far the batch has got: the rows from here on are still
         // claimed (those before were settled: deleted, rescheduled or dead).
-        let next = std::sync::atomic::AtomicUsize::new(0);
+        let next = AtomicUsize::new(0);
+        let lost = std::sync::Mutex::new(Vec::<i64>::new());
         let deliver = async {
             for (i, row) in rows.into_iter().enumerate() {
                 next.store(i, Ordering::Relaxed);
-                if let Err(e) = self.deliver_one(row).await {
+                if lost.lock().expect("lost").contains(&row.id) {
+                    tracing::info!(
+                        id = row.id,
+                        "outbox: a claim ran out before its message was tried; left to its new holder"
+                    );
+                    continue;
+                }
+                if let Err(e) = self.deliver_one(row, &held).await {
                     // The rows after this one were claimed but not tried.
+                    let claim = held.load(Ordering::Relaxed);
                     self.unsettled
                         .lock()
                         .expect("unsettled")
-                        .extend(ids[i + 1..].iter().map(|&id| Unsettled::Untried(id)));
+                        .extend(ids[i + 1..].iter().map(|&id| Unsettled::Untried(id, claim)));
                     return Err(e);
                 }
             }
             Ok(n)
         };
         let mut deliver = std::pin::pin!(deliver);
-        // Each row's claim as this worker last set it.
-        let mut held = vec![now + LEASE_MS; ids.len()];
         let mut renew = tokio::time::interval_at(tokio::time::Instant::now() + RENEW, RENEW);
         loop {
             tokio::select! {
                 done = &mut deliver => return done,
                 _ = renew.tick() => {
                     let until = now_ms() + LEASE_MS;
-                    for i in next.load(Ordering::Relaxed)..ids.len() {
-                        match self.store.extend_outbox_claim(ids[i], held[i], until).await {
-                            Ok(true) => held[i] = until,
-                            Ok(false) => {}
-                            Err(e) => tracing::warn!(error = %e, "outbox: renewing a claim failed"),
+                    let left = &ids[next.load(Ordering::Relaxed)..];
+                    match self.store.extend_outbox_claims(left, held.load(Ordering::Relaxed), until).await {
+                        Ok(kept) => {
+                            held.store(until, Ordering::Relaxed);
+                            // Rows settled since have no claim; the others
+                            // not kept were lost.
+                            lost.lock()
+                                .expect("lost")
+                                .extend(left.iter().filter(|id| !kept.contains(id)));
                         }
+                        // Unknown whether it took: the next renewal finds
+                        // out (rows it did extend then count as lost, and
+                        // are left to run out: a delay, never a second send).
+                        Err(e) => tracing::warn!(error = %e, "outbox: renewing the batch's claims failed"),
                     }
                 }
             }
         }
     }
 
-    async fn deliver_one(&self, row: crate::store::OutboxRow) -> anyhow::Result<()> {
+    /// Delivers `row` and settles it (`held`: the batch's claim now).
+    async fn deliver_one(&self, row: crate::store::OutboxRow, held: &AtomicI64) -> anyhow::Result<()> {
         let Some(msg) = Message::open(&row.payload, &self.sealer) else {
             tracing::error!(
                 id = row.id,
                 "outbox: message cannot be unsealed (secret key changed?)"
             );
-            return self.give_up(row.id, "cannot unseal").await;
+            return self.give_up(row.id, held, "cannot unseal").await;
         };
         match self.sink.deliver(&self.from, row.id, &msg).await {
             Ok(()) => {
@@ -210,16 +237,21 @@ impl OutboxWorker {
                         if row.attempts < MAX_ATTEMPTS =>
                     {
                         let backoff = (1000i64 << row.attempts.clamp(0, 22)).min(MAX_BACKOFF_MS);
-                        if let Err(e) = self.store.outbox_failed(row.id, now_ms() + backoff, why).await {
+                        let claim = held.load(Ordering::Relaxed);
+                        if let Err(e) = self
+                            .store
+                            .outbox_failed(row.id, claim, now_ms() + backoff, why)
+                            .await
+                        {
                             self.unsettled
                                 .lock()
                                 .expect("unsettled")
-                                .push(Unsettled::Untried(row.id));
+                                .push(Unsettled::Untried(row.id, claim));
                             return Err(e.into());
                         }
                     }
                     SinkError::Temporary(why) | SinkError::Unreachable(why) | SinkError::Permanent(why) => {
-                        self.give_up(row.id, why).await?
+                        self.give_up(row.id, held, why).await?
                     }
                 }
             }
@@ -227,9 +259,12 @@ impl OutboxWorker {
         Ok(())
     }
 
-    async fn give_up(&self, id: i64, why: &str) -> anyhow::Result<()> {
+    async fn give_up(&self, id: i64, held: &AtomicI64, why: &str) -> anyhow::Result<()> {
         tracing::error!(id, error = %why, "outbox: message undeliverable, kept as a dead letter");
         metrics::counter!("latchkey_outbox_dead_total").increment(1);
-        Ok(self.store.outbox_dead(id, now_ms(), why).await?)
+        Ok(self
+            .store
+            .outbox_dead(id, held.load(Ordering::Relaxed), now_ms(), why)
+            .await?)
     }
 }

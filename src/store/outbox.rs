@@ -68,14 +68,24 @@ impl Store {
         })
     }
 
-    pub async fn outbox_failed(&self, id: i64, next_attempt_at: i64, error: &str) -> StoreResult<()> {
+    /// Reschedules `id`, if this worker's claim (`held`) is still on it:
+    /// one that ran out and was taken by another instance is theirs.
+    pub async fn outbox_failed(
+        &self,
+        id: i64,
+        held: i64,
+        next_attempt_at: i64,
+        error: &str,
+    ) -> StoreResult<()> {
         db_op!(self, "outbox_failed", conn => {
             sqlx::query(
-                "UPDATE outbox SET claimed_until = NULL, next_attempt_at = $2, last_error = $3 WHERE id = $1",
+                "UPDATE outbox SET claimed_until = NULL, next_attempt_at = $2, last_error = $3 \
+                 WHERE id = $1 AND claimed_until = $4",
             )
             .bind(id)
             .bind(next_attempt_at)
             .bind(error)
+            .bind(held)
             .execute(&mut *conn)
             .await?;
             Ok(())
@@ -100,12 +110,17 @@ impl Store {
 
     /// Gives up on a message: it stays, sealed, as a dead letter (for an
     /// operator to see in `last_error`) until [`Store::purge_dead_letters`].
-    pub async fn outbox_dead(&self, id: i64, now: i64, error: &str) -> StoreResult<()> {
+    /// Makes `id` a dead letter, if this worker's claim (`held`) is still on it.
+    pub async fn outbox_dead(&self, id: i64, held: i64, now: i64, error: &str) -> StoreResult<()> {
         db_op!(self, "outbox_dead", conn => {
-            sqlx::query("UPDATE outbox SET claimed_until = NULL, dead_at = $2, last_error = $3 WHERE id = $1")
+            sqlx::query(
+                "UPDATE outbox SET claimed_until = NULL, dead_at = $2, last_error = $3 \
+                 WHERE id = $1 AND claimed_until = $4",
+            )
                 .bind(id)
                 .bind(now)
                 .bind(error)
+                .bind(held)
                 .execute(&mut *conn)
                 .await?;
             Ok(())
@@ -125,29 +140,42 @@ impl Store {
 
     /// Releases every claim (start-up of the single-process embedded backend).
     /// Releases one message's claim: it is due again at once.
-    pub async fn release_outbox_claim(&self, id: i64) -> StoreResult<()> {
+    /// Releases this worker's claim (`held`) on `id`, if it is still on it.
+    pub async fn release_outbox_claim(&self, id: i64, held: i64) -> StoreResult<()> {
         db_op!(self, "release_outbox_claim", conn => {
-            sqlx::query("UPDATE outbox SET claimed_until = NULL WHERE id = $1")
+            sqlx::query("UPDATE outbox SET claimed_until = NULL WHERE id = $1 AND claimed_until = $2")
                 .bind(id)
+                .bind(held)
                 .execute(&mut *conn)
                 .await?;
             Ok(())
         })
     }
 
-    /// Extends this worker's claim on `id` to `until` (a claim it still
-    /// holds: a message settled since has no claim, or another's).
-    pub async fn extend_outbox_claim(&self, id: i64, held_until: i64, until: i64) -> StoreResult<bool> {
-        db_op!(self, "extend_outbox_claim", conn => {
-            Ok(sqlx::query("UPDATE outbox SET claimed_until = $3 WHERE id = $1 AND claimed_until = $2")
-                .bind(id)
-                .bind(held_until)
-                .bind(until)
-                .execute(&mut *conn)
-                .await?
-                .rows_affected()
-                == 1)
-        })
+    /// Extends this worker's claims (`held`) on `ids` to `until`; returns
+    /// the ids it still held (a message settled since has no claim, and one
+    /// whose claim ran out may be another instance's now).
+    pub async fn extend_outbox_claims(&self, ids: &[i64], held: i64, until: i64) -> StoreResult<Vec<i64>> {
+        let kept: Vec<(i64,)> = db_op!(self, "extend_outbox_claims",
+            sqlite conn => Ok(sqlx::query_as(
+                "UPDATE outbox SET claimed_until = $2 WHERE claimed_until = $1 \
+                 AND id IN (SELECT value FROM json_each($3)) RETURNING id",
+            )
+            .bind(held)
+            .bind(until)
+            .bind(serde_json::to_string(ids).expect("ids serialize"))
+            .fetch_all(&mut *conn)
+            .await?),
+            postgres conn => Ok(sqlx::query_as(
+                "UPDATE outbox SET claimed_until = $2 WHERE claimed_until = $1 AND id = ANY($3) RETURNING id",
+            )
+            .bind(held)
+            .bind(until)
+            .bind(ids)
+            .fetch_all(&mut *conn)
+            .await?),
+        )?;
+        Ok(kept.into_iter().map(|(id,)| id).collect())
     }
 
     pub async fn release_outbox_claims(&self) -> StoreResult<u64> {

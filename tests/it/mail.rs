@@ -11,6 +11,61 @@ use crate::common::{
     code_in, free_port, parse_eml, unique_email, SupportServer, TestApp, PASSWORD, SECRET_KEY,
 };
 
+crate::on_every_backend!(
+    // A relay that refuses connections: the service's own worker tries the
+    // message now and then and reschedules it, never sends it.
+    settings = &[("mail", "smtp://127.0.0.1:9?tls=none")];
+    a_worker_whose_claim_ran_out_never_touches_the_new_holders_claim,
+);
+
+/// A worker whose claim on a message ran out, and another instance took it,
+/// neither renews it nor reschedules, kills or releases it from under its
+/// new holder (else both would send it).
+async fn a_worker_whose_claim_ran_out_never_touches_the_new_holders_claim(app: &TestApp) {
+    let email = unique_email("claim");
+    let r = app
+        .post("/auth/register", json!({"email": email, "password": PASSWORD}))
+        .await;
+    assert_eq!(r.status(), 201);
+    let store = &app.services.store;
+    // Claim it as a worker would, a minute from now: due by then, and past
+    // any claim the service's own worker holds now.
+    let at = latchkey::clock::now_ms() + 60_000;
+    let rows = store.claim_outbox(at, 15_000, 20).await.unwrap();
+    assert_eq!(rows.len(), 1, "the message waits in the outbox");
+    let (held, id) = (at + 15_000, rows[0].id);
+    assert_eq!(
+        store
+            .extend_outbox_claims(&[id], held, held + 1_000)
+            .await
+            .unwrap(),
+        vec![id],
+        "a claim still held is renewed"
+    );
+    let held = held + 1_000;
+
+    // The claim ran out and another instance took the message.
+    let theirs = held + 123_456;
+    app.sql(&format!(
+        "UPDATE outbox SET claimed_until = {theirs} WHERE id = {id}"
+    ))
+    .await;
+    assert!(store
+        .extend_outbox_claims(&[id], held, held + 2_000)
+        .await
+        .unwrap()
+        .is_empty());
+    store.outbox_failed(id, held, 0, "relay down").await.unwrap();
+    store.outbox_dead(id, held, 0, "given up").await.unwrap();
+    store.release_outbox_claim(id, held).await.unwrap();
+    let query = format!("SELECT claimed_until FROM outbox WHERE id = {id} AND dead_at IS NULL");
+    assert_eq!(
+        app.count(&query).await,
+        theirs,
+        "the new holder's claim is intact"
+    );
+}
+
 /// A real SMTP server (aiosmtpd) writing each message to `dir`.
 fn smtp_sink(dir: &Path, port: u16) -> SupportServer {
     smtp_sink_with(dir, port, "plain")
@@ -287,7 +342,7 @@ async fn mail_held_by_a_killed_instance_goes_out_from_another_within_the_lease(
             .flatten()
     };
     let mut first = None;
-    let deadline = Instant::now() + Duration::from_secs(8);
+    let deadline = Instant::now() + Duration::from_secs(9);
     loop {
         match (first, claim().await) {
             (None, Some(c)) => first = Some(c),
