@@ -6,7 +6,7 @@
 //! about a day) becomes a dead letter: kept, sealed, for `mail_dead_letter_ttl`
 //! and counted in `latchkey_outbox_dead_total`, never retried.
 
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,6 +29,7 @@ const LEASE_MS: i64 = 15_000;
 /// How often a worker renews its batch's claims (a third of the lease: a
 /// renewal can fail twice before the claim runs out).
 const RENEW: Duration = Duration::from_secs(5);
+const RENEW_MS: i64 = 5_000;
 const BATCH: i64 = 20;
 const POLL: Duration = Duration::from_secs(1);
 const MAX_BACKOFF_MS: i64 = 3_600_000;
@@ -52,6 +53,9 @@ pub struct OutboxWorker {
     /// Only the worker's own task touches it (one batch at a time).
     unsettled: std::sync::Mutex<Vec<Unsettled>>,
 }
+
+/// A batch's claim value as its worker last set it.
+type Held = tokio::sync::Mutex<i64>;
 
 #[derive(Clone, Copy)]
 enum Unsettled {
@@ -140,8 +144,10 @@ impl OutboxWorker {
         let rows = self.store.claim_outbox(now, LEASE_MS, BATCH).await?;
         let n = rows.len();
         let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-        // The claim's value as this worker last set it (one for the batch).
-        let held = AtomicI64::new(now + LEASE_MS);
+        // The claim's value as this worker last set it (one for the batch),
+        // locked around each statement that sets or tests it, so that a
+        // renewal and a settlement never cross.
+        let held = Held::new(now + LEASE_MS);
         // How far the batch has got: the rows from here on are still
         // claimed (those before were settled: deleted, rescheduled or dead).
         let next = AtomicUsize::new(0);
@@ -149,16 +155,19 @@ impl OutboxWorker {
         let deliver = async {
             for (i, row) in rows.into_iter().enumerate() {
                 next.store(i, Ordering::Relaxed);
-                if lost.lock().expect("lost").contains(&row.id) {
+                // Lost to a renewal, or too close to running out (renewals
+                // failed) to be sent before another instance may take it.
+                let lapsing = *held.lock().await - now_ms() < RENEW_MS;
+                if lapsing || lost.lock().expect("lost").contains(&row.id) {
                     tracing::info!(
                         id = row.id,
-                        "outbox: a claim ran out before its message was tried; left to its new holder"
+                        "outbox: a claim lost or running out before its message was tried; left to run out"
                     );
                     continue;
                 }
                 if let Err(e) = self.deliver_one(row, &held).await {
                     // The rows after this one were claimed but not tried.
-                    let claim = held.load(Ordering::Relaxed);
+                    let claim = *held.lock().await;
                     self.unsettled
                         .lock()
                         .expect("unsettled")
@@ -168,35 +177,40 @@ impl OutboxWorker {
             }
             Ok(n)
         };
-        let mut deliver = std::pin::pin!(deliver);
-        let mut renew = tokio::time::interval_at(tokio::time::Instant::now() + RENEW, RENEW);
-        loop {
-            tokio::select! {
-                done = &mut deliver => return done,
-                _ = renew.tick() => {
-                    let until = now_ms() + LEASE_MS;
-                    let left = &ids[next.load(Ordering::Relaxed)..];
-                    match self.store.extend_outbox_claims(left, held.load(Ordering::Relaxed), until).await {
-                        Ok(kept) => {
-                            held.store(until, Ordering::Relaxed);
-                            // Rows settled since have no claim; the others
-                            // not kept were lost.
-                            lost.lock()
-                                .expect("lost")
-                                .extend(left.iter().filter(|id| !kept.contains(id)));
-                        }
-                        // Unknown whether it took: the next renewal finds
-                        // out (rows it did extend then count as lost, and
-                        // are left to run out: a delay, never a second send).
-                        Err(e) => tracing::warn!(error = %e, "outbox: renewing the batch's claims failed"),
+        // Beside the delivery, not in its way (on SQLite the renewal may
+        // wait for the one connection a settlement holds).
+        let renewals = async {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + RENEW, RENEW);
+            loop {
+                tick.tick().await;
+                let mut claim = held.lock().await;
+                let until = now_ms() + LEASE_MS;
+                let left = &ids[next.load(Ordering::Relaxed)..];
+                match self.store.extend_outbox_claims(left, *claim, until).await {
+                    Ok(kept) => {
+                        *claim = until;
+                        // Rows settled since have no claim; the others not
+                        // kept were lost.
+                        lost.lock()
+                            .expect("lost")
+                            .extend(left.iter().filter(|id| !kept.contains(id)));
                     }
+                    // Unknown whether it took: the next renewal finds out
+                    // (rows it did extend then count as lost, and are left
+                    // to run out: a delay, never a second send).
+                    Err(e) => tracing::warn!(error = %e, "outbox: renewing the batch's claims failed"),
                 }
             }
+        };
+        tokio::select! {
+            done = deliver => done,
+            _ = renewals => unreachable!("renewals run until the delivery ends"),
         }
     }
 
-    /// Delivers `row` and settles it (`held`: the batch's claim now).
-    async fn deliver_one(&self, row: crate::store::OutboxRow, held: &AtomicI64) -> anyhow::Result<()> {
+    /// Delivers `row` and settles it (`held`: the batch's claim, locked
+    /// while a settlement tests it).
+    async fn deliver_one(&self, row: crate::store::OutboxRow, held: &Held) -> anyhow::Result<()> {
         let Some(msg) = Message::open(&row.payload, &self.sealer) else {
             tracing::error!(
                 id = row.id,
@@ -237,12 +251,16 @@ impl OutboxWorker {
                         if row.attempts < MAX_ATTEMPTS =>
                     {
                         let backoff = (1000i64 << row.attempts.clamp(0, 22)).min(MAX_BACKOFF_MS);
-                        let claim = held.load(Ordering::Relaxed);
-                        if let Err(e) = self
+                        // The lock held through the update: no renewal
+                        // moves the claim meanwhile.
+                        let guard = held.lock().await;
+                        let claim = *guard;
+                        let result = self
                             .store
                             .outbox_failed(row.id, claim, now_ms() + backoff, why)
-                            .await
-                        {
+                            .await;
+                        drop(guard);
+                        if let Err(e) = result {
                             self.unsettled
                                 .lock()
                                 .expect("unsettled")
@@ -259,12 +277,10 @@ impl OutboxWorker {
         Ok(())
     }
 
-    async fn give_up(&self, id: i64, held: &AtomicI64, why: &str) -> anyhow::Result<()> {
+    async fn give_up(&self, id: i64, held: &Held, why: &str) -> anyhow::Result<()> {
         tracing::error!(id, error = %why, "outbox: message undeliverable, kept as a dead letter");
         metrics::counter!("latchkey_outbox_dead_total").increment(1);
-        Ok(self
-            .store
-            .outbox_dead(id, held.load(Ordering::Relaxed), now_ms(), why)
-            .await?)
+        let claim = held.lock().await;
+        Ok(self.store.outbox_dead(id, *claim, now_ms(), why).await?)
     }
 }
