@@ -535,14 +535,22 @@ impl Handling {
     /// (`blocked`), so the body needs no clock of its own and its frames
     /// cost nothing to watch. On HTTP/2 each body has its clock, because
     /// flow control can hold one stream back while others move.
-    fn answered(mut self, body: Body, h2: bool) -> Counted {
-        if !h2 {
-            return Counted {
-                body,
-                rest: None,
-                watch: Watch::Request { _handling: self },
-            };
+    fn answered(self, body: Body, h2: bool) -> Counted {
+        let watch = if h2 {
+            Watch::Body(self.clocked())
+        } else {
+            Watch::Request { _handling: self }
+        };
+        Counted {
+            body,
+            rest: None,
+            watch,
         }
+    }
+
+    /// The request's handling ends, and its answer's body gets a clock of
+    /// its own in the connection's table.
+    fn clocked(mut self) -> BodyOpen {
         let activity = self.0.take().expect("answered once");
         let last = activity.progress(Instant::now());
         let slot = {
@@ -561,14 +569,10 @@ impl Handling {
             }
         };
         activity.handling.fetch_sub(1, Ordering::AcqRel);
-        Counted {
-            body,
-            rest: None,
-            watch: Watch::Body(BodyOpen {
-                activity,
-                slot,
-                frames: 0,
-            }),
+        BodyOpen {
+            activity,
+            slot,
+            frames: 0,
         }
     }
 }

@@ -27,9 +27,10 @@ use crate::store::Store;
 /// this long, not after the minute a single long lease would take.
 const LEASE_MS: i64 = 15_000;
 /// How often a worker renews its batch's claims (a third of the lease: a
-/// renewal can fail twice before the claim runs out).
-const RENEW: Duration = Duration::from_secs(5);
+/// renewal can fail twice before the claim runs out); also the least of a
+/// claim that must be left for a message to be sent.
 const RENEW_MS: i64 = 5_000;
+const RENEW: Duration = Duration::from_millis(RENEW_MS.unsigned_abs());
 const BATCH: i64 = 20;
 const POLL: Duration = Duration::from_secs(1);
 const MAX_BACKOFF_MS: i64 = 3_600_000;

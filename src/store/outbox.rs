@@ -108,21 +108,21 @@ impl Store {
         })
     }
 
-    /// Gives up on a message: it stays, sealed, as a dead letter (for an
-    /// operator to see in `last_error`) until [`Store::purge_dead_letters`].
-    /// Makes `id` a dead letter, if this worker's claim (`held`) is still on it.
+    /// Gives up on a message, if this worker's claim (`held`) is still on
+    /// it: it stays, sealed, as a dead letter (for an operator to see in
+    /// `last_error`) until [`Store::purge_dead_letters`].
     pub async fn outbox_dead(&self, id: i64, held: i64, now: i64, error: &str) -> StoreResult<()> {
         db_op!(self, "outbox_dead", conn => {
             sqlx::query(
                 "UPDATE outbox SET claimed_until = NULL, dead_at = $2, last_error = $3 \
                  WHERE id = $1 AND claimed_until = $4",
             )
-                .bind(id)
-                .bind(now)
-                .bind(error)
-                .bind(held)
-                .execute(&mut *conn)
-                .await?;
+            .bind(id)
+            .bind(now)
+            .bind(error)
+            .bind(held)
+            .execute(&mut *conn)
+            .await?;
             Ok(())
         })
     }
@@ -138,9 +138,8 @@ impl Store {
         })
     }
 
-    /// Releases every claim (start-up of the single-process embedded backend).
-    /// Releases one message's claim: it is due again at once.
-    /// Releases this worker's claim (`held`) on `id`, if it is still on it.
+    /// Releases this worker's claim (`held`) on `id`, if it is still on
+    /// it: the message is due again at once.
     pub async fn release_outbox_claim(&self, id: i64, held: i64) -> StoreResult<()> {
         db_op!(self, "release_outbox_claim", conn => {
             sqlx::query("UPDATE outbox SET claimed_until = NULL WHERE id = $1 AND claimed_until = $2")
@@ -178,6 +177,7 @@ impl Store {
         Ok(kept.into_iter().map(|(id,)| id).collect())
     }
 
+    /// Releases every claim (start-up of the single-process embedded backend).
     pub async fn release_outbox_claims(&self) -> StoreResult<u64> {
         db_op!(self, "release_outbox_claims", conn => {
             Ok(sqlx::query("UPDATE outbox SET claimed_until = NULL WHERE claimed_until IS NOT NULL")
