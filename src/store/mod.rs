@@ -20,6 +20,7 @@ mod events;
 mod factors;
 mod keys;
 mod outbox;
+mod pool;
 mod sessions;
 mod settings;
 mod users;
@@ -44,17 +45,18 @@ use std::future::Future;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use sqlx::pool::PoolConnection;
 use tracing::Instrument;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{PgPool, SqlitePool};
+use sqlx::PgPool;
 
+/// The pool of one backend: sqlx's, with clean connections handed from one
+/// operation to the next (`store/pool.rs`); it derefs to sqlx's pool.
 #[derive(Clone)]
 pub enum Db {
-    Sqlite(SqlitePool),
-    Postgres(PgPool),
+    Sqlite(pool::Pool<sqlx::Sqlite>),
+    Postgres(pool::Pool<sqlx::Postgres>),
 }
 
 /// Runs one database operation, `$op` (the `op` label of its metrics and
@@ -63,6 +65,11 @@ pub enum Db {
 /// with `$conn` bound to that connection (queries run on `&mut *$conn`). A
 /// `return` in `$body` returns from the operation. The whole operation,
 /// acquire included, is timed into `latchkey_db_query_seconds` as before.
+/// A body that returned `Ok` is taken to have run its statements to their
+/// end, and its connection is handed to an operation waiting for one
+/// without sqlx's test (`store/pool.rs`): so a body never races a statement
+/// against a timer or another future. A body that failed, or was
+/// cancelled, gives its connection back to sqlx, which tests it.
 ///
 /// One body is compiled once for each backend; an operation whose SQL differs
 /// between the backends gives one body for each (`sqlite` first).
@@ -76,12 +83,16 @@ macro_rules! db_op {
                 $crate::store::Db::Sqlite(pool) => {
                     #[allow(unused_mut)]
                     let mut $sconn = $crate::store::acquire(pool).await?;
-                    $sqlite
+                    let out: $crate::store::StoreResult<_> = async { $sqlite }.await;
+                    pool.release($sconn, out.is_ok());
+                    out
                 }
                 $crate::store::Db::Postgres(pool) => {
                     #[allow(unused_mut)]
                     let mut $pconn = $crate::store::acquire(pool).await?;
-                    $postgres
+                    let out: $crate::store::StoreResult<_> = async { $postgres }.await;
+                    pool.release($pconn, out.is_ok());
+                    out
                 }
             }
         })
@@ -174,12 +185,12 @@ impl Store {
                     .connect_with(opts)
                     .await
                     .context("opening the SQLite database")?;
-                Db::Sqlite(pool)
+                Db::Sqlite(pool::Pool::new(pool))
             }
             DatabaseUrl::Postgres(url) => {
                 let opts = PgConnectOptions::from_str(url.expose())
                     .context("LATCHKEY_DATABASE_URL is not a valid PostgreSQL URL")?;
-                Db::Postgres(Self::pg_pool(cfg, opts).await?)
+                Db::Postgres(pool::Pool::new(Self::pg_pool(cfg, opts).await?))
             }
         };
         Ok(Store { db })
@@ -207,8 +218,8 @@ impl Store {
 
     pub async fn migrate(&self) -> anyhow::Result<()> {
         match &self.db {
-            Db::Sqlite(p) => SQLITE_MIGRATIONS.run(p).await?,
-            Db::Postgres(p) => POSTGRES_MIGRATIONS.run(p).await?,
+            Db::Sqlite(p) => SQLITE_MIGRATIONS.run(&**p).await?,
+            Db::Postgres(p) => POSTGRES_MIGRATIONS.run(&**p).await?,
         }
         Ok(())
     }
@@ -309,14 +320,15 @@ pub(crate) async fn traced<T>(
 /// before it is handed out; one used more recently is not.
 ///
 /// sqlx's default tests every connection on acquire, and it also tests every
-/// connection when it returns to the pool (that one cannot be turned off).
-/// Under load a connection is back in use within microseconds of its
-/// release test, so the test on acquire was a second round trip per
-/// operation for nothing: about 15 % of the service's CPU in a refresh
-/// (`perf`, docs/performance.md). A connection the database dropped while
-/// it was idle longer than this is still caught here; one that died within
-/// it fails its statement (503, `database unavailable`, and sqlx discards
-/// the connection), as a statement on a connection dying mid-use does. A
+/// connection when it returns to the pool (that one cannot be turned off;
+/// `store/pool.rs` hands clean connections on without it). Under load a
+/// connection is back in use within microseconds of its release test, so
+/// the test on acquire was a second round trip per operation for nothing:
+/// about 15 % of the service's CPU in a refresh (`perf`,
+/// docs/performance.md). A connection the database dropped while it was
+/// idle longer than this is still caught here; one that died within it
+/// fails its statement (503, `database unavailable`, and sqlx discards the
+/// connection), as a statement on a connection dying mid-use does. A
 /// connection whose peer went silent (a half-open socket, no reset) is not
 /// caught within that second either: its statement waits until the
 /// request's deadline.
@@ -335,7 +347,7 @@ async fn ping_if_idle<C: sqlx::Connection>(
 /// A connection from `pool`; the wait is recorded whether or not one came,
 /// and a wait that hit the acquire timeout is counted and answered
 /// [`StoreError::Overloaded`] (`503` at the HTTP edge).
-pub(crate) async fn acquire<DB: sqlx::Database>(pool: &sqlx::Pool<DB>) -> StoreResult<PoolConnection<DB>> {
+pub(crate) async fn acquire<DB: sqlx::Database>(pool: &pool::Pool<DB>) -> StoreResult<pool::Conn<DB>> {
     let start = Instant::now();
     let conn = pool.acquire().await;
     let waited = start.elapsed();

@@ -213,8 +213,10 @@ impl TestApp {
     /// back: for ageing codes and tokens, or setting up a race's outcome.
     pub async fn sql(&self, statement: &str) {
         match &self.services.store.db {
-            latchkey::store::Db::Sqlite(p) => sqlx::query(statement).execute(p).await.map(|_| ()).unwrap(),
-            latchkey::store::Db::Postgres(p) => sqlx::query(statement).execute(p).await.map(|_| ()).unwrap(),
+            latchkey::store::Db::Sqlite(p) => sqlx::query(statement).execute(&**p).await.map(|_| ()).unwrap(),
+            latchkey::store::Db::Postgres(p) => {
+                sqlx::query(statement).execute(&**p).await.map(|_| ()).unwrap()
+            }
         }
     }
 
@@ -222,8 +224,8 @@ impl TestApp {
     /// the service's back.
     pub async fn count(&self, query: &str) -> i64 {
         match &self.services.store.db {
-            latchkey::store::Db::Sqlite(p) => sqlx::query_scalar(query).fetch_one(p).await.unwrap(),
-            latchkey::store::Db::Postgres(p) => sqlx::query_scalar(query).fetch_one(p).await.unwrap(),
+            latchkey::store::Db::Sqlite(p) => sqlx::query_scalar(query).fetch_one(&**p).await.unwrap(),
+            latchkey::store::Db::Postgres(p) => sqlx::query_scalar(query).fetch_one(&**p).await.unwrap(),
         }
     }
 

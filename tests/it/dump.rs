@@ -38,7 +38,7 @@ pub async fn database_text(app: &TestApp) -> String {
         latchkey::store::Db::Postgres(p) => {
             for t in TABLES {
                 let rows: Vec<(String,)> = sqlx::query_as(&format!("SELECT row_to_json(t)::text FROM {t} t"))
-                    .fetch_all(p)
+                    .fetch_all(&**p)
                     .await
                     .unwrap();
                 for (r,) in rows {
