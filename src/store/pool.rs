@@ -24,7 +24,9 @@
 //!                        │ no: every connection is in use
 //!                        ▼
 //!               queue a hand-over slot, wait for whichever comes first:
-//!               a hand-over, or a connection sqlx frees
+//!               a hand-over, or a connection sqlx frees (or opens, when the
+//!               pool lost one: a hand-over then leaves that connect to
+//!               finish into the pool, never cancels it)
 //!
 //!   release ──► clean, handed on fewer than MAX_HANDOVERS times in a row,
 //!               the pool open, and an operation waiting? ──yes──► hand it over (no round trip)
@@ -44,6 +46,7 @@
 //! each connection.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
 
@@ -144,11 +147,31 @@ impl<DB: Database> Pool<DB> {
         let Some(handed) = handed else {
             return self.sqlx.acquire().await.map(from_sqlx);
         };
-        tokio::select! {
+        // sqlx's acquire, owned (so that it can outlive this call) and
+        // counted: polled again after its first poll, it was woken, which
+        // almost always means sqlx gave it its turn (else its timeout, the
+        // pool's close, or a spurious wake-up); pending since, it is
+        // opening a connection (the pool lost one) or testing an idle one.
+        let sqlx = self.sqlx.clone();
+        let mut from_pool = Box::pin(async move { sqlx.acquire().await });
+        let mut polls = 0u32;
+        let sqlx_turn = std::future::poll_fn(|cx| {
+            polls += 1;
+            from_pool.as_mut().poll(cx)
+        });
+        let conn = tokio::select! {
             biased;
-            Ok(conn) = handed => Ok(conn),
-            conn = self.sqlx.acquire() => conn.map(from_sqlx),
+            Ok(conn) = handed => conn,
+            conn = sqlx_turn => return conn.map(from_sqlx),
+        };
+        if polls > 1 {
+            // Cancelled, that connect would be a PostgreSQL backend forked
+            // for nothing, and the next waiter sqlx wakes would start
+            // another, which the next hand-over would cancel again: the
+            // connection is finished and left to the pool instead.
+            tokio::spawn(async move { drop(from_pool.await) });
         }
+        Ok(conn)
     }
 
     /// Ends an operation's use of `conn`: handed to an operation waiting
@@ -199,11 +222,22 @@ mod tests {
     /// In-memory SQLite connections, at most `max` (the embedded default
     /// has one), one of them open and idle.
     async fn connections(max: u32) -> Pool<Sqlite> {
+        slow_connections(max, Duration::ZERO).await
+    }
+
+    /// The same, each connect taking `connect` longer.
+    async fn slow_connections(max: u32, connect: Duration) -> Pool<Sqlite> {
         let opts = SqliteConnectOptions::from_str("sqlite::memory:").unwrap();
         let sqlx = SqlitePoolOptions::new()
             .max_connections(max)
             .min_connections(1)
             .acquire_timeout(Duration::from_secs(2))
+            .after_connect(move |_, _| {
+                Box::pin(async move {
+                    tokio::time::sleep(connect).await;
+                    Ok(())
+                })
+            })
             .connect_with(opts)
             .await
             .unwrap();
@@ -225,7 +259,12 @@ mod tests {
     }
 
     async fn until_queued(pool: &Pool<Sqlite>, n: usize) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while pool.queued() < n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never queued for a hand-over"
+            );
             tokio::task::yield_now().await;
         }
     }
@@ -284,6 +323,30 @@ mod tests {
         pool.release(first, true);
         assert_eq!(next.await.unwrap().unwrap(), 0);
         assert_eq!(pool.sqlx.size(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_hand_over_never_cancels_the_connect_sqlx_started_for_its_waiter() {
+        let pool = slow_connections(2, Duration::from_millis(300)).await;
+        let first = pool.acquire().await.unwrap();
+        let mut second = pool.acquire().await.unwrap();
+        assert_eq!(pool.sqlx.size(), 2);
+        let next = waiter(&pool);
+        until_queued(&pool, 1).await;
+        // The pool loses a connection: sqlx gives the waiter its turn, and
+        // the waiter starts opening a new one, which takes 300 ms.
+        second.inner.close_on_drop();
+        drop(second);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // A hand-over comes before the connect ends.
+        pool.release(first, true);
+        assert_eq!(next.await.unwrap().unwrap(), 1);
+        // The connect was finished, not cancelled: the pool is whole again.
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while pool.sqlx.size() < 2 {
+            assert!(std::time::Instant::now() < deadline, "the pool stayed one short");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     #[tokio::test]
