@@ -4,15 +4,22 @@
 //! ```text
 //!  change + event + one delivery row per webhook that asks  (one transaction)
 //!        |
-//!  DeliveryWorker: claim due rows with a lease --> POST url, signed
+//!  DeliveryWorker: claim due rows with a lease (a batch of 20)
+//!        each in turn: take it if the claim is still ours (the lease
+//!        restarts, the attempt is counted) --> POST url, signed
 //!        2xx: delivered (kept as history)
 //!        else: attempts < max ? retry at base * 2^(attempts-1) (at most 1 h)
 //!                             : dead (kept, counted)
+//!        (recorded only if the claim is still ours)
 //! ```
 //!
 //! At-least-once: a crash between the POST and the bookkeeping sends the
-//! event again after the lease; `webhook-id` (`msg_<event id>`) is the same
-//! on every attempt, for the receiver to drop duplicates. Headers:
+//! event again after the lease (30 s). An instance whose claim on a
+//! delivery ran out, and that another instance took, neither sends nor
+//! records it; the one attempt in flight when its claim runs out (more than
+//! a lease for two lookups and a POST bounded by 10 s) can go out twice.
+//! `webhook-id` (`msg_<event id>`) is the same on every attempt, for the
+//! receiver to drop duplicates. Headers:
 //! `webhook-id`, `webhook-timestamp` (Unix seconds of the attempt),
 //! `webhook-signature` (`v1,` and the base64 HMAC-SHA256, under the secret's
 //! bytes, of `id.timestamp.body`). The body is
@@ -32,9 +39,12 @@ use crate::clock::{now_ms, rfc3339};
 use crate::crypto::{random_bytes, Sealer};
 use crate::lifecycle::Shutdown;
 use crate::settings::{millis, number, ConfigError, Source};
-use crate::store::{DeliveryRow, EventRecord, Store};
+use crate::store::{Attempted, DeliveryRow, EventRecord, Store};
 
-const LEASE_MS: i64 = 60_000;
+/// How long a claim on a delivery lasts: what one attempt may take (the
+/// POST's `TIMEOUT` and two lookups) with room to spare. A delivery claimed
+/// by an instance that died goes out from another once it runs out.
+const LEASE_MS: i64 = 30_000;
 const BATCH: i64 = 20;
 const POLL: Duration = Duration::from_secs(1);
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -281,40 +291,61 @@ impl DeliveryWorker {
     }
 
     /// Delivers one batch; returns how many were claimed.
+    ///
+    /// Each row is taken for its attempt only while the batch's claim on it
+    /// is still held, and its claim then runs a lease from that moment: an
+    /// attempt (two lookups and a POST bounded by `TIMEOUT`) fits in a
+    /// lease, however long the rows before it took. A row whose claim ran
+    /// out while it waited its turn, and that another instance took, is left
+    /// to that instance.
     pub async fn deliver_batch(&self) -> anyhow::Result<usize> {
-        let rows = self.store.claim_deliveries(now_ms(), LEASE_MS, BATCH).await?;
+        let now = now_ms();
+        let held = now + LEASE_MS;
+        let rows = self.store.claim_deliveries(now, LEASE_MS, BATCH).await?;
         let n = rows.len();
         for row in rows {
+            let until = now_ms() + LEASE_MS;
+            let Some(attempts) = self.store.take_delivery(row.id, held, until).await? else {
+                continue;
+            };
             let outcome = self.attempt(&row).await;
-            let now = now_ms();
-            match outcome {
+            let at = now_ms();
+            let attempted = match &outcome {
                 Attempt::Delivered(status) => {
                     metrics::counter!("latchkey_webhook_deliveries_total", "result" => "delivered")
                         .increment(1);
-                    self.store
-                        .delivery_attempted(row.id, now, Some(status.into()), None, None, false)
-                        .await?;
+                    Attempted {
+                        at,
+                        status: Some((*status).into()),
+                        error: None,
+                        next: None,
+                        dead: false,
+                    }
                 }
                 Attempt::Failed { status, error } => {
-                    let dead = row.attempts >= self.settings.max_attempts;
+                    let dead = attempts >= self.settings.max_attempts;
                     let result = if dead { "dead" } else { "failed" };
                     metrics::counter!("latchkey_webhook_deliveries_total", "result" => result).increment(1);
                     tracing::warn!(
                         delivery = row.id,
                         webhook = %row.webhook_id,
-                        attempts = row.attempts,
+                        attempts,
                         error = %error,
                         dead,
                         "webhook delivery failed"
                     );
                     let base = self.settings.retry_base.as_millis() as i64;
-                    let backoff = (base << (row.attempts - 1).clamp(0, 30)).min(MAX_BACKOFF_MS);
-                    let next = (!dead).then_some(now + backoff);
-                    self.store
-                        .delivery_attempted(row.id, now, status.map(i32::from), Some(&error), next, dead)
-                        .await?;
+                    let backoff = (base << (attempts - 1).clamp(0, 30)).min(MAX_BACKOFF_MS);
+                    Attempted {
+                        at,
+                        status: status.map(i32::from),
+                        error: Some(error),
+                        next: (!dead).then_some(at + backoff),
+                        dead,
+                    }
                 }
-            }
+            };
+            self.store.delivery_attempted(row.id, until, &attempted).await?;
         }
         Ok(n)
     }

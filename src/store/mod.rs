@@ -39,7 +39,7 @@ pub use settings::{DatabaseConfig, DatabaseUrl};
 pub use users::{
     CodeMail, EmailChange, ImportOutcome, ImportedUser, NewUser, RegisterOutcome, UserFilter, UserRecord,
 };
-pub use webhooks::{DeliveryRecord, DeliveryRow, WebhookRecord};
+pub use webhooks::{Attempted, DeliveryRecord, DeliveryRow, WebhookRecord};
 
 use std::future::Future;
 use std::str::FromStr;

@@ -30,13 +30,24 @@ fn webhook(r: WebhookRow) -> WebhookRecord {
     }
 }
 
-/// A claimed delivery: which event goes to which webhook, the how-many-th time.
+/// A claimed delivery: which event goes to which webhook. Its attempt is
+/// counted when the worker takes it ([`Store::take_delivery`]).
 #[derive(Clone, Debug)]
 pub struct DeliveryRow {
     pub id: i64,
     pub webhook_id: String,
     pub event_id: i64,
-    pub attempts: i32,
+}
+
+/// What an attempt on a delivery came to: delivered (`error` None), to be
+/// retried at `next`, or given up (`dead`).
+#[derive(Clone, Debug)]
+pub struct Attempted<'a> {
+    pub at: i64,
+    pub status: Option<i32>,
+    pub error: Option<&'a str>,
+    pub next: Option<i64>,
+    pub dead: bool,
 }
 
 /// A delivery as its history shows it.
@@ -110,10 +121,15 @@ impl Store {
         })
     }
 
-    /// Claims up to `limit` due deliveries for `lease_ms` (PostgreSQL skips
-    /// rows other instances hold; SQLite has one writer). Deliberately the
-    /// lease of the mail outbox (`store/outbox.rs`) on another table: the
-    /// two queues keep different columns and are read by different workers.
+    /// Claims up to `limit` due deliveries until `now + lease_ms` (PostgreSQL
+    /// skips rows other instances hold; SQLite has one writer). The claim's
+    /// value, `claimed_until`, is how the worker knows the row is still its
+    /// own: each later step ([`Store::take_delivery`],
+    /// [`Store::delivery_attempted`]) applies only where it is unchanged, so
+    /// a worker whose claim ran out, and another instance took the row,
+    /// touches nothing. The lease of the mail outbox (`store/outbox.rs`) on
+    /// another table: the two queues keep different columns and are read by
+    /// different workers.
     pub async fn claim_deliveries(
         &self,
         now: i64,
@@ -122,10 +138,10 @@ impl Store {
     ) -> StoreResult<Vec<DeliveryRow>> {
         const DUE: &str = "SELECT id FROM webhook_deliveries WHERE delivered_at IS NULL AND dead_at IS NULL \
              AND next_attempt_at <= $1 AND (claimed_until IS NULL OR claimed_until < $1) ORDER BY id LIMIT $3";
-        let rows: Vec<(i64, String, i64, i32)> = db_op!(self, "claim_deliveries",
+        let rows: Vec<(i64, String, i64)> = db_op!(self, "claim_deliveries",
             sqlite conn => Ok(sqlx::query_as(&format!(
-                "UPDATE webhook_deliveries SET claimed_until = $2, attempts = attempts + 1 WHERE id IN ({DUE}) \
-                 RETURNING id, webhook_id, event_id, attempts"
+                "UPDATE webhook_deliveries SET claimed_until = $2 WHERE id IN ({DUE}) \
+                 RETURNING id, webhook_id, event_id"
             ))
             .bind(now)
             .bind(now + lease_ms)
@@ -133,8 +149,8 @@ impl Store {
             .fetch_all(&mut *conn)
             .await?),
             postgres conn => Ok(sqlx::query_as(&format!(
-                "UPDATE webhook_deliveries SET claimed_until = $2, attempts = attempts + 1 WHERE id IN ({DUE} \
-                 FOR UPDATE SKIP LOCKED) RETURNING id, webhook_id, event_id, attempts"
+                "UPDATE webhook_deliveries SET claimed_until = $2 WHERE id IN ({DUE} \
+                 FOR UPDATE SKIP LOCKED) RETURNING id, webhook_id, event_id"
             ))
             .bind(now)
             .bind(now + lease_ms)
@@ -148,37 +164,46 @@ impl Store {
                 id: r.0,
                 webhook_id: r.1,
                 event_id: r.2,
-                attempts: r.3,
             })
             .collect();
         rows.sort_by_key(|r| r.id);
         Ok(rows)
     }
 
-    /// Records the outcome of an attempt: delivered (`next` None, `dead`
-    /// false), to be retried at `next`, or given up (`dead`).
-    pub async fn delivery_attempted(
-        &self,
-        id: i64,
-        now: i64,
-        status: Option<i32>,
-        error: Option<&str>,
-        next: Option<i64>,
-        dead: bool,
-    ) -> StoreResult<()> {
+    /// Takes a claimed delivery for its attempt: its claim, still `held`,
+    /// moves to `until`, and the attempt is counted. The attempts made so
+    /// far, this one included, or `None` if the claim is no longer `held`
+    /// (it ran out and another instance took the row: that one sends it).
+    pub async fn take_delivery(&self, id: i64, held: i64, until: i64) -> StoreResult<Option<i32>> {
+        db_op!(self, "take_delivery", conn => Ok(sqlx::query_scalar(
+            "UPDATE webhook_deliveries SET claimed_until = $3, attempts = attempts + 1 \
+             WHERE id = $1 AND claimed_until = $2 AND delivered_at IS NULL AND dead_at IS NULL \
+             RETURNING attempts",
+        )
+        .bind(id)
+        .bind(held)
+        .bind(until)
+        .fetch_optional(&mut *conn)
+        .await?))
+    }
+
+    /// Records an attempt on a delivery whose claim is still `held`. A claim
+    /// no longer held changes nothing.
+    pub async fn delivery_attempted(&self, id: i64, held: i64, a: &Attempted<'_>) -> StoreResult<()> {
         db_op!(self, "delivery_attempted", conn => {
             sqlx::query(
                 "UPDATE webhook_deliveries SET claimed_until = NULL, last_status = $3, last_error = $4, \
                  delivered_at = CASE WHEN $4 IS NULL THEN $2 ELSE NULL END, \
                  next_attempt_at = COALESCE($5, next_attempt_at), \
-                 dead_at = CASE WHEN $6 THEN $2 ELSE NULL END WHERE id = $1",
+                 dead_at = CASE WHEN $6 THEN $2 ELSE NULL END WHERE id = $1 AND claimed_until = $7",
             )
             .bind(id)
-            .bind(now)
-            .bind(status)
-            .bind(error)
-            .bind(next)
-            .bind(dead)
+            .bind(a.at)
+            .bind(a.status)
+            .bind(a.error)
+            .bind(a.next)
+            .bind(a.dead)
+            .bind(held)
             .execute(&mut *conn)
             .await?;
             Ok(())

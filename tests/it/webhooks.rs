@@ -39,6 +39,89 @@ mod dead {
     }
 }
 
+mod claims {
+    // A receiver that is never there, retried soon: the delivery stays due.
+    crate::on_every_backend!(
+        settings = &[("webhook_retry_base_ms", "200"), ("webhook_allow_private_addresses", "true")];
+        a_worker_whose_claim_ran_out_never_touches_the_new_holders_delivery,
+    );
+
+    async fn a_worker_whose_claim_ran_out_never_touches_the_new_holders_delivery(
+        app: &crate::common::TestApp,
+    ) {
+        super::lapsed_claim(app).await;
+    }
+}
+
+/// A worker whose claim on a delivery ran out, and another instance took
+/// the delivery, neither takes it for an attempt nor records an outcome on
+/// it (else both would send it).
+async fn lapsed_claim(app: &TestApp) {
+    use latchkey::store::Attempted;
+    let admin = admin_token(app).await;
+    let r = app
+        .http
+        .post(app.url("/admin/webhooks"))
+        .bearer_auth(&admin)
+        .json(
+            &json!({"url": format!("http://127.0.0.1:{}/never", free_port()), "kinds": ["user.registered"]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    app.register(&unique_email("hooks-claim"), PASSWORD).await;
+    let store = &app.services.store;
+    // Claimed as a worker would, a minute from now: due by then, and past
+    // any claim the service's own worker holds now. (PostgreSQL skips a row
+    // the service's worker is updating just then: try again.)
+    let at = latchkey::clock::now_ms() + 60_000;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let id = loop {
+        if let Some(row) = store.claim_deliveries(at, 30_000, 20).await.unwrap().first() {
+            break row.id;
+        }
+        assert!(Instant::now() < deadline, "the delivery never became due");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let held = at + 30_000;
+    let until = held + 1_000;
+    let attempts = store.take_delivery(id, held, until).await.unwrap();
+    assert!(attempts.is_some_and(|n| n >= 1), "a claim still held is taken");
+
+    // The claim ran out and another instance took the delivery.
+    let theirs = until + 123_456;
+    app.sql(&format!(
+        "UPDATE webhook_deliveries SET claimed_until = {theirs} WHERE id = {id}"
+    ))
+    .await;
+    assert_eq!(store.take_delivery(id, until, until + 2_000).await.unwrap(), None);
+    let delivered = Attempted {
+        at,
+        status: Some(200),
+        error: None,
+        next: None,
+        dead: false,
+    };
+    store.delivery_attempted(id, until, &delivered).await.unwrap();
+    let given_up = Attempted {
+        error: Some("given up"),
+        status: None,
+        dead: true,
+        ..delivered
+    };
+    store.delivery_attempted(id, until, &given_up).await.unwrap();
+    let query = format!(
+        "SELECT claimed_until FROM webhook_deliveries WHERE id = {id} \
+         AND delivered_at IS NULL AND dead_at IS NULL"
+    );
+    assert_eq!(
+        app.count(&query).await,
+        theirs,
+        "the new holder's claim is intact"
+    );
+}
+
 /// A receiver that is never there: the delivery is dead after the last
 /// attempt, and the history keeps it with its error.
 async fn dead_letters(app: &TestApp) {
