@@ -5,8 +5,9 @@
 //!  change + event + one delivery row per webhook that asks  (one transaction)
 //!        |
 //!  DeliveryWorker: claim due rows with a lease (a batch of 20)
-//!        each in turn: take it if the claim is still ours (the lease
-//!        restarts, the attempt is counted) --> POST url, signed
+//!        each in turn: read it (webhook, event, signed request), then
+//!        take it if the claim is still ours (the lease restarts, the
+//!        attempt is counted) --> POST url, signed
 //!        2xx: delivered (kept as history)
 //!        else: attempts < max ? retry at base * 2^(attempts-1) (at most 1 h)
 //!                             : dead (kept, counted)
@@ -16,8 +17,10 @@
 //! At-least-once: a crash between the POST and the bookkeeping sends the
 //! event again after the lease (30 s). An instance whose claim on a
 //! delivery ran out, and that another instance took, neither sends nor
-//! records it; the one attempt in flight when its claim runs out (more than
-//! a lease for two lookups and a POST bounded by 10 s) can go out twice.
+//! records it. A delivery is read before it is taken, so only its POST
+//! (cut at 10 s) and the write of its outcome run on its lease: it goes out
+//! twice only if that write, or the take itself, is held up by the database
+//! for about 20 s, or if the instances' clocks are that far apart.
 //! `webhook-id` (`msg_<event id>`) is the same on every attempt, for the
 //! receiver to drop duplicates. Headers:
 //! `webhook-id`, `webhook-timestamp` (Unix seconds of the attempt),
@@ -39,11 +42,12 @@ use crate::clock::{now_ms, rfc3339};
 use crate::crypto::{random_bytes, Sealer};
 use crate::lifecycle::Shutdown;
 use crate::settings::{millis, number, ConfigError, Source};
-use crate::store::{Attempted, DeliveryRow, EventRecord, Store};
+use crate::store::{Attempted, DeliveryRow, EventRecord, Store, StoreResult};
 
-/// How long a claim on a delivery lasts: what one attempt may take (the
-/// POST's `TIMEOUT` and two lookups) with room to spare. A delivery claimed
-/// by an instance that died goes out from another once it runs out.
+/// How long a claim on a delivery lasts once the delivery is taken for its
+/// attempt: the POST (`TIMEOUT`) and the write of its outcome, with 20 s to
+/// spare. A delivery claimed by an instance that died goes out from
+/// another once it runs out.
 const LEASE_MS: i64 = 30_000;
 const BATCH: i64 = 20;
 const POLL: Duration = Duration::from_secs(1);
@@ -234,6 +238,8 @@ type HttpsClient = Client<
     Full<Bytes>,
 >;
 
+type Request = hyper::Request<Full<Bytes>>;
+
 pub struct DeliveryWorker {
     store: Store,
     sealer: Arc<Sealer>,
@@ -292,93 +298,111 @@ impl DeliveryWorker {
 
     /// Delivers one batch; returns how many were claimed.
     ///
-    /// Each row is taken for its attempt only while the batch's claim on it
-    /// is still held, and its claim then runs a lease from that moment: an
-    /// attempt (two lookups and a POST bounded by `TIMEOUT`) fits in a
-    /// lease, however long the rows before it took. A row whose claim ran
-    /// out while it waited its turn, and that another instance took, is left
-    /// to that instance.
+    /// Each row is read first (its webhook and event, the signed request),
+    /// then taken for its attempt only while the batch's claim on it is
+    /// still held; its claim then runs a lease from that moment, and only
+    /// the POST, bounded by `TIMEOUT`, runs on it, however long the rows
+    /// before it took. A row whose claim ran out while it waited its turn,
+    /// and that another instance took, is left to that instance; one that
+    /// could not be read is left to its claim's end, and tried again then.
     pub async fn deliver_batch(&self) -> anyhow::Result<usize> {
         let now = now_ms();
         let held = now + LEASE_MS;
         let rows = self.store.claim_deliveries(now, LEASE_MS, BATCH).await?;
         let n = rows.len();
         for row in rows {
+            let request = match self.prepare(&row).await {
+                Ok(request) => request,
+                Err(e) => {
+                    tracing::warn!(delivery = row.id, error = %e,
+                        "webhooks: reading a delivery failed; it is tried again when its claim runs out");
+                    continue;
+                }
+            };
             let until = now_ms() + LEASE_MS;
             let Some(attempts) = self.store.take_delivery(row.id, held, until).await? else {
                 continue;
             };
-            let outcome = self.attempt(&row).await;
+            let outcome = match request {
+                Ok(request) => self.send(request).await,
+                Err(error) => Attempt::Failed { status: None, error },
+            };
             let at = now_ms();
-            let attempted = match &outcome {
-                Attempt::Delivered(status) => {
-                    metrics::counter!("latchkey_webhook_deliveries_total", "result" => "delivered")
-                        .increment(1);
+            let (attempted, result) = match &outcome {
+                Attempt::Delivered(status) => (
                     Attempted {
                         at,
                         status: Some((*status).into()),
                         error: None,
                         next: None,
                         dead: false,
-                    }
-                }
+                    },
+                    "delivered",
+                ),
                 Attempt::Failed { status, error } => {
                     let dead = attempts >= self.settings.max_attempts;
-                    let result = if dead { "dead" } else { "failed" };
-                    metrics::counter!("latchkey_webhook_deliveries_total", "result" => result).increment(1);
-                    tracing::warn!(
-                        delivery = row.id,
-                        webhook = %row.webhook_id,
-                        attempts,
-                        error = %error,
-                        dead,
-                        "webhook delivery failed"
-                    );
                     let base = self.settings.retry_base.as_millis() as i64;
                     let backoff = (base << (attempts - 1).clamp(0, 30)).min(MAX_BACKOFF_MS);
-                    Attempted {
+                    let attempted = Attempted {
                         at,
                         status: status.map(i32::from),
                         error: Some(error),
                         next: (!dead).then_some(at + backoff),
                         dead,
-                    }
+                    };
+                    (attempted, if dead { "dead" } else { "failed" })
                 }
             };
-            self.store.delivery_attempted(row.id, until, &attempted).await?;
+            if !self.store.delivery_attempted(row.id, until, &attempted).await? {
+                // The claim ran out during the attempt and another instance
+                // took the delivery: its outcome is that instance's to record.
+                tracing::warn!(
+                    delivery = row.id,
+                    "webhooks: the claim ran out during the attempt"
+                );
+                continue;
+            }
+            metrics::counter!("latchkey_webhook_deliveries_total", "result" => result).increment(1);
+            if let Some(error) = attempted.error {
+                tracing::warn!(
+                    delivery = row.id,
+                    webhook = %row.webhook_id,
+                    attempts,
+                    error = %error,
+                    dead = attempted.dead,
+                    "webhook delivery failed"
+                );
+            }
         }
         Ok(n)
     }
 
-    async fn attempt(&self, row: &DeliveryRow) -> Attempt {
-        let failed = |error: String| Attempt::Failed { status: None, error };
-        let webhook = match self.store.webhook(&row.webhook_id).await {
-            Ok(Some(w)) => w,
-            Ok(None) => return failed("the webhook was removed".into()),
-            Err(e) => return failed(format!("database: {e}")),
+    /// The signed request of a delivery, or why it cannot be sent (a
+    /// failed attempt); a database error is the caller's to retry.
+    async fn prepare(&self, row: &DeliveryRow) -> StoreResult<Result<Request, String>> {
+        let Some(webhook) = self.store.webhook(&row.webhook_id).await? else {
+            return Ok(Err("the webhook was removed".into()));
         };
-        let event = match self.store.event(row.event_id).await {
-            Ok(Some(e)) => e,
-            Ok(None) => return failed("the event is gone (retention)".into()),
-            Err(e) => return failed(format!("database: {e}")),
+        let Some(event) = self.store.event(row.event_id).await? else {
+            return Ok(Err("the event is gone (retention)".into()));
         };
         let Some(secret) = open_secret(&webhook.secret, &self.sealer) else {
-            return failed("the secret cannot be unsealed (secret key changed?)".into());
+            return Ok(Err("the secret cannot be unsealed (secret key changed?)".into()));
         };
         // An address literal never reaches the resolver: checked here.
         match url::Url::parse(&webhook.url) {
             Ok(u) => {
                 if let Err(why) = refuse_private_host(&u, self.settings.allow_private) {
-                    return failed(why);
+                    return Ok(Err(why));
                 }
             }
-            Err(e) => return failed(format!("url: {e}")),
+            Err(e) => return Ok(Err(format!("url: {e}"))),
         }
         let body = payload(&event);
         let id = format!("msg_{}", event.id);
         let timestamp = now_ms() / 1000;
         let Some(sig) = signature(&secret, &id, timestamp, &body) else {
-            return failed("the secret is not base64".into());
+            return Ok(Err("the secret is not base64".into()));
         };
         let request = hyper::Request::post(webhook.url.as_str())
             .header(hyper::header::CONTENT_TYPE, "application/json")
@@ -390,10 +414,13 @@ impl DeliveryWorker {
             .header("webhook-timestamp", timestamp.to_string())
             .header("webhook-signature", sig)
             .body(Full::new(Bytes::from(body)));
-        let request = match request {
-            Ok(r) => r,
-            Err(e) => return failed(format!("request: {e}")),
-        };
+        Ok(request.map_err(|e| format!("request: {e}")))
+    }
+
+    /// The POST, within `TIMEOUT` (name resolution, connect, TLS and the
+    /// answer's body included).
+    async fn send(&self, request: Request) -> Attempt {
+        let failed = |error: String| Attempt::Failed { status: None, error };
         let exchange = async {
             let response = self.client.request(request).await.map_err(|e| error_chain(&e))?;
             let status = response.status().as_u16();

@@ -187,11 +187,11 @@ impl Store {
         .await?))
     }
 
-    /// Records an attempt on a delivery whose claim is still `held`. A claim
-    /// no longer held changes nothing.
-    pub async fn delivery_attempted(&self, id: i64, held: i64, a: &Attempted<'_>) -> StoreResult<()> {
+    /// Records an attempt on a delivery whose claim is still `held`: `true`.
+    /// A claim no longer held changes nothing: `false`.
+    pub async fn delivery_attempted(&self, id: i64, held: i64, a: &Attempted<'_>) -> StoreResult<bool> {
         db_op!(self, "delivery_attempted", conn => {
-            sqlx::query(
+            let n = sqlx::query(
                 "UPDATE webhook_deliveries SET claimed_until = NULL, last_status = $3, last_error = $4, \
                  delivered_at = CASE WHEN $4 IS NULL THEN $2 ELSE NULL END, \
                  next_attempt_at = COALESCE($5, next_attempt_at), \
@@ -205,8 +205,9 @@ impl Store {
             .bind(a.dead)
             .bind(held)
             .execute(&mut *conn)
-            .await?;
-            Ok(())
+            .await?
+            .rows_affected();
+            Ok(n == 1)
         })
     }
 

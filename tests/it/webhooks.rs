@@ -59,17 +59,7 @@ mod claims {
 async fn lapsed_claim(app: &TestApp) {
     use latchkey::store::Attempted;
     let admin = admin_token(app).await;
-    let r = app
-        .http
-        .post(app.url("/admin/webhooks"))
-        .bearer_auth(&admin)
-        .json(
-            &json!({"url": format!("http://127.0.0.1:{}/never", free_port()), "kinds": ["user.registered"]}),
-        )
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 201);
+    hook_to_nowhere(app, &admin).await;
     app.register(&unique_email("hooks-claim"), PASSWORD).await;
     let store = &app.services.store;
     // Claimed as a worker would, a minute from now: due by then, and past
@@ -95,7 +85,14 @@ async fn lapsed_claim(app: &TestApp) {
         "UPDATE webhook_deliveries SET claimed_until = {theirs} WHERE id = {id}"
     ))
     .await;
+    let attempts = format!("SELECT CAST(attempts AS BIGINT) FROM webhook_deliveries WHERE id = {id}");
+    let before = app.count(&attempts).await;
     assert_eq!(store.take_delivery(id, until, until + 2_000).await.unwrap(), None);
+    assert_eq!(
+        app.count(&attempts).await,
+        before,
+        "a refused take counts no attempt"
+    );
     let delivered = Attempted {
         at,
         status: Some(200),
@@ -103,14 +100,14 @@ async fn lapsed_claim(app: &TestApp) {
         next: None,
         dead: false,
     };
-    store.delivery_attempted(id, until, &delivered).await.unwrap();
+    assert!(!store.delivery_attempted(id, until, &delivered).await.unwrap());
     let given_up = Attempted {
         error: Some("given up"),
         status: None,
         dead: true,
         ..delivered
     };
-    store.delivery_attempted(id, until, &given_up).await.unwrap();
+    assert!(!store.delivery_attempted(id, until, &given_up).await.unwrap());
     let query = format!(
         "SELECT claimed_until FROM webhook_deliveries WHERE id = {id} \
          AND delivered_at IS NULL AND dead_at IS NULL"
@@ -126,17 +123,7 @@ async fn lapsed_claim(app: &TestApp) {
 /// attempt, and the history keeps it with its error.
 async fn dead_letters(app: &TestApp) {
     let admin = admin_token(app).await;
-    let r = app
-        .http
-        .post(app.url("/admin/webhooks"))
-        .bearer_auth(&admin)
-        .json(
-            &json!({"url": format!("http://127.0.0.1:{}/never", free_port()), "kinds": ["user.registered"]}),
-        )
-        .send()
-        .await
-        .unwrap();
-    let hook: Value = r.json().await.unwrap();
+    let hook = hook_to_nowhere(app, &admin).await;
     app.register(&unique_email("hooks-dead"), PASSWORD).await;
     let id = hook["id"].as_str().unwrap();
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -273,6 +260,22 @@ async fn ssrf(app: &TestApp) {
     assert!(delivery["last_status"].is_null(), "{delivery}");
     assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 0);
     accepting.abort();
+}
+
+/// A webhook for `user.registered` at an address where nothing listens.
+async fn hook_to_nowhere(app: &TestApp, admin: &str) -> Value {
+    let r = app
+        .http
+        .post(app.url("/admin/webhooks"))
+        .bearer_auth(admin)
+        .json(
+            &json!({"url": format!("http://127.0.0.1:{}/never", free_port()), "kinds": ["user.registered"]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    r.json().await.unwrap()
 }
 
 async fn admin_token(app: &TestApp) -> String {
