@@ -54,9 +54,17 @@ LUA = ROOT / "loadtest" / "wrk" / "validate.lua"
 # build before that pass read 0.82-0.85 live, so the live floor catches a
 # return of most of what the pass removed. Since the connection watch
 # (src/http/connections.rs, against slow and idle clients) the live share
-# reads 0.865-0.876 (three runs the same hour), so the floor is 0.82.
-LIVE_FLOOR = 0.82
-VALIDATE_FLOOR = 0.70
+# reads 0.865-0.876 (three runs the same hour), so the floor was 0.82.
+# On 2026-11-26 the machine was an Intel host where it had been an AMD one:
+# there the same code read 0.79-0.82 live and 0.645-0.688 validate, and the
+# code before the overhead work (ae6832e) 0.690 and 0.564 in the same run
+# (loadtest/results/2026-11-26-0214-overhead-intel-host). The floors below
+# catch a return of that work on this host; on the AMD host, where that
+# code read 0.80 live, they catch only a larger regression. A gate that
+# measured a build of a fixed older commit in the same run would hold on
+# any host, at the price of a second release build in CI.
+LIVE_FLOOR = 0.75
+VALIDATE_FLOOR = 0.60
 # Memory under this load (docs/performance.md, "Memory and start-up").
 PEAK_RSS_LIMIT_MIB = 128
 
