@@ -181,10 +181,8 @@ impl<DB: Database> Pool<DB> {
         if !clean || conn.handovers >= MAX_HANDOVERS || self.sqlx.is_closed() {
             return; // dropped: sqlx takes it back
         }
-        let mut conn = Conn {
-            inner: conn.inner,
-            handovers: conn.handovers + 1,
-        };
+        let mut conn = conn;
+        conn.handovers += 1;
         loop {
             let slot = self.waiting.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
             let Some(slot) = slot else { return };
