@@ -135,6 +135,8 @@ pub struct ServerKeys {
     pub signing_keys: Sealer,
     /// Sealing of TOTP secrets at rest.
     pub factors: Sealer,
+    /// The tag of the session id a refresh token carries.
+    pub refresh_tokens: MacKey,
     /// A value that names the master secret without revealing it: stored in
     /// the database by the first instance, compared by every later one.
     pub secret_check: [u8; 32],
@@ -148,6 +150,7 @@ impl ServerKeys {
             outbox: Sealer::new(&root.mac(&[b"latchkey/outbox/v1"])),
             signing_keys: Sealer::new(&root.mac(&[b"latchkey/signing-keys/v1"])),
             factors: Sealer::new(&root.mac(&[b"latchkey/factors/v1"])),
+            refresh_tokens: MacKey::new(&root.mac(&[b"latchkey/refresh-tokens/v1"])),
             secret_check: root.mac(&[b"latchkey/secret-check/v1"]),
         }
     }

@@ -15,6 +15,7 @@ use crate::domain::credcache::CredentialCache;
 use crate::domain::hashing::HashPool;
 use crate::domain::mfa::Mfa;
 use crate::domain::ops::Operations;
+use crate::domain::refresh::RefreshTokens;
 use crate::domain::tokens::{Issuer, LEEWAY_SECS};
 use crate::http::{ApiState, AppState};
 use crate::limits::{BruteForce, Limiter, Softlocks};
@@ -66,6 +67,7 @@ impl Services {
             outbox,
             signing_keys,
             factors,
+            refresh_tokens,
             secret_check,
         } = ServerKeys::derive(&master);
         check_master_secret(&store, &secret_check, &signing_keys).await?;
@@ -116,6 +118,7 @@ impl Services {
             mail_wake: mail_wake.clone(),
             refresh_ttl: config.accounts.refresh_ttl,
             refresh_grace: config.accounts.refresh_grace,
+            refresh_tokens: RefreshTokens::new(refresh_tokens),
             webhook_allow_private: config.webhooks.allow_private,
             mfa: Mfa::new(config.mfa.clone(), factors)?,
         });

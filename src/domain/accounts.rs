@@ -14,23 +14,28 @@ use super::codes::{self, CodeState, CodeVerdict, CODE_TTL_MS, MAX_FAILURES, RESE
 use super::credcache::{CredentialCache, CredentialCacheSettings};
 use super::hashing::HashPool;
 use super::input::{Code, Email, Password};
-use super::refresh::{self, RefreshDecision, RefreshState};
+use super::refresh::{self, RefreshDecision, RefreshState, RefreshTokens};
 use super::tokens::{Authn, Issuer, Subject, Verified};
 use super::AuthError;
 use crate::cache::{Revocations, UserCache};
 use crate::clock::now_ms;
 pub use crate::clock::{parse_rfc3339, rfc3339};
-use crate::crypto::{ct_eq, random_bytes, random_code, random_token, sha256, MacKey, Sealer};
+use crate::crypto::{ct_eq, random_bytes, random_code, sha256, MacKey, Sealer};
 use crate::limits::{BruteForce, BruteForceRules, Limiter, PolicyName, Softlocks};
 use crate::mail::Message;
 use crate::settings::{secs, ConfigError, Source};
 use crate::store::{
-    ClientRecord, Event, KeepSessions, NewCode, NewSession, Purpose, RegisterOutcome, SessionRecord,
-    SessionStart, Store, UserRecord, UNUSABLE_PASSWORD,
+    ClientRecord, Event, KeepSessions, LiveRotation, NewCode, NewSession, Purpose, RefreshRecord,
+    RegisterOutcome, SessionRecord, SessionStart, Store, UserRecord, UNUSABLE_PASSWORD,
 };
 
 /// The `client_id` claim of tokens issued through the first-party endpoints.
 pub const FIRST_PARTY_CLIENT: &str = "latchkey";
+
+/// The `client_id` claim of the tokens of a refresh token's session.
+fn client_name(rec: &RefreshRecord) -> &str {
+    rec.client_id.as_deref().unwrap_or(FIRST_PARTY_CLIENT)
+}
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct TokenPair {
@@ -169,6 +174,8 @@ pub struct Accounts {
     pub mail_wake: Arc<Notify>,
     pub refresh_ttl: Duration,
     pub refresh_grace: Duration,
+    /// The form of refresh tokens: each names its session.
+    pub refresh_tokens: RefreshTokens,
     /// Whether webhooks may be registered at non-public addresses.
     pub webhook_allow_private: bool,
     /// Second factors: the WebAuthn relying party, TOTP secrets' sealing.
@@ -685,35 +692,71 @@ impl Accounts {
 
     pub async fn refresh(&self, token: &str, client_id: Option<&str>) -> Result<TokenPair, AuthError> {
         let hash = sha256(token.as_bytes());
-        let Some(rec) = self.store.refresh_token(&hash).await? else {
-            return Err(AuthError::InvalidToken);
-        };
-        // A session belongs to the client that started it: first-party
-        // sessions refresh at /auth/refresh (`None`), an OAuth client's only
-        // at /oauth/token with that client's authentication.
-        if rec.client_id.as_deref() != client_id {
-            return Err(AuthError::InvalidToken);
-        }
-        self.limiter
-            .check(PolicyName::RefreshSession, &rec.session_id)
-            .await?;
         let grace = self.refresh_grace.as_millis() as i64;
-        let state = |r: &crate::store::RefreshRecord| RefreshState::from(r);
-        let client = rec
-            .client_id
-            .clone()
-            .unwrap_or_else(|| FIRST_PARTY_CLIENT.to_string());
-        let mut decision = refresh::decide(state(&rec), now_ms(), grace);
+        let state = |r: &RefreshRecord| RefreshState::from(r);
+        let now = now_ms();
+        let rec = match self.refresh_tokens.session_of(token, client_id) {
+            // The token names its session: that session's limit first, then
+            // the lookup and a rotation in one statement. What it did not
+            // rotate is decided below, as for any other token.
+            // A session belongs to the client that started it: first-party
+            // sessions refresh at /auth/refresh (`None`), an OAuth client's
+            // only at /oauth/token with that client's authentication. The
+            // tag names the client too, so a token presented by another
+            // client takes the lookup below and spends no limit.
+            Some(session_id) => {
+                self.limiter
+                    .check(PolicyName::RefreshSession, &session_id)
+                    .await?;
+                let next = self.refresh_tokens.mint(&session_id, client_id);
+                let successor = Sealer::from_token(token, "successor").seal(next.as_bytes(), &hash);
+                let asked = LiveRotation {
+                    old: &hash,
+                    new: &sha256(next.as_bytes()),
+                    successor: &successor,
+                    session_id: &session_id,
+                    client_id,
+                    now,
+                };
+                let Some((rec, rotated)) = self.store.rotate_live_refresh(&asked).await? else {
+                    return Err(AuthError::InvalidToken);
+                };
+                if rec.session_id != session_id || rec.client_id.as_deref() != client_id {
+                    return Err(AuthError::InvalidToken);
+                }
+                if rotated {
+                    return self.refreshed_pair(&rec, next);
+                }
+                rec
+            }
+            // A token of another form (issued before tokens named their
+            // session): the lookup tells its session.
+            None => {
+                let Some(rec) = self.store.refresh_token(&hash).await? else {
+                    return Err(AuthError::InvalidToken);
+                };
+                if rec.client_id.as_deref() != client_id {
+                    return Err(AuthError::InvalidToken);
+                }
+                self.limiter
+                    .check(PolicyName::RefreshSession, &rec.session_id)
+                    .await?;
+                rec
+            }
+        };
+        let mut decision = refresh::decide(state(&rec), now, grace);
         let mut rec = rec;
         if decision == RefreshDecision::Rotate {
-            let next = random_token();
+            let next = self
+                .refresh_tokens
+                .mint(&rec.session_id, rec.client_id.as_deref());
             let successor = Sealer::from_token(token, "successor").seal(next.as_bytes(), &hash);
             if self
                 .store
                 .rotate_refresh(&hash, &sha256(next.as_bytes()), &successor, now_ms())
                 .await?
             {
-                return self.refreshed_pair(&rec, &client, next);
+                return self.refreshed_pair(&rec, next);
             }
             // Another request rotated it first: answer as it did.
             rec = self
@@ -731,7 +774,7 @@ impl Accounts {
                     .and_then(|s| Sealer::from_token(token, "successor").open(s, &hash))
                     .and_then(|b| String::from_utf8(b).ok())
                     .ok_or(AuthError::InvalidToken)?;
-                self.refreshed_pair(&rec, &client, next)
+                self.refreshed_pair(&rec, next)
             }
             RefreshDecision::Reuse => {
                 tracing::warn!(session_id = %rec.session_id, "refresh token reused after rotation: session revoked");
@@ -958,10 +1001,11 @@ impl Accounts {
         authn: Authn,
         second_factor: bool,
     ) -> (SessionDraft, String) {
-        let token = random_token();
+        let id = uuid::Uuid::new_v4().to_string();
+        let token = self.refresh_tokens.mint(&id, client_id);
         let now = now_ms();
         let draft = SessionDraft {
-            id: uuid::Uuid::new_v4().to_string(),
+            id,
             client_id: client_id.map(str::to_string),
             now,
             expires_at: now + self.refresh_ttl.as_millis() as i64,
@@ -993,18 +1037,13 @@ impl Accounts {
     }
 
     /// The pair of a refresh: the session's own authentication carries on.
-    fn refreshed_pair(
-        &self,
-        rec: &crate::store::RefreshRecord,
-        client_id: &str,
-        refresh_token: String,
-    ) -> Result<TokenPair, AuthError> {
+    fn refreshed_pair(&self, rec: &RefreshRecord, refresh_token: String) -> Result<TokenPair, AuthError> {
         let authn = Authn::new(&rec.amr, rec.auth_time);
         let subject = Subject {
             user_id: &rec.user_id,
             email: &rec.email,
             session_id: &rec.session_id,
-            client_id,
+            client_id: client_name(rec),
             authn: &authn,
         };
         self.token_pair(&subject, refresh_token, rec.session_expires_at)

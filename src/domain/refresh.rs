@@ -8,6 +8,13 @@
 //! ```
 //! The grace window absorbs client retries and several tabs refreshing at once;
 //! outside it, a second use means the token leaked, and the whole session dies.
+//!
+//! And what a refresh token carries ([`RefreshTokens`]): its session's id,
+//! under a tag only this service can make, so that the session's rate limit
+//! is checked before the database is asked anything, and the lookup and the
+//! rotation can be one statement.
+
+use crate::crypto::{b64url, b64url_decode, ct_eq, random_bytes, random_token, MacKey};
 
 #[derive(Clone, Copy, Debug)]
 pub struct RefreshState {
@@ -50,6 +57,85 @@ pub fn decide(s: RefreshState, now: i64, grace_ms: i64) -> RefreshDecision {
         Some(t) if now - t <= grace_ms => RefreshDecision::ReturnSuccessor,
         Some(_) => RefreshDecision::Reuse,
     }
+}
+
+/// The form of the refresh tokens this service issues:
+///
+/// ```text
+///   base64url( session id (16 bytes, a UUID) | random (32 bytes) | tag (16 bytes) )   86 characters
+///   tag = first 16 bytes of HMAC-SHA256(refresh-token key, session id, client, random)
+/// ```
+/// The random part is the secret, 256 bits as before; the database keeps the
+/// SHA-256 of the whole token and remains the authority on whether it
+/// refreshes. The tag only vouches that this service wrote the session id
+/// for that client (the OAuth client of the session, or none for a
+/// first-party one), so that neither a token made up by someone who knows a
+/// session id (an access token's `sid`) nor a real token presented where
+/// its client does not refresh (an OAuth client's at `/auth/refresh`) can
+/// spend that session's refresh limit: both are refused as unknown tokens
+/// are. Tokens of another form (issued before this form, or for a session
+/// whose id is not a UUID) still refresh, through a lookup first.
+#[derive(Clone)]
+pub struct RefreshTokens {
+    key: MacKey,
+}
+
+const SID: usize = 16;
+const RANDOM: usize = 32;
+const TAG: usize = 16;
+
+impl RefreshTokens {
+    pub fn new(key: MacKey) -> Self {
+        RefreshTokens { key }
+    }
+
+    fn tag(&self, sid: &[u8], client_id: Option<&str>, random: &[u8]) -> [u8; TAG] {
+        let client = client_id.map_or(&b""[..], str::as_bytes);
+        let mac = self
+            .key
+            .mac(&[sid, &[u8::from(client_id.is_some())], client, random]);
+        let mut tag = [0u8; TAG];
+        tag.copy_from_slice(&mac[..TAG]);
+        tag
+    }
+
+    /// A new refresh token of session `session_id` of client `client_id`.
+    pub fn mint(&self, session_id: &str, client_id: Option<&str>) -> String {
+        let Some(sid) = uuid_bytes(session_id) else {
+            return random_token();
+        };
+        let random = random_bytes::<RANDOM>();
+        let mut raw = [0u8; SID + RANDOM + TAG];
+        raw[..SID].copy_from_slice(&sid);
+        raw[SID..SID + RANDOM].copy_from_slice(&random);
+        raw[SID + RANDOM..].copy_from_slice(&self.tag(&sid, client_id, &random));
+        b64url(&raw)
+    }
+
+    /// The session a token of this service's form names, if its tag checks
+    /// out for `client_id`; `None` for any other string.
+    pub fn session_of(&self, token: &str, client_id: Option<&str>) -> Option<String> {
+        if token.len() != 86 {
+            return None;
+        }
+        let raw = b64url_decode(token)?;
+        if raw.len() != SID + RANDOM + TAG {
+            return None;
+        }
+        let (sid, rest) = raw.split_at(SID);
+        let (random, tag) = rest.split_at(RANDOM);
+        if !ct_eq(&self.tag(sid, client_id, random), tag) {
+            return None;
+        }
+        Some(uuid::Uuid::from_slice(sid).ok()?.to_string())
+    }
+}
+
+/// The 16 bytes of a session id written as `Uuid::to_string` writes them
+/// (only then does the id read back the same).
+fn uuid_bytes(id: &str) -> Option<[u8; 16]> {
+    let u = uuid::Uuid::parse_str(id).ok()?;
+    (u.to_string() == id).then(|| *u.as_bytes())
 }
 
 #[cfg(test)]
@@ -98,5 +184,49 @@ mod tests {
         };
         assert_eq!(decide(s, 5, 0), RefreshDecision::ReturnSuccessor);
         assert_eq!(decide(s, 6, 0), RefreshDecision::Reuse);
+    }
+
+    fn tokens() -> RefreshTokens {
+        RefreshTokens::new(MacKey::new(b"a test key of thirty-two bytes!!"))
+    }
+
+    #[test]
+    fn a_token_names_its_session_and_nothing_else_passes() {
+        let t = tokens();
+        let sid = uuid::Uuid::new_v4().to_string();
+        let token = t.mint(&sid, None);
+        assert_eq!(token.len(), 86);
+        assert_eq!(t.session_of(&token, None).as_deref(), Some(sid.as_str()));
+        assert_ne!(t.mint(&sid, None), token, "the random part differs");
+        // Another key, another client, any changed byte, a legacy token,
+        // garbage: no session.
+        let other = RefreshTokens::new(MacKey::new(b"another key of thirty-two bytes!"));
+        assert_eq!(other.session_of(&token, None), None);
+        assert_eq!(t.session_of(&token, Some("")), None);
+        assert_eq!(t.session_of(&token, Some("app")), None);
+        let of_app = t.mint(&sid, Some("app"));
+        assert_eq!(t.session_of(&of_app, Some("app")).as_deref(), Some(sid.as_str()));
+        assert_eq!(t.session_of(&of_app, None), None);
+        assert_eq!(t.session_of(&of_app, Some("ap")), None);
+        let raw = b64url_decode(&token).unwrap();
+        for i in 0..raw.len() {
+            let mut bad = raw.clone();
+            bad[i] ^= 1;
+            assert_eq!(t.session_of(&b64url(&bad), None), None, "byte {i} changed");
+        }
+        for s in [random_token(), String::new(), "x".repeat(86), format!("{token}=")] {
+            assert_eq!(t.session_of(&s, None), None, "{s}");
+        }
+    }
+
+    #[test]
+    fn a_session_id_that_is_not_a_canonical_uuid_gets_a_random_token() {
+        let t = tokens();
+        let upper = uuid::Uuid::new_v4().to_string().to_uppercase();
+        for id in ["not-a-uuid", upper.as_str()] {
+            let token = t.mint(id, None);
+            assert_eq!(token.len(), 43, "{id}");
+            assert_eq!(t.session_of(&token, None), None, "{id}");
+        }
     }
 }

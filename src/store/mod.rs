@@ -33,7 +33,7 @@ pub use factors::{ChallengeRecord, FactorAdded, FactorChange, FactorRecord};
 pub use keys::KeyRecord;
 pub use outbox::OutboxRow;
 pub use sessions::{
-    KeepSessions, NewSession, RefreshRecord, SessionRecord, SessionStart, MAX_LISTED_SESSIONS,
+    KeepSessions, LiveRotation, NewSession, RefreshRecord, SessionRecord, SessionStart, MAX_LISTED_SESSIONS,
 };
 pub use settings::{DatabaseConfig, DatabaseUrl};
 pub use users::{

@@ -92,6 +92,66 @@ pub struct RefreshRecord {
     pub auth_time: i64,
 }
 
+/// What `rotate_live_refresh` is asked: exchange `old` for `new` (its
+/// hash), storing `successor` (the new token sealed under the old one).
+pub struct LiveRotation<'a> {
+    pub old: &'a [u8],
+    pub new: &'a [u8],
+    pub successor: &'a [u8],
+    pub session_id: &'a str,
+    pub client_id: Option<&'a str>,
+    pub now: i64,
+}
+
+/// The columns of a `RefreshRecord`, from token `r`, session `s` and
+/// account `u` (`refresh_record_from!`). A disabled account's sessions count
+/// as revoked when it was disabled, whatever a login racing the disable
+/// left behind.
+macro_rules! refresh_record {
+    () => {
+        "s.id, s.user_id, u.email, s.client_id, s.expires_at, COALESCE(s.revoked_at, u.disabled_at) AS revoked, \
+         r.rotated_at, r.successor, s.amr, COALESCE(s.auth_time, s.created_at) AS auth_time"
+    };
+}
+
+/// The tables of `refresh_record!`'s columns, the token's hash `$1`.
+macro_rules! refresh_record_from {
+    () => {
+        " FROM refresh_tokens r JOIN sessions s ON s.id = r.session_id JOIN users u ON u.id = s.user_id \
+         WHERE r.token_hash = $1"
+    };
+}
+
+type RefreshRow = (
+    String,
+    String,
+    String,
+    Option<String>,
+    i64,
+    Option<i64>,
+    Option<i64>,
+    Option<Vec<u8>>,
+    String,
+    i64,
+);
+
+impl From<RefreshRow> for RefreshRecord {
+    fn from(r: RefreshRow) -> Self {
+        RefreshRecord {
+            session_id: r.0,
+            user_id: r.1,
+            email: r.2,
+            client_id: r.3,
+            session_expires_at: r.4,
+            session_revoked_at: r.5,
+            rotated_at: r.6,
+            successor: r.7,
+            amr: r.8,
+            auth_time: r.9,
+        }
+    }
+}
+
 pub(super) const INSERT_REFRESH: &str =
     "INSERT INTO refresh_tokens (token_hash, session_id, created_at) VALUES ($1, $2, $3)";
 
@@ -259,6 +319,27 @@ impl Store {
     }
 
     pub async fn refresh_token(&self, token_hash: &[u8]) -> StoreResult<Option<RefreshRecord>> {
+        let row: Option<RefreshRow> = db_op!(self, "refresh_token", conn => Ok(sqlx::query_as(
+            concat!("SELECT ", refresh_record!(), refresh_record_from!()),
+        )
+        .bind(token_hash)
+        .fetch_optional(&mut *conn)
+        .await?))?;
+        Ok(row.map(RefreshRecord::from))
+    }
+
+    /// The refresh token `r.old` and its session as they were, and whether
+    /// this call exchanged it for `r.new`: in one statement, it is exchanged
+    /// only if it is unexchanged, of session `r.session_id` and of client
+    /// `r.client_id`, and that session is neither revoked (nor its account
+    /// disabled) nor expired at `r.now`. `None`: no such token. A token
+    /// that another caller exchanged at the same moment comes back as it
+    /// was before that, unexchanged, and `false`: the caller asks again
+    /// (`refresh_token`) for the winner's successor.
+    pub async fn rotate_live_refresh(
+        &self,
+        r: &LiveRotation<'_>,
+    ) -> StoreResult<Option<(RefreshRecord, bool)>> {
         type Row = (
             String,
             String,
@@ -270,29 +351,64 @@ impl Store {
             Option<Vec<u8>>,
             String,
             i64,
+            bool,
         );
-        let row: Option<Row> = db_op!(self, "refresh_token", conn => Ok(sqlx::query_as(
-            // A disabled account's sessions count as revoked when it was
-            // disabled, whatever a login racing the disable left behind.
-            "SELECT s.id, s.user_id, u.email, s.client_id, s.expires_at, COALESCE(s.revoked_at, u.disabled_at), \
-             r.rotated_at, r.successor, s.amr, COALESCE(s.auth_time, s.created_at) \
-             FROM refresh_tokens r JOIN sessions s ON s.id = r.session_id JOIN users u ON u.id = s.user_id \
-             WHERE r.token_hash = $1",
-        )
-        .bind(token_hash)
-        .fetch_optional(&mut *conn)
-        .await?))?;
-        Ok(row.map(|r| RefreshRecord {
-            session_id: r.0,
-            user_id: r.1,
-            email: r.2,
-            client_id: r.3,
-            session_expires_at: r.4,
-            session_revoked_at: r.5,
-            rotated_at: r.6,
-            successor: r.7,
-            amr: r.8,
-            auth_time: r.9,
+        let row: Option<Row> = db_op!(self, "rotate_live_refresh",
+            // Two statements in one trip to SQLite's worker thread (its one
+            // connection runs nothing in between): `rotate_refresh`'s
+            // exchange, under the conditions above, then the record as it
+            // is now, with whether this call's successor is on it.
+            sqlite conn => Ok(sqlx::query_as(concat!(
+                "WITH live AS (SELECT r.token_hash, r.session_id, r.created_at \
+                 FROM refresh_tokens r JOIN sessions s ON s.id = r.session_id JOIN users u ON u.id = s.user_id \
+                 WHERE r.token_hash = $1 AND r.rotated_at IS NULL AND s.id = $5 AND s.client_id IS $6 \
+                 AND s.revoked_at IS NULL AND u.disabled_at IS NULL AND s.expires_at > $2 \
+                 AND NOT EXISTS (SELECT 1 FROM refresh_tokens WHERE token_hash = $4)) \
+                 INSERT INTO refresh_tokens (token_hash, session_id, created_at, rotated_at, successor) \
+                 SELECT $4, session_id, $2, NULL, NULL FROM live WHERE true \
+                 UNION ALL SELECT token_hash, session_id, created_at, $2, $3 FROM live WHERE true \
+                 ON CONFLICT (token_hash) DO UPDATE SET rotated_at = excluded.rotated_at, successor = excluded.successor \
+                 WHERE refresh_tokens.token_hash = $1 AND refresh_tokens.rotated_at IS NULL; \
+                 SELECT ", refresh_record!(), ", COALESCE(r.rotated_at = $2 AND r.successor = $3, 0)",
+                refresh_record_from!(),
+            ))
+            .bind(r.old)
+            .bind(r.now)
+            .bind(r.successor)
+            .bind(r.new)
+            .bind(r.session_id)
+            .bind(r.client_id)
+            .fetch_optional(&mut *conn)
+            .await?),
+            // The record from the statement's snapshot, the exchange
+            // (`rotate_refresh`'s) under the conditions above; of two
+            // concurrent callers the update re-checks `rotated_at IS NULL`
+            // on the row the other left, so exactly one exchanges.
+            postgres conn => Ok(sqlx::query_as(concat!(
+                "WITH rec AS (SELECT ", refresh_record!(), refresh_record_from!(), "), \
+                 rot AS (UPDATE refresh_tokens SET rotated_at = $2, successor = $3 \
+                 WHERE token_hash = $1 AND rotated_at IS NULL AND EXISTS (SELECT 1 FROM rec \
+                 WHERE rec.id = $5 AND rec.client_id IS NOT DISTINCT FROM $6 AND rec.revoked IS NULL AND rec.expires_at > $2) \
+                 RETURNING session_id), \
+                 ins AS (INSERT INTO refresh_tokens (token_hash, session_id, created_at) SELECT $4, session_id, $2 FROM rot RETURNING 1) \
+                 SELECT rec.*, EXISTS (SELECT 1 FROM ins) FROM rec",
+            ))
+            .bind(r.old)
+            .bind(r.now)
+            .bind(r.successor)
+            .bind(r.new)
+            .bind(r.session_id)
+            .bind(r.client_id)
+            .fetch_optional(&mut *conn)
+            .await?),
+        )?;
+        Ok(row.map(|(a, b, c, d, e, f, g, h, i, j, rotated)| {
+            let mut rec = RefreshRecord::from((a, b, c, d, e, f, g, h, i, j));
+            if rotated {
+                // As it was before this call (SQLite read it after).
+                (rec.rotated_at, rec.successor) = (None, None);
+            }
+            (rec, rotated)
         }))
     }
 

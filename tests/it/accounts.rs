@@ -17,6 +17,8 @@ crate::on_every_backend!(
     login_errors_do_not_enumerate,
     refresh_rotates_and_the_grace_window_returns_the_same_token,
     concurrent_refreshes_agree_and_keep_the_session,
+    a_refresh_token_of_the_earlier_form_still_rotates,
+    a_refresh_the_session_limit_refuses_exchanges_nothing,
     logout_revokes_the_session_and_its_access_tokens,
     password_change_revokes_other_sessions,
     password_reset_flow,
@@ -420,6 +422,77 @@ async fn concurrent_refreshes_agree_and_keep_the_session(app: &TestApp) {
         .post("/auth/refresh", json!({"refresh_token": tokens[0]}))
         .await;
     assert_eq!(r.status(), 200, "the session is still valid");
+}
+
+/// A SQL literal of `bytes` for the app's backend.
+fn blob(app: &TestApp, bytes: &[u8]) -> String {
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    if app.is_postgres() {
+        format!("'\\x{hex}'::bytea")
+    } else {
+        format!("X'{hex}'")
+    }
+}
+
+async fn refresh_to(app: &TestApp, token: &str) -> String {
+    let r = app.post("/auth/refresh", json!({"refresh_token": token})).await;
+    assert_eq!(r.status(), 200);
+    let pair: Value = r.json().await.unwrap();
+    is_token_pair(&pair);
+    pair["refresh_token"].as_str().unwrap().to_string()
+}
+
+/// Refresh tokens used to be 43 characters of randomness, naming no
+/// session; those still in clients' hands refresh (through a lookup), into
+/// a token of the current form, and keep the grace window.
+async fn a_refresh_token_of_the_earlier_form_still_rotates(app: &TestApp) {
+    use latchkey::crypto::{random_token, sha256};
+
+    let pair = app.register_verified(&unique_email("oldform"), PASSWORD).await;
+    let current = pair["refresh_token"].as_str().unwrap();
+    assert_eq!(current.len(), 86);
+    let earlier = random_token();
+    assert_eq!(earlier.len(), 43);
+    app.sql(&format!(
+        "UPDATE refresh_tokens SET token_hash = {} WHERE token_hash = {}",
+        blob(app, &sha256(earlier.as_bytes())),
+        blob(app, &sha256(current.as_bytes()))
+    ))
+    .await;
+    let r = app.post("/auth/refresh", json!({"refresh_token": current})).await;
+    assert_eq!(error_code(r).await, (401, "INVALID_TOKEN".into()));
+    let next = refresh_to(app, &earlier).await;
+    assert_eq!(next.len(), 86);
+    assert_eq!(refresh_to(app, &earlier).await, next, "the grace window");
+    refresh_to(app, &next).await;
+}
+
+/// The session's refresh limit is checked before anything is written: a
+/// refused refresh leaves its token unexchanged, for the client to present
+/// again once the limit allows.
+async fn a_refresh_the_session_limit_refuses_exchanges_nothing(app: &TestApp) {
+    use latchkey::crypto::sha256;
+
+    let limited = app.twin_with(&[("rate_limit_refresh_session", "1/60")]).await;
+    let pair = limited
+        .register_verified(&unique_email("refused"), PASSWORD)
+        .await;
+    let next = refresh_to(&limited, pair["refresh_token"].as_str().unwrap()).await;
+    let r = limited
+        .post("/auth/refresh", json!({"refresh_token": next}))
+        .await;
+    assert_eq!(error_code(r).await, (429, "RATE_LIMITED".into()));
+    let row = format!(
+        "SELECT count(*) FROM refresh_tokens WHERE token_hash = {} AND rotated_at IS NULL AND successor IS NULL",
+        blob(app, &sha256(next.as_bytes()))
+    );
+    assert_eq!(limited.count(&row).await, 1, "the refused token is unexchanged");
+    let family = format!(
+        "SELECT count(*) FROM refresh_tokens WHERE session_id = (SELECT session_id FROM refresh_tokens \
+         WHERE token_hash = {})",
+        blob(app, &sha256(next.as_bytes()))
+    );
+    assert_eq!(limited.count(&family).await, 2, "no successor was stored");
 }
 
 async fn logout_revokes_the_session_and_its_access_tokens(app: &TestApp) {

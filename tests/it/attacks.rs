@@ -28,6 +28,8 @@ crate::on_every_backend!(
     a_client_written_forwarded_header_does_not_pick_the_rate_limit_key,
     ipv6_clients_share_a_limit_per_64,
     an_oauth_clients_refresh_token_does_not_refresh_at_auth_refresh,
+    made_up_refresh_tokens_naming_a_session_do_not_spend_its_limit,
+    a_clients_refresh_token_presented_at_auth_refresh_spends_none_of_its_limit,
     mailbox_syntax_and_invisible_characters_in_the_email_are_refused,
     introspection_and_revocation_are_bound_to_the_calling_client,
     cross_site_simple_requests_are_refused,
@@ -511,6 +513,88 @@ async fn an_oauth_clients_refresh_token_does_not_refresh_at_auth_refresh(app: &T
     // The first-party id is no client's to take.
     let taken = latchkey::domain::clients::add(&app.services.store, "latchkey", None, &[]).await;
     assert!(taken.is_err());
+}
+
+/// A refresh token names its session, so that the session's refresh limit
+/// is checked before the database is asked anything. Anyone who knows a
+/// session's id (it is every access token's `sid`) can write a token that
+/// names it: such a token must be refused before it spends the owner's
+/// limit, or a stranger keeps the owner from refreshing.
+async fn made_up_refresh_tokens_naming_a_session_do_not_spend_its_limit(app: &TestApp) {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine;
+
+    let limited = app.twin_with(&[("rate_limit_refresh_session", "3/60")]).await;
+    let pair = limited
+        .register_verified(&unique_email("sidforge"), PASSWORD)
+        .await;
+    let mut token = pair["refresh_token"].as_str().unwrap().to_string();
+    let raw = URL_SAFE_NO_PAD.decode(&token).unwrap();
+    assert_eq!(raw.len(), 64, "session id, random part, tag");
+    for i in 1..=10u8 {
+        // The owner's session id, a random part and a tag of the attacker's.
+        let mut forged = raw.clone();
+        forged[16..].iter_mut().for_each(|b| *b = b.wrapping_add(i));
+        let r = limited
+            .post(
+                "/auth/refresh",
+                json!({"refresh_token": URL_SAFE_NO_PAD.encode(&forged)}),
+            )
+            .await;
+        assert_eq!(answer(r).await, (401, "INVALID_TOKEN".into()), "forgery {i}");
+    }
+    // The owner has the whole allowance left, and not more.
+    for _ in 0..3 {
+        let r = limited
+            .post("/auth/refresh", json!({"refresh_token": token}))
+            .await;
+        assert_eq!(r.status(), 200);
+        token = r.json::<Value>().await.unwrap()["refresh_token"]
+            .as_str()
+            .unwrap()
+            .to_string();
+    }
+    let r = limited
+        .post("/auth/refresh", json!({"refresh_token": token}))
+        .await;
+    assert_eq!(answer(r).await, (429, "RATE_LIMITED".into()));
+}
+
+/// The same for a real token presented where it does not refresh: a thief
+/// of a confidential client's refresh token, without the client's secret,
+/// sends it to `/auth/refresh` (which asks for none) again and again, so
+/// that the client's own refreshes would be refused.
+async fn a_clients_refresh_token_presented_at_auth_refresh_spends_none_of_its_limit(app: &TestApp) {
+    let limited = app.twin_with(&[("rate_limit_refresh_session", "3/60")]).await;
+    let (secret, pair) = client_session(&limited, "confidential", "stolenrt").await;
+    let mut token = pair["refresh_token"].as_str().unwrap().to_string();
+    for i in 0..10 {
+        let r = limited
+            .post("/auth/refresh", json!({"refresh_token": token}))
+            .await;
+        assert_eq!(answer(r).await, (401, "INVALID_TOKEN".into()), "attempt {i}");
+    }
+    let grant = |token: String| {
+        let (limited, secret) = (&limited, &secret);
+        async move {
+            form(
+                limited,
+                "/oauth/token",
+                Some(("confidential", secret)),
+                &[("grant_type", "refresh_token"), ("refresh_token", &token)],
+            )
+            .await
+        }
+    };
+    for _ in 0..3 {
+        let r = grant(token.clone()).await;
+        assert_eq!(r.status(), 200);
+        token = r.json::<Value>().await.unwrap()["refresh_token"]
+            .as_str()
+            .unwrap()
+            .to_string();
+    }
+    assert_eq!(oauth_error(grant(token).await).await, (429, "slow_down".into()));
 }
 
 /// `ceo<attacker@evil.example>` sent the code to the attacker; a zero-width
