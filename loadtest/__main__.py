@@ -1,4 +1,4 @@
-"""python3 -m loadtest [SCENARIO | gateway | limiter | overhead | rig | faults | scaling] [options]: what
+"""python3 -m loadtest [SCENARIO | gateway | limiter | overhead | refresh-capacity | rig | faults | scaling] [options]: what
 scripts/loadtest runs (see `scripts/loadtest --help`)."""
 
 import importlib
@@ -15,6 +15,7 @@ FAMILIES = {
     "gateway": "gateway_bench",
     "limiter": "limiter_bench",
     "overhead": "overhead",
+    "refresh-capacity": "refresh_capacity",
     "rig": "rig",
     "faults": "faults",
     "scaling": "scaling",

@@ -149,6 +149,8 @@ FAMILIES = {
     "gateway": "the gateway against the upstream direct and HAProxy, wrk then 5,000/s (loadtest/gateway_bench.py)",
     "limiter": "/auth/validate unlimited, Redis- and in-process-limited (loadtest/limiter_bench.py)",
     "overhead": "/health/live and a cached /auth/validate as shares of a bare axum handler (loadtest/overhead.py)",
+    "refresh-capacity": "refresh driven by wrk token chains as a share of a bare axum handler, with the CPU per "
+                        "refresh of service, database and generator (loadtest/refresh_capacity.py)",
     "rig": "the scale-out rig until Ctrl-C: 3 instances, HAProxy, PostgreSQL, Redis Cluster (loadtest/rig.py)",
     "faults": "the fault suite on the rig (loadtest/faults.py, docs/reliability.md)",
     "scaling": "1, 2, 3 instances behind HAProxy; CPU and round trips per request (loadtest/scaling.py)",
