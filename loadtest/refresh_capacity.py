@@ -33,8 +33,10 @@ Usage (from the repository root):
   refreshes/s for SECS x 2 (its own logins and warm-up excluded from the
   count only approximately: they are a few hundred requests), for k6's CPU
   per refresh;
-- --perf: one more refresh cell under `perf record` (loadtest/profile.py),
-  flame-refresh.svg and profile.md;
+- --perf: after the rounds, one more run of each cell under `perf record`
+  (loadtest/profile.py): flame-<cell>.svg, and profile.md, each function's
+  own CPU per request, what a refresh pays over the bare handler (and over
+  the other build with --compare);
 - writes report.md and summary.json to
   loadtest/results/<date>-refresh-capacity[-postgres]/.
 """
@@ -144,7 +146,7 @@ def main(argv):
     ap.add_argument("--compare", help="another latchkey binary measured in the same rounds (cell refresh-other)")
     ap.add_argument("--k6-rate", type=int, default=1000, help="k6's refresh.js at this rate after the rounds, "
                                                               "for k6's CPU per refresh (0: skip)")
-    ap.add_argument("--perf", action="store_true", help="profile one more refresh cell: flame graph, profile.md")
+    ap.add_argument("--perf", action="store_true", help="profile each cell once more: flame graphs, profile.md")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     latchkey, _ = ensure_binary(args.binary)
@@ -198,12 +200,15 @@ def main(argv):
             k6 = k6_cost(servers["refresh"], args, outdir, raw)
             say(f"k6: {k6['requests']:,} requests, {k6['cpu_us']:.0f} us of k6's CPU per request")
         if args.perf:
-            s = servers["refresh"]
-            prof = profile.record(s.proc.pid, args.secs,
-                                  lambda: refresh_cell(s, args, raw, tmp, "refresh-perf")["requests"],
-                                  raw, outdir, "refresh", f"latchkey refresh ({args.backend})")
-            (outdir / "profile.md").write_text(profile.table({"refresh": prof}, "scripts/loadtest refresh-capacity "
-                                                             + shlex.join(argv), []))
+            profiles = {"bare": profile.record(bp.pid, args.secs, lambda: run_wrk(
+                bare_url, BARE_LUA, args.conns, args.secs, raw / "wrk-bare-perf.txt")["requests"],
+                raw, outdir, "bare", "bare axum handler")}
+            for name, s in servers.items():
+                profiles[name] = profile.record(
+                    s.proc.pid, args.secs, lambda s=s, name=name: refresh_cell(s, args, raw, tmp, f"{name}-perf")[
+                        "requests"], raw, outdir, name, f"latchkey {name} ({args.backend})")
+            (outdir / "profile.md").write_text(profile.table(profiles, command, [("refresh", "bare"),
+                                                                                 ("refresh", "refresh-other")]))
     finally:
         for s in servers.values():
             s.stop()

@@ -18,6 +18,7 @@ mod clients;
 mod codes;
 mod events;
 mod factors;
+mod group_commit;
 mod keys;
 mod outbox;
 mod pool;
@@ -156,6 +157,8 @@ pub type StoreResult<T> = Result<T, StoreError>;
 pub struct Store {
     /// The pool; public so that tests and tools can inspect the database.
     pub db: Db,
+    /// SQLite's refresh exchanges, committed together.
+    group_commit: group_commit::GroupCommit,
 }
 
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -193,7 +196,10 @@ impl Store {
                 Db::Postgres(pool::Pool::new(Self::pg_pool(cfg, opts).await?))
             }
         };
-        Ok(Store { db })
+        Ok(Store {
+            db,
+            group_commit: Default::default(),
+        })
     }
 
     pub async fn pg_pool(cfg: &DatabaseConfig, opts: PgConnectOptions) -> anyhow::Result<PgPool> {

@@ -3,7 +3,8 @@
 use sqlx::Connection;
 
 use super::events::record_event;
-use super::{db_op, Store, StoreResult};
+use super::group_commit::Exchange;
+use super::{acquire, db_op, traced, Db, Store, StoreError, StoreResult};
 
 /// A session to start, with the hash of its first refresh token.
 pub struct NewSession<'a> {
@@ -76,14 +77,18 @@ pub enum KeepSessions<'a> {
 /// A user never sees more sessions than this at once (newest first).
 pub const MAX_LISTED_SESSIONS: i64 = 500;
 
-/// A refresh token and the session it belongs to.
-#[derive(Clone, Debug)]
+/// A refresh token and the session it belongs to (the columns of
+/// `refresh_record!`).
+#[derive(Clone, Debug, sqlx::FromRow)]
 pub struct RefreshRecord {
+    #[sqlx(rename = "id")]
     pub session_id: String,
     pub user_id: String,
     pub email: String,
     pub client_id: Option<String>,
+    #[sqlx(rename = "expires_at")]
     pub session_expires_at: i64,
+    #[sqlx(rename = "revoked")]
     pub session_revoked_at: Option<i64>,
     pub rotated_at: Option<i64>,
     pub successor: Option<Vec<u8>>,
@@ -122,34 +127,16 @@ macro_rules! refresh_record_from {
     };
 }
 
-type RefreshRow = (
-    String,
-    String,
-    String,
-    Option<String>,
-    i64,
-    Option<i64>,
-    Option<i64>,
-    Option<Vec<u8>>,
-    String,
-    i64,
-);
+/// `refresh_record!`'s columns, for SQL built at run time.
+pub(super) const REFRESH_COLUMNS: &str = refresh_record!();
 
-impl From<RefreshRow> for RefreshRecord {
-    fn from(r: RefreshRow) -> Self {
-        RefreshRecord {
-            session_id: r.0,
-            user_id: r.1,
-            email: r.2,
-            client_id: r.3,
-            session_expires_at: r.4,
-            session_revoked_at: r.5,
-            rotated_at: r.6,
-            successor: r.7,
-            amr: r.8,
-            auth_time: r.9,
-        }
-    }
+/// What `rotate_live_refresh` reads: the record, and whether this call
+/// exchanged the token.
+#[derive(sqlx::FromRow)]
+pub(super) struct Rotated {
+    #[sqlx(flatten)]
+    rec: RefreshRecord,
+    rotated: bool,
 }
 
 pub(super) const INSERT_REFRESH: &str =
@@ -319,13 +306,12 @@ impl Store {
     }
 
     pub async fn refresh_token(&self, token_hash: &[u8]) -> StoreResult<Option<RefreshRecord>> {
-        let row: Option<RefreshRow> = db_op!(self, "refresh_token", conn => Ok(sqlx::query_as(
+        db_op!(self, "refresh_token", conn => Ok(sqlx::query_as(
             concat!("SELECT ", refresh_record!(), refresh_record_from!()),
         )
         .bind(token_hash)
         .fetch_optional(&mut *conn)
-        .await?))?;
-        Ok(row.map(RefreshRecord::from))
+        .await?))
     }
 
     /// The refresh token `r.old` and its session as they were, and whether
@@ -333,77 +319,61 @@ impl Store {
     /// only if it is unexchanged, of session `r.session_id` and of client
     /// `r.client_id`, and that session is neither revoked (nor its account
     /// disabled) nor expired at `r.now`. `None`: no such token. A token
-    /// that another caller exchanged at the same moment comes back as it
-    /// was before that, unexchanged, and `false`: the caller asks again
-    /// (`refresh_token`) for the winner's successor.
+    /// that another caller exchanged at the same moment comes back with
+    /// `false`, either as it was before that (PostgreSQL's snapshot: the
+    /// caller asks again, `refresh_token`, for the winner's successor) or
+    /// already exchanged (SQLite, where the exchanges of a batch run one
+    /// after the other).
     pub async fn rotate_live_refresh(
         &self,
         r: &LiveRotation<'_>,
     ) -> StoreResult<Option<(RefreshRecord, bool)>> {
-        type Row = (
-            String,
-            String,
-            String,
-            Option<String>,
-            i64,
-            Option<i64>,
-            Option<i64>,
-            Option<Vec<u8>>,
-            String,
-            i64,
-            bool,
-        );
-        let row: Option<Row> = db_op!(self, "rotate_live_refresh",
-            // Two statements in one trip to SQLite's worker thread (its one
-            // connection runs nothing in between): `rotate_refresh`'s
-            // exchange, under the conditions above, then the record as it
-            // is now, with whether this call's successor is on it.
-            sqlite conn => Ok(sqlx::query_as(concat!(
-                "WITH live AS (SELECT r.token_hash, r.session_id, r.created_at \
-                 FROM refresh_tokens r JOIN sessions s ON s.id = r.session_id JOIN users u ON u.id = s.user_id \
-                 WHERE r.token_hash = $1 AND r.rotated_at IS NULL AND s.id = $5 AND s.client_id IS $6 \
-                 AND s.revoked_at IS NULL AND u.disabled_at IS NULL AND s.expires_at > $2 \
-                 AND NOT EXISTS (SELECT 1 FROM refresh_tokens WHERE token_hash = $4)) \
-                 INSERT INTO refresh_tokens (token_hash, session_id, created_at, rotated_at, successor) \
-                 SELECT $4, session_id, $2, NULL, NULL FROM live WHERE true \
-                 UNION ALL SELECT token_hash, session_id, created_at, $2, $3 FROM live WHERE true \
-                 ON CONFLICT (token_hash) DO UPDATE SET rotated_at = excluded.rotated_at, successor = excluded.successor \
-                 WHERE refresh_tokens.token_hash = $1 AND refresh_tokens.rotated_at IS NULL; \
-                 SELECT ", refresh_record!(), ", COALESCE(r.rotated_at = $2 AND r.successor = $3, 0)",
-                refresh_record_from!(),
-            ))
-            .bind(r.old)
-            .bind(r.now)
-            .bind(r.successor)
-            .bind(r.new)
-            .bind(r.session_id)
-            .bind(r.client_id)
-            .fetch_optional(&mut *conn)
-            .await?),
+        let row = match &self.db {
+            // Queued, and committed with the exchanges queued beside it
+            // (store/group_commit.rs): the same statements, one transaction.
+            Db::Sqlite(pool) => {
+                let x = Exchange {
+                    old: r.old.to_vec(),
+                    new: r.new.to_vec(),
+                    successor: r.successor.to_vec(),
+                    session_id: r.session_id.to_string(),
+                    client_id: r.client_id.map(str::to_string),
+                    now: r.now,
+                };
+                self.group_commit.exchange(pool, x).await?
+            }
             // The record from the statement's snapshot, the exchange
             // (`rotate_refresh`'s) under the conditions above; of two
             // concurrent callers the update re-checks `rotated_at IS NULL`
             // on the row the other left, so exactly one exchanges.
-            postgres conn => Ok(sqlx::query_as(concat!(
-                "WITH rec AS (SELECT ", refresh_record!(), refresh_record_from!(), "), \
-                 rot AS (UPDATE refresh_tokens SET rotated_at = $2, successor = $3 \
-                 WHERE token_hash = $1 AND rotated_at IS NULL AND EXISTS (SELECT 1 FROM rec \
-                 WHERE rec.id = $5 AND rec.client_id IS NOT DISTINCT FROM $6 AND rec.revoked IS NULL AND rec.expires_at > $2) \
-                 RETURNING session_id), \
-                 ins AS (INSERT INTO refresh_tokens (token_hash, session_id, created_at) SELECT $4, session_id, $2 FROM rot RETURNING 1) \
-                 SELECT rec.*, EXISTS (SELECT 1 FROM ins) FROM rec",
-            ))
-            .bind(r.old)
-            .bind(r.now)
-            .bind(r.successor)
-            .bind(r.new)
-            .bind(r.session_id)
-            .bind(r.client_id)
-            .fetch_optional(&mut *conn)
-            .await?),
-        )?;
-        Ok(row.map(|(a, b, c, d, e, f, g, h, i, j, rotated)| {
-            let mut rec = RefreshRecord::from((a, b, c, d, e, f, g, h, i, j));
+            Db::Postgres(pool) => {
+                traced("rotate_live_refresh", async {
+                    let mut conn = acquire(pool).await?;
+                    let out = sqlx::query_as(concat!(
+                        "WITH rec AS (SELECT ", refresh_record!(), refresh_record_from!(), "), \
+                         rot AS (UPDATE refresh_tokens SET rotated_at = $2, successor = $3 \
+                         WHERE token_hash = $1 AND rotated_at IS NULL AND EXISTS (SELECT 1 FROM rec \
+                         WHERE rec.id = $5 AND rec.client_id IS NOT DISTINCT FROM $6 AND rec.revoked IS NULL AND rec.expires_at > $2) \
+                         RETURNING session_id), \
+                         ins AS (INSERT INTO refresh_tokens (token_hash, session_id, created_at) SELECT $4, session_id, $2 FROM rot RETURNING 1) \
+                         SELECT rec.*, EXISTS (SELECT 1 FROM ins) AS rotated FROM rec",
+                    ))
+                    .bind(r.old)
+                    .bind(r.now)
+                    .bind(r.successor)
+                    .bind(r.new)
+                    .bind(r.session_id)
+                    .bind(r.client_id)
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .map_err(StoreError::from);
+                    pool.release(conn, out.is_ok());
+                    out
+                })
+                .await?
+            }
+        };
+        Ok(row.map(|Rotated { mut rec, rotated }| {
             if rotated {
                 // As it was before this call (SQLite read it after).
                 (rec.rotated_at, rec.successor) = (None, None);

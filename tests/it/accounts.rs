@@ -19,6 +19,7 @@ crate::on_every_backend!(
     concurrent_refreshes_agree_and_keep_the_session,
     a_refresh_token_of_the_earlier_form_still_rotates,
     a_refresh_the_session_limit_refuses_exchanges_nothing,
+    many_sessions_refreshing_at_once_each_get_their_own_successor,
     logout_revokes_the_session_and_its_access_tokens,
     password_change_revokes_other_sessions,
     password_reset_flow,
@@ -493,6 +494,73 @@ async fn a_refresh_the_session_limit_refuses_exchanges_nothing(app: &TestApp) {
         blob(app, &sha256(next.as_bytes()))
     );
     assert_eq!(limited.count(&family).await, 2, "no successor was stored");
+}
+
+/// The `sid` claim of a token pair's access token (read, not verified).
+fn sid_of(pair: &Value) -> String {
+    use base64::Engine;
+    let payload = pair["access_token"].as_str().unwrap().split('.').nth(1).unwrap();
+    let claims: Value = serde_json::from_slice(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(payload)
+            .unwrap(),
+    )
+    .unwrap();
+    claims["sid"].as_str().unwrap().to_string()
+}
+
+/// Refreshes that arrive together are written together on SQLite (one
+/// transaction for the exchanges that queued): each must still get its
+/// own session's successor, and a token presented twice in one batch is
+/// exchanged once.
+async fn many_sessions_refreshing_at_once_each_get_their_own_successor(app: &TestApp) {
+    let email = unique_email("batch");
+    app.register_verified(&email, PASSWORD).await;
+    let mut sessions = Vec::new();
+    for _ in 0..24 {
+        let pair: Value = app.login(&email, PASSWORD).await.json().await.unwrap();
+        sessions.push((sid_of(&pair), pair["refresh_token"].as_str().unwrap().to_string()));
+    }
+    // Every token once, and every third one a second time, all at once.
+    let presented: Vec<usize> = (0..sessions.len())
+        .chain((0..sessions.len()).step_by(3))
+        .collect();
+    let mut handles = Vec::new();
+    for &i in &presented {
+        let (http, url, token) = (app.http.clone(), app.url("/auth/refresh"), sessions[i].1.clone());
+        handles.push(tokio::spawn(async move {
+            let r = http
+                .post(url)
+                .json(&json!({"refresh_token": token}))
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }));
+    }
+    let mut successor: Vec<Option<String>> = vec![None; sessions.len()];
+    for (&i, h) in presented.iter().zip(handles) {
+        let (status, pair) = h.await.unwrap();
+        assert_eq!(status, 200, "{pair}");
+        assert_eq!(
+            sid_of(&pair),
+            sessions[i].0,
+            "session {i} got another session's tokens"
+        );
+        let token = pair["refresh_token"].as_str().unwrap().to_string();
+        let first = successor[i].get_or_insert_with(|| token.clone());
+        assert_eq!(*first, token, "a token presented twice got two successors");
+    }
+    for (i, next) in successor.iter().enumerate() {
+        let r = app
+            .post(
+                "/auth/refresh",
+                json!({"refresh_token": next.as_deref().unwrap()}),
+            )
+            .await;
+        assert_eq!(r.status(), 200, "session {i}");
+        assert_eq!(sid_of(&r.json().await.unwrap()), sessions[i].0);
+    }
 }
 
 async fn logout_revokes_the_session_and_its_access_tokens(app: &TestApp) {
