@@ -61,16 +61,20 @@ pub(super) struct GroupCommit {
     queue: Arc<Mutex<Queue>>,
 }
 
-/// Resets `writing` if the writer ends before its queue is empty (a panic,
-/// or its runtime shutting down under it), so that the next exchange starts
-/// a writer again; the replies it held are dropped, and their callers
-/// answer that the database is unavailable.
+/// The writer's hold on the queue. Made before the writer is spawned and
+/// moved into it, so that however the writer ends (its queue empty, a
+/// panic, its runtime shutting down under it, even before its first poll)
+/// the next exchange starts a writer again. Exchanges still queued when a
+/// writer ends early are dropped unwritten: their callers answer that the
+/// database is unavailable, and their tokens stay as they were.
 struct Writing(Option<Arc<Mutex<Queue>>>);
 
 impl Drop for Writing {
     fn drop(&mut self) {
         if let Some(queue) = self.0.take() {
-            queue.lock().unwrap_or_else(|e| e.into_inner()).writing = false;
+            let mut q = queue.lock().unwrap_or_else(|e| e.into_inner());
+            q.writing = false;
+            q.waiting.clear();
         }
     }
 }
@@ -85,53 +89,102 @@ impl GroupCommit {
             !std::mem::replace(&mut q.writing, true)
         };
         if start {
-            tokio::spawn(writer(self.queue.clone(), pool.clone()));
+            tokio::spawn(writer(Writing(Some(self.queue.clone())), pool.clone()));
         }
         rx.await
             .unwrap_or_else(|_| Err(StoreError::Unavailable(sqlx::Error::WorkerCrashed)))
     }
 }
 
-/// Writes batches until the queue is empty; the look that finds it empty
+/// Writes batches until the queue is empty. The look that finds it empty
 /// and the end of `writing` are one step under the lock, so an exchange
-/// queued after it starts a writer of its own.
-async fn writer(queue: Arc<Mutex<Queue>>, pool: Pool<sqlx::Sqlite>) {
-    let mut writing = Writing(Some(queue.clone()));
+/// queued after it starts a writer of its own. An exchange whose caller
+/// has gone (its request cancelled, or past its deadline) is dropped
+/// unwritten: written, it would exchange a token its client still holds,
+/// and that client's next refresh, after the grace window, would read as
+/// reuse and end the session.
+async fn writer(mut writing: Writing, pool: Pool<sqlx::Sqlite>) {
+    let Some(queue) = writing.0.clone() else { return };
     loop {
         let batch: Vec<_> = {
             let mut q = queue.lock().unwrap_or_else(|e| e.into_inner());
+            q.waiting.retain(|(_, reply)| !reply.is_closed());
             if q.waiting.is_empty() {
                 q.writing = false;
                 writing.0 = None;
                 return;
             }
-            let n = q.waiting.len().min(MAX);
+            let n = batch_size(q.waiting.len());
             q.waiting.drain(..n).collect()
         };
         write(&pool, batch).await;
     }
 }
 
+/// A batch takes a power of two of the queued exchanges, at most `MAX`: few
+/// texts of SQL, so few prepared statements in sqlx's cache (the rest wait
+/// for the next batch).
+fn batch_size(queued: usize) -> usize {
+    let n = queued.min(MAX);
+    if n == 0 {
+        0
+    } else {
+        1 << n.ilog2()
+    }
+}
+
 /// Writes `batch` in one transaction (or alone, when it is one exchange),
-/// and answers each caller.
+/// and answers each caller. A batch whose statements failed is rolled back
+/// and written one exchange at a time, so that an exchange that fails fails
+/// only itself; a failure to reach the database at all (no connection in
+/// time, the pool closed, the connection lost) is every caller's answer at
+/// once, with no retries queued behind it.
 async fn write(pool: &Pool<sqlx::Sqlite>, batch: Vec<(Exchange, Reply)>) {
     if batch.len() > 1 {
         let exchanges: Vec<&Exchange> = batch.iter().map(|(x, _)| x).collect();
-        if let Ok(rows) = together(pool, &exchanges).await {
-            let mut answers: Vec<Option<Rotated>> = batch.iter().map(|_| None).collect();
-            for (item, row) in rows {
-                if let Some(a) = usize::try_from(item).ok().and_then(|i| answers.get_mut(i)) {
-                    *a = Some(row);
+        match together(pool, &exchanges).await {
+            Ok(rows) => {
+                let mut answers: Vec<Option<Rotated>> = batch.iter().map(|_| None).collect();
+                for (item, row) in rows {
+                    if let Some(a) = usize::try_from(item).ok().and_then(|i| answers.get_mut(i)) {
+                        *a = Some(row);
+                    }
                 }
+                for ((_, reply), answer) in batch.into_iter().zip(answers) {
+                    let _ = reply.send(Ok(answer));
+                }
+                return;
             }
-            for ((_, reply), answer) in batch.into_iter().zip(answers) {
-                let _ = reply.send(Ok(answer));
+            Err(e @ (StoreError::Overloaded | StoreError::Unavailable(_))) => {
+                for (_, reply) in batch {
+                    let _ = reply.send(Err(again(&e)));
+                }
+                return;
             }
-            return;
+            Err(StoreError::Database(_)) => {}
         }
     }
+    let mut unreachable = None;
     for (x, reply) in batch {
-        let _ = reply.send(one(pool, &x).await);
+        if reply.is_closed() {
+            continue;
+        }
+        let out = match &unreachable {
+            Some(e) => Err(again(e)),
+            None => one(pool, &x).await,
+        };
+        if let Err(e @ (StoreError::Overloaded | StoreError::Unavailable(_))) = &out {
+            unreachable.get_or_insert(again(e));
+        }
+        let _ = reply.send(out);
+    }
+}
+
+/// The same failure again, for another caller.
+fn again(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::Overloaded => StoreError::Overloaded,
+        _ => StoreError::Unavailable(sqlx::Error::PoolClosed),
     }
 }
 
@@ -166,10 +219,12 @@ async fn together(pool: &Pool<sqlx::Sqlite>, batch: &[&Exchange]) -> StoreResult
                 Ok(rows.into_iter().map(|r| (r.item, r.rotated)).collect())
             }
             Err(e) => {
-                if sqlx::query("ROLLBACK").execute(&mut *conn).await.is_err() {
-                    pool.discard(conn);
-                } else {
-                    pool.release(conn, false);
+                // SQLite may have ended the transaction itself (or not have
+                // begun it, `BEGIN` being what failed): then there is
+                // nothing to roll back, and the connection is fine.
+                match sqlx::query("ROLLBACK").execute(&mut *conn).await {
+                    Err(r) if !r.to_string().contains("no transaction is active") => pool.discard(conn),
+                    _ => pool.release(conn, false),
                 }
                 Err(StoreError::from(e))
             }
@@ -252,5 +307,11 @@ mod tests {
         assert!(three.contains("SELECT 2 AS item"));
         assert!(std::ptr::eq(sql(3), three), "made once");
         assert_eq!(sql(MAX).matches("AS item").count(), MAX);
+    }
+
+    #[test]
+    fn batches_take_powers_of_two_up_to_the_maximum() {
+        let sizes: Vec<usize> = [0, 1, 2, 3, 5, 8, 63, 64, 65, 1000].map(batch_size).to_vec();
+        assert_eq!(sizes, [0, 1, 2, 2, 4, 8, 32, 64, 64, 64]);
     }
 }

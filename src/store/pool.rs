@@ -177,12 +177,6 @@ impl<DB: Database> Pool<DB> {
     /// Ends an operation's use of `conn`: handed to an operation waiting
     /// for one if the operation ended `clean` (its body returned `Ok`), else
     /// back to sqlx, which tests it (and closes it if the test fails).
-    /// Closes a connection instead of pooling it (its state is unknown:
-    /// say, a transaction that could not be rolled back).
-    pub fn discard(&self, mut conn: Conn<DB>) {
-        conn.inner.close_on_drop();
-    }
-
     pub fn release(&self, conn: Conn<DB>, clean: bool) {
         if !clean || conn.handovers >= MAX_HANDOVERS || self.sqlx.is_closed() {
             return; // dropped: sqlx takes it back
@@ -199,6 +193,12 @@ impl<DB: Database> Pool<DB> {
                 Err(back) => conn = back,
             }
         }
+    }
+
+    /// Closes a connection instead of pooling it (its state is unknown:
+    /// say, a transaction that could not be rolled back).
+    pub fn discard(&self, mut conn: Conn<DB>) {
+        conn.inner.close_on_drop();
     }
 
     /// Operations waiting for a hand-over.
