@@ -302,6 +302,8 @@ async fn serve(config: Config, started: Instant) -> anyhow::Result<()> {
         );
     }
     config.http.connections.prepare_file_limit(0);
+    // Before the listener is bound (lifecycle::signal).
+    let stop = crate::lifecycle::signal();
     let app = Application::build(config).await?;
     let st = app.services();
     tracing::info!(
@@ -312,7 +314,7 @@ async fn serve(config: Config, started: Instant) -> anyhow::Result<()> {
         startup_ms = started.elapsed().as_millis() as u64,
         "latchkey is serving"
     );
-    app.run_until_stopped().await
+    app.run_until(stop).await
 }
 
 /// Accounts written per transaction by `users import`.

@@ -74,11 +74,6 @@ impl Application {
         &self.services
     }
 
-    /// Serves until SIGTERM or SIGINT.
-    pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        self.run_until(crate::lifecycle::signal()).await
-    }
-
     /// Serves until `stop` completes, then shuts down gracefully: stop
     /// accepting, let in-flight requests finish within `shutdown_timeout`,
     /// stop the background tasks, close the pools.

@@ -135,10 +135,15 @@ impl Gateway {
         &self.state
     }
 
-    /// Serves until SIGTERM or SIGINT; SIGHUP reloads `config_path`.
-    pub async fn run_until_stopped(self, config_path: PathBuf) -> anyhow::Result<()> {
+    /// Serves until `stop` (`lifecycle::signal()`, made before the gateway
+    /// was built); SIGHUP reloads `config_path`.
+    pub async fn run_until_stopped(
+        self,
+        config_path: PathBuf,
+        stop: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
         let reloader = tokio::spawn(state::reload_on_sighup(self.state.clone(), config_path));
-        let out = self.run_until(crate::lifecycle::signal()).await;
+        let out = self.run_until(stop).await;
         reloader.abort();
         out
     }
@@ -271,6 +276,8 @@ pub fn main(config_path: Option<&Path>, started: Instant) -> ExitCode {
         config
             .connections
             .prepare_file_limit(config.upstream.max_requests);
+        // Before the listener is bound (lifecycle::signal).
+        let stop = crate::lifecycle::signal();
         let gw = Gateway::build(config).await?;
         tracing::info!(
             address = %gw.local_addr(),
@@ -286,7 +293,7 @@ pub fn main(config_path: Option<&Path>, started: Instant) -> ExitCode {
         } else if !polls {
             tracing::warn!("no revocations_url: while Redis is unreachable, authenticated routes answer 503 (on_unknown_revocations)");
         }
-        gw.run_until_stopped(path).await
+        gw.run_until_stopped(path, stop).await
     };
     match rt.block_on(run) {
         Ok(()) => ExitCode::SUCCESS,
