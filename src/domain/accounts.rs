@@ -711,14 +711,14 @@ impl Accounts {
                 let next = self.refresh_tokens.mint(&session_id, client_id);
                 let successor = Sealer::from_token(token, "successor").seal(next.as_bytes(), &hash);
                 let asked = LiveRotation {
-                    old: &hash,
-                    new: &sha256(next.as_bytes()),
-                    successor: &successor,
-                    session_id: &session_id,
-                    client_id,
+                    old: hash,
+                    new: sha256(next.as_bytes()),
+                    successor,
+                    session_id: session_id.clone(),
+                    client_id: client_id.map(str::to_string),
                     now,
                 };
-                let Some((rec, rotated)) = self.store.rotate_live_refresh(&asked).await? else {
+                let Some((rec, rotated)) = self.store.rotate_live_refresh(asked).await? else {
                     return Err(AuthError::InvalidToken);
                 };
                 if rec.session_id != session_id || rec.client_id.as_deref() != client_id {

@@ -30,28 +30,17 @@ use std::sync::{Arc, Mutex, OnceLock};
 use tokio::sync::oneshot;
 
 use super::pool::Pool;
-use super::sessions::Rotated;
+use super::sessions::{LiveRotation, Rotated};
 use super::{acquire, traced, StoreError, StoreResult};
 
 /// The most exchanges one transaction carries (six parameters each).
 const MAX: usize = 64;
 
-/// One exchange, as `LiveRotation` asks it, owned so that it can wait in
-/// the queue.
-pub(super) struct Exchange {
-    pub old: Vec<u8>,
-    pub new: Vec<u8>,
-    pub successor: Vec<u8>,
-    pub session_id: String,
-    pub client_id: Option<String>,
-    pub now: i64,
-}
-
 type Reply = oneshot::Sender<StoreResult<Option<Rotated>>>;
 
 #[derive(Default)]
 struct Queue {
-    waiting: Vec<(Exchange, Reply)>,
+    waiting: Vec<(LiveRotation, Reply)>,
     writing: bool,
 }
 
@@ -81,7 +70,7 @@ impl Drop for Writing {
 
 impl GroupCommit {
     /// Queues `x` and waits for its outcome.
-    pub async fn exchange(&self, pool: &Pool<sqlx::Sqlite>, x: Exchange) -> StoreResult<Option<Rotated>> {
+    pub async fn exchange(&self, pool: &Pool<sqlx::Sqlite>, x: LiveRotation) -> StoreResult<Option<Rotated>> {
         let (tx, rx) = oneshot::channel();
         let start = {
             let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
@@ -139,9 +128,9 @@ fn batch_size(queued: usize) -> usize {
 /// only itself; a failure to reach the database at all (no connection in
 /// time, the pool closed, the connection lost) is every caller's answer at
 /// once, with no retries queued behind it.
-async fn write(pool: &Pool<sqlx::Sqlite>, batch: Vec<(Exchange, Reply)>) {
+async fn write(pool: &Pool<sqlx::Sqlite>, batch: Vec<(LiveRotation, Reply)>) {
     if batch.len() > 1 {
-        let exchanges: Vec<&Exchange> = batch.iter().map(|(x, _)| x).collect();
+        let exchanges: Vec<&LiveRotation> = batch.iter().map(|(x, _)| x).collect();
         match together(pool, &exchanges).await {
             Ok(rows) => {
                 let mut answers: Vec<Option<Rotated>> = batch.iter().map(|_| None).collect();
@@ -189,7 +178,7 @@ fn again(e: &StoreError) -> StoreError {
 }
 
 /// One exchange, alone: `rotate_live_refresh`'s SQLite statements.
-async fn one(pool: &Pool<sqlx::Sqlite>, x: &Exchange) -> StoreResult<Option<Rotated>> {
+async fn one(pool: &Pool<sqlx::Sqlite>, x: &LiveRotation) -> StoreResult<Option<Rotated>> {
     traced("rotate_live_refresh", async {
         let mut conn = acquire(pool).await?;
         let out = bind(sqlx::query_as::<_, Item>(sql(1)), x)
@@ -206,7 +195,7 @@ async fn one(pool: &Pool<sqlx::Sqlite>, x: &Exchange) -> StoreResult<Option<Rota
 /// Several exchanges in one transaction: each exchanged record with its
 /// item's index. On an error the transaction is rolled back (or, if even
 /// that fails, the connection is closed rather than pooled mid-transaction).
-async fn together(pool: &Pool<sqlx::Sqlite>, batch: &[&Exchange]) -> StoreResult<Vec<(i64, Rotated)>> {
+async fn together(pool: &Pool<sqlx::Sqlite>, batch: &[&LiveRotation]) -> StoreResult<Vec<(i64, Rotated)>> {
     traced("rotate_live_refresh_batch", async {
         let mut conn = acquire(pool).await?;
         let mut q = sqlx::query_as::<_, Item>(sql(batch.len()));
@@ -243,11 +232,11 @@ struct Item {
 
 type Query<'q> = sqlx::query::QueryAs<'q, sqlx::Sqlite, Item, sqlx::sqlite::SqliteArguments<'q>>;
 
-fn bind<'q>(q: Query<'q>, x: &'q Exchange) -> Query<'q> {
-    q.bind(x.old.as_slice())
+fn bind<'q>(q: Query<'q>, x: &'q LiveRotation) -> Query<'q> {
+    q.bind(&x.old[..])
         .bind(x.now)
         .bind(x.successor.as_slice())
-        .bind(x.new.as_slice())
+        .bind(&x.new[..])
         .bind(x.session_id.as_str())
         .bind(x.client_id.as_deref())
 }

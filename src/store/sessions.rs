@@ -3,7 +3,6 @@
 use sqlx::Connection;
 
 use super::events::record_event;
-use super::group_commit::Exchange;
 use super::{acquire, db_op, traced, Db, Store, StoreError, StoreResult};
 
 /// A session to start, with the hash of its first refresh token.
@@ -99,12 +98,13 @@ pub struct RefreshRecord {
 
 /// What `rotate_live_refresh` is asked: exchange `old` for `new` (its
 /// hash), storing `successor` (the new token sealed under the old one).
-pub struct LiveRotation<'a> {
-    pub old: &'a [u8],
-    pub new: &'a [u8],
-    pub successor: &'a [u8],
-    pub session_id: &'a str,
-    pub client_id: Option<&'a str>,
+/// Owned, so that on SQLite it can wait in the group commit's queue.
+pub struct LiveRotation {
+    pub old: [u8; 32],
+    pub new: [u8; 32],
+    pub successor: Vec<u8>,
+    pub session_id: String,
+    pub client_id: Option<String>,
     pub now: i64,
 }
 
@@ -324,24 +324,11 @@ impl Store {
     /// caller asks again, `refresh_token`, for the winner's successor) or
     /// already exchanged (SQLite, where the exchanges of a batch run one
     /// after the other).
-    pub async fn rotate_live_refresh(
-        &self,
-        r: &LiveRotation<'_>,
-    ) -> StoreResult<Option<(RefreshRecord, bool)>> {
+    pub async fn rotate_live_refresh(&self, r: LiveRotation) -> StoreResult<Option<(RefreshRecord, bool)>> {
         let row = match &self.db {
             // Queued, and committed with the exchanges queued beside it
             // (store/group_commit.rs): the same statements, one transaction.
-            Db::Sqlite(pool) => {
-                let x = Exchange {
-                    old: r.old.to_vec(),
-                    new: r.new.to_vec(),
-                    successor: r.successor.to_vec(),
-                    session_id: r.session_id.to_string(),
-                    client_id: r.client_id.map(str::to_string),
-                    now: r.now,
-                };
-                self.group_commit.exchange(pool, x).await?
-            }
+            Db::Sqlite(pool) => self.group_commit.exchange(pool, r).await?,
             // The record from the statement's snapshot, the exchange
             // (`rotate_refresh`'s) under the conditions above; of two
             // concurrent callers the update re-checks `rotated_at IS NULL`
@@ -358,12 +345,12 @@ impl Store {
                          ins AS (INSERT INTO refresh_tokens (token_hash, session_id, created_at) SELECT $4, session_id, $2 FROM rot RETURNING 1) \
                          SELECT rec.*, EXISTS (SELECT 1 FROM ins) AS rotated FROM rec",
                     ))
-                    .bind(r.old)
+                    .bind(&r.old[..])
                     .bind(r.now)
-                    .bind(r.successor)
-                    .bind(r.new)
-                    .bind(r.session_id)
-                    .bind(r.client_id)
+                    .bind(&r.successor[..])
+                    .bind(&r.new[..])
+                    .bind(r.session_id.as_str())
+                    .bind(r.client_id.as_deref())
                     .fetch_optional(&mut *conn)
                     .await
                     .map_err(StoreError::from);
