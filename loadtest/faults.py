@@ -16,7 +16,9 @@ that carries Retry-After, or (for a verify whose code was not mailed yet)
 nothing at all; never a 500, a 502/504, a connection error, or an answer
 later than the request deadline (5 s) plus 1 s. The invariants, after the
 load:
-  - every 201 register has its account, and exactly one verification mail;
+  - every 201 register has its account, and exactly one verification mail
+    (a second delivery of it, with the same Message-ID, is counted apart:
+    at most one per delivery the fault could interrupt);
   - every token pair a 200 gave validates on every instance, unless its
     session was logged out (then it is refused);
   - every logout's access token is refused by every instance within 1 s;
@@ -51,15 +53,26 @@ RESEND_LIMIT, RESEND_WINDOW = 60, 60.0
 
 EXPECTED = {"register": 201, "verify": 200, "login": 200, "refresh": 200, "validate": 200, "logout": 204,
             "resend": 202}
+# Second deliveries of one message (same Message-ID) a fault may cause: the
+# outbox delivers at least once, and each instance delivers one message at a
+# time, so a fault interrupts at most one delivery per instance it touches
+# between the relay storing a message and the row being settled. Killing one
+# instance touches one; stopping the relay all three; the others none.
+COPIES_ALLOWED = {"instance-kill": 1, "smtp-down": 3}
 
 
 class Mailbox:
-    """The SMTP sink's messages: verification codes and counts by recipient."""
+    """The SMTP sink's messages: verification codes and counts by recipient.
+    A message is known by its Message-ID: the outbox delivers at least once,
+    and a second delivery of one message (its sender died after the relay
+    stored it, before the row was settled) carries the first's Message-ID.
+    Such a copy is counted apart, not as another message."""
 
     def __init__(self, directory):
         self.dir = Path(directory)
         self.seen = set()
-        self.by_rcpt = {}
+        self.by_rcpt = {}       # recipient: [(message id, code)], one per message
+        self.copies = []        # (recipient, message id) of each second delivery
         self.lock = threading.Lock()
         self.delivered_at = []  # (time, recipient)
         self.first_at = {}      # recipient: when its first message was seen
@@ -71,20 +84,28 @@ class Mailbox:
                     continue
                 self.seen.add(p.name)
                 text = p.read_text(errors="replace")
-                m = re.search(r"^To:\s*<?([^>\s]+)>?", text, re.M | re.I)
-                code = re.search(r"\b(\d{6})\b", text.split("\n\n", 1)[-1])
+                head, _, body = text.partition("\r\n\r\n" if "\r\n\r\n" in text else "\n\n")
+                m = re.search(r"^To:\s*<?([^>\s]+)>?", head, re.M | re.I)
+                mid = re.search(r"^Message-ID:\s*(\S+)", head, re.M | re.I)
+                code = re.search(r"\b(\d{6})\b", body)
                 if m:
                     rcpt = m.group(1).lower()
-                    self.by_rcpt.setdefault(rcpt, []).append(code.group(1) if code else None)
+                    mid = mid.group(1) if mid else p.name
+                    messages = self.by_rcpt.setdefault(rcpt, [])
+                    if any(known == mid for known, _ in messages):
+                        self.copies.append((rcpt, mid))
+                        continue
+                    messages.append((mid, code.group(1) if code else None))
                     self.delivered_at.append((time.time(), rcpt))
                     self.first_at.setdefault(rcpt, time.time())
 
     def code(self, rcpt):
         with self.lock:
-            codes = self.by_rcpt.get(rcpt.lower())
-            return codes[-1] if codes else None
+            messages = self.by_rcpt.get(rcpt.lower())
+            return messages[-1][1] if messages else None
 
     def count(self, rcpt):
+        """Distinct messages to `rcpt`."""
         with self.lock:
             return len(self.by_rcpt.get(rcpt.lower(), []))
 
@@ -428,6 +449,10 @@ def check(rig, load, rec, fault_window, name, mail_wait):
     doubles = [e for e in load.registered if load.mail.count(e) > 1]
     if doubles:
         breaches.append(f"{len(doubles)} accounts got their verification mail more than once (e.g. {doubles[0]})")
+    copies = len(load.mail.copies)
+    if copies > COPIES_ALLOWED.get(name, 0):
+        breaches.append(f"{copies} messages were delivered twice (e.g. {load.mail.copies[0][0]}), "
+                        f"more than the {COPIES_ALLOWED.get(name, 0)} deliveries the fault can interrupt")
 
     # Accounts: every 201 has its row.
     emails = {row[0] for row in rig.pg.sql("SELECT email FROM users")}
@@ -497,6 +522,7 @@ def check(rig, load, rec, fault_window, name, mail_wait):
         "fault_seconds": round(fault_window[1] - fault_window[0], 1),
         "recovery_s": round(recovery, 2),
         "mail_recovery_s": round(mail_recovery, 2) if mail_recovery is not None else None,
+        "mail_copies": copies,
         "generator_notes": load.notes[:5],
         "breaches": breaches,
     }
@@ -566,6 +592,9 @@ def report(results, args, started, outdir):
         lines.append(f"resend_ip admitted {r['resend_admitted']} (at its worst moment "
                      f"{r['resend_worst_share_of_policy']} of what the policy allows"
                      f"{', each instance its own bucket during the fault' if r['scenario'].startswith('redis-') else ''})")
+        if r["mail_copies"]:
+            lines.append(f"Mail: {r['mail_copies']} second deliveries of a message already delivered "
+                         "(same Message-ID: the outbox delivers at least once)")
         for b in r["breaches"]:
             lines.append(f"- BREACH: {b}")
         for n in r["generator_notes"]:

@@ -135,14 +135,15 @@ impl Gateway {
         &self.state
     }
 
-    /// Serves until `stop` (`lifecycle::signal()`, made before the gateway
-    /// was built); SIGHUP reloads `config_path`.
-    pub async fn run_until_stopped(
+    /// Serves until `stop` (`lifecycle::signal()`); each of `hangups`
+    /// reloads `config_path`. Both are made before the gateway is built.
+    async fn run_until_stopped(
         self,
         config_path: PathBuf,
         stop: impl Future<Output = ()> + Send + 'static,
+        hangups: state::Hangups,
     ) -> anyhow::Result<()> {
-        let reloader = tokio::spawn(state::reload_on_sighup(self.state.clone(), config_path));
+        let reloader = tokio::spawn(hangups.reload(self.state.clone(), config_path));
         let out = self.run_until(stop).await;
         reloader.abort();
         out
@@ -278,6 +279,7 @@ pub fn main(config_path: Option<&Path>, started: Instant) -> ExitCode {
             .prepare_file_limit(config.upstream.max_requests);
         // Before the listener is bound (lifecycle::signal).
         let stop = crate::lifecycle::signal();
+        let hangups = state::Hangups::listen();
         let gw = Gateway::build(config).await?;
         tracing::info!(
             address = %gw.local_addr(),
@@ -293,7 +295,7 @@ pub fn main(config_path: Option<&Path>, started: Instant) -> ExitCode {
         } else if !polls {
             tracing::warn!("no revocations_url: while Redis is unreachable, authenticated routes answer 503 (on_unknown_revocations)");
         }
-        gw.run_until_stopped(path, stop).await
+        gw.run_until_stopped(path, stop, hangups).await
     };
     match rt.block_on(run) {
         Ok(()) => ExitCode::SUCCESS,

@@ -130,20 +130,38 @@ pub(super) async fn fetch_keys(
     }
 }
 
-#[cfg(unix)]
-pub(super) async fn reload_on_sighup(st: Arc<GatewayState>, path: PathBuf) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut hup) = signal(SignalKind::hangup()) else {
-        tracing::warn!("cannot listen for SIGHUP; configuration reload disabled");
-        return;
-    };
-    while hup.recv().await.is_some() {
-        reload_from(&st, &path);
+/// SIGHUP, listened for from this call on. Made before the listener is
+/// bound (as `lifecycle::signal` is), so that a SIGHUP sent as soon as the
+/// port answers reloads instead of ending the process by the signal's
+/// default action.
+pub(super) struct Hangups(#[cfg(unix)] Option<tokio::signal::unix::Signal>);
+
+impl Hangups {
+    pub(super) fn listen() -> Hangups {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let hup = signal(SignalKind::hangup());
+            if hup.is_err() {
+                tracing::warn!("cannot listen for SIGHUP; configuration reload disabled");
+            }
+            Hangups(hup.ok())
+        }
+        #[cfg(not(unix))]
+        Hangups()
+    }
+
+    /// Reloads `path` into `st` at every SIGHUP, until dropped.
+    pub(super) async fn reload(self, st: Arc<GatewayState>, path: PathBuf) {
+        #[cfg(unix)]
+        if let Some(mut hup) = self.0 {
+            while hup.recv().await.is_some() {
+                reload_from(&st, &path);
+            }
+        }
+        let _ = (st, path);
     }
 }
-
-#[cfg(not(unix))]
-pub(super) async fn reload_on_sighup(_: Arc<GatewayState>, _: PathBuf) {}
 
 /// Re-reads `path` and applies it; on any error the running table stays.
 pub fn reload_from(st: &GatewayState, path: &Path) {

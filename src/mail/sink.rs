@@ -91,7 +91,9 @@ impl MailSink {
         }
     }
 
-    pub async fn deliver(&self, from: &str, id: i64, m: &Message) -> Result<(), SinkError> {
+    /// Delivers `m`, queued as outbox row `id`, with the Message-ID
+    /// `<message_id@domain of from>` (see [`Message::id_of`]).
+    pub async fn deliver(&self, from: &str, id: i64, message_id: &str, m: &Message) -> Result<(), SinkError> {
         match self {
             MailSink::Log => {
                 tracing::info!(target: "latchkey::mail", to = %m.to, subject = %m.subject,
@@ -99,7 +101,7 @@ impl MailSink {
                 Ok(())
             }
             MailSink::File(dir) => {
-                let email = build(from, m)?;
+                let email = build(from, message_id, m)?;
                 let name = format!("{}-{id:010}.eml", crate::clock::now_ms());
                 let tmp = dir.join(format!(".{name}.tmp"));
                 let bytes = email.formatted();
@@ -112,7 +114,7 @@ impl MailSink {
                 Ok(())
             }
             MailSink::Smtp(transport) => {
-                let email = build(from, m)?;
+                let email = build(from, message_id, m)?;
                 match transport.send(email).await {
                     Ok(_) => Ok(()),
                     Err(e) if e.is_permanent() => Err(SinkError::Permanent(e.to_string())),
@@ -124,10 +126,11 @@ impl MailSink {
     }
 }
 
-fn build(from: &str, m: &Message) -> Result<lettre::Message, SinkError> {
+fn build(from: &str, message_id: &str, m: &Message) -> Result<lettre::Message, SinkError> {
     let from: Mailbox = from
         .parse()
         .map_err(|e| SinkError::Permanent(format!("from address: {e}")))?;
+    let message_id = format!("<{message_id}@{}>", from.email.domain());
     // The recipient is a plain address (never a mailbox with a display
     // name that could route elsewhere).
     let to = Mailbox::new(
@@ -139,7 +142,39 @@ fn build(from: &str, m: &Message) -> Result<lettre::Message, SinkError> {
         .from(from)
         .to(to)
         .subject(m.subject.clone())
+        .message_id(Some(message_id))
         .header(ContentType::TEXT_PLAIN)
         .body(m.body.clone())
         .map_err(|e| SinkError::Permanent(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crypto::Sealer;
+
+    #[test]
+    fn every_delivery_of_a_queued_message_carries_its_one_message_id() {
+        let sealer = Sealer::new(&[3u8; 32]);
+        let m = Message::verification("ada@example.com", "123456");
+        let queued = m.seal(&sealer);
+        let header = |sealed: &[u8]| {
+            let email = build("latchkey <no-reply@mail.example>", &Message::id_of(sealed), &m).unwrap();
+            let text = String::from_utf8(email.formatted()).unwrap();
+            text.lines()
+                .find_map(|l| l.strip_prefix("Message-ID: ").map(str::to_owned))
+                .expect("a Message-ID header")
+        };
+        let first = header(&queued);
+        assert_eq!(first, header(&queued), "a second delivery is a copy");
+        assert!(
+            first.starts_with('<') && first.ends_with("@mail.example>"),
+            "{first}"
+        );
+        assert_eq!(first.len(), "<@mail.example>".len() + 32, "{first}");
+        // The same words queued again (a resend) are another message.
+        assert_ne!(first, header(&m.seal(&sealer)));
+        // Nothing of the content shows.
+        assert!(!first.contains("123456") && !first.contains("ada"));
+    }
 }

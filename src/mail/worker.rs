@@ -219,7 +219,11 @@ impl OutboxWorker {
             );
             return self.give_up(row.id, held, "cannot unseal").await;
         };
-        match self.sink.deliver(&self.from, row.id, &msg).await {
+        match self
+            .sink
+            .deliver(&self.from, row.id, &Message::id_of(&row.payload), &msg)
+            .await
+        {
             Ok(()) => {
                 metrics::counter!("latchkey_outbox_deliveries_total", "sink" => self.sink.kind())
                     .increment(1);

@@ -382,6 +382,74 @@ async fn mail_held_by_a_killed_instance_goes_out_from_another_within_the_lease(
     wait_mail(&mail_dir, &email, Duration::from_secs(25)).await;
 }
 
+/// The outbox delivers at least once. An instance killed after its relay
+/// stored a message, but before it heard the relay's 250 and deleted the row,
+/// leaves the message to another instance, which sends it again once the
+/// claim runs out. The second copy carries the first's Message-ID, so the
+/// recipient's mail system can tell it is a copy (and Gmail's drops it).
+#[sqlx::test(migrations = false)]
+async fn a_message_sent_again_after_a_crash_carries_the_first_copys_message_id(
+    _: sqlx::postgres::PgPoolOptions,
+    opts: sqlx::postgres::PgConnectOptions,
+) {
+    let url = crate::common::pg_url(&opts);
+    let dir = tempfile::tempdir().unwrap();
+    // The sink stores mail to "slow..." at once and answers 8 s later.
+    let sink_dir = dir.path().join("sink");
+    std::fs::create_dir_all(&sink_dir).unwrap();
+    let sink_port = free_port();
+    let _sink = smtp_sink(&sink_dir, sink_port);
+    let port = free_port();
+    let mut server = Server::spawn_on(
+        dir.path(),
+        port,
+        &format!("smtp://127.0.0.1:{sink_port}?tls=none"),
+        Some(&url),
+    );
+    wait_ready(port).await;
+    let email = unique_email("slow");
+    register_at(port, &email).await;
+    wait_mail(&sink_dir, &email, Duration::from_secs(10)).await;
+    server.child.kill().unwrap(); // SIGKILL, the relay's 250 not heard yet
+    server.child.wait().unwrap();
+
+    let mail_dir = dir.path().join("mail");
+    let other = free_port();
+    let _other = Server::spawn_on(
+        dir.path(),
+        other,
+        &format!("file:{}", mail_dir.display()),
+        Some(&url),
+    );
+    wait_ready(other).await;
+    let again = wait_mail(&mail_dir, &email, Duration::from_secs(30)).await;
+    assert_eq!(
+        code_in(&again),
+        code_in(&mails_in(&sink_dir, &email)[0]),
+        "the same message"
+    );
+    let first = message_ids_in(&sink_dir);
+    let copy = message_ids_in(&mail_dir);
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert_eq!(first, copy, "the copy carries the first's Message-ID");
+}
+
+/// The Message-ID headers of the messages in `dir`.
+fn message_ids_in(dir: &Path) -> Vec<String> {
+    let mut ids: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "eml"))
+        .filter_map(|p| {
+            let text = std::fs::read_to_string(p).ok()?;
+            text.lines()
+                .find_map(|l| l.strip_prefix("Message-ID: ").map(str::to_owned))
+        })
+        .collect();
+    ids.sort();
+    ids
+}
+
 /// Two instances share the outbox: every message goes out once.
 #[sqlx::test(migrations = false)]
 async fn two_instances_deliver_each_message_once(

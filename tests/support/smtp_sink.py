@@ -2,6 +2,9 @@
 as DIR/<n>.eml and prints "READY <port>" once it listens. Recipients whose
 address starts with "bounce" are refused with 550 (a permanent failure), and
 those starting with "greylist" with 450 (a temporary one, as greylisting does).
+A message to an address starting with "slow" is stored at once and answered
+8 s later: a sender that dies meanwhile has had its message delivered without
+hearing so.
 
 usage: smtp_sink.py DIR PORT [plain|starttls|implicit]   (PORT 0 picks a free port)
 
@@ -9,6 +12,7 @@ With starttls or implicit, the server makes a certificate for 127.0.0.1 and
 localhost, signed by a throwaway CA written to DIR/ca.pem (for the client to
 trust), and requires TLS: STARTTLS before any mail, or TLS from the first byte.
 """
+import asyncio
 import datetime
 import ipaddress
 import os
@@ -40,6 +44,8 @@ class Store:
         with open(tmp, "wb") as f:
             f.write(envelope.original_content or envelope.content)
         os.rename(tmp, path)
+        if any(r.lower().startswith("slow") for r in envelope.rcpt_tos):
+            await asyncio.sleep(8)
         return "250 OK"
 
 
