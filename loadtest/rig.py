@@ -342,7 +342,8 @@ defaults
     # A request whose instance died before answering goes to another
     # instance: retries are safe because every POST of the mix is
     # idempotent within its window (a refresh inside the grace period
-    # returns the same successor). A 503 is not retried: it carries
+    # returns the same successor; a register repeated with its password
+    # while its code lives changes nothing). A 503 is not retried: it carries
     # Retry-After for the client, and HAProxy 2.6 closes some retried
     # requests without an answer once no server is left.
     retries 2

@@ -345,6 +345,10 @@ fn describe() {
             "Time a database operation waited for a pool connection",
         ),
         (
+            "latchkey_db_group_commit_wait_seconds",
+            "Time a refresh exchange waited in the embedded backend's group-commit queue",
+        ),
+        (
             "latchkey_redis_command_seconds",
             "Redis command latency, by operation",
         ),

@@ -208,9 +208,19 @@ impl Accounts {
         self.limiter
             .check(PolicyName::RegisterEmail, email.as_str())
             .await?;
-        // Hash even when the email is taken, so timing does not tell.
+        // Hash even when the email is taken, so timing does not tell. Like
+        // the registration the email's live code would activate, if there
+        // is one (the same cost): a repeat of it then has the same hash,
+        // and `Store::register` changes nothing for it.
+        let pending = self
+            .store
+            .pending_registration_hash(email.as_str(), now_ms(), MAX_FAILURES)
+            .await?;
         let pw = password.clone();
-        let hash = self.hashing.run("hash", move |p| p.hash(pw.expose())).await?;
+        let hash = self
+            .hashing
+            .run("hash", move |p| p.hash_like(pw.expose(), pending.as_deref()))
+            .await?;
         let code = random_code();
         let code_hash = self.code_hash(Purpose::VerifyEmail, &email, &code);
         let now = now_ms();
@@ -236,6 +246,8 @@ impl Accounts {
                 },
                 &random_bytes::<32>(),
                 &notice,
+                MAX_FAILURES,
+                now - RESEND_QUIET_MS,
             )
             .await?;
         if matches!(outcome, RegisterOutcome::ResentCode(_)) {
@@ -250,7 +262,7 @@ impl Accounts {
         // login alike.)
         let holder = match &outcome {
             RegisterOutcome::Created => Some(&id),
-            RegisterOutcome::ResentCode(id) => Some(id),
+            RegisterOutcome::ResentCode(id) | RegisterOutcome::Repeated(id) => Some(id),
             RegisterOutcome::NoticeSent => None,
         };
         if let (Some(c), Some(holder)) = (&self.credentials, holder) {

@@ -361,8 +361,48 @@ impl Passwords {
     /// A PHC string (`$argon2id$v=19$m=...`) with a fresh random salt.
     pub fn hash(&self, password: &str) -> String {
         let salt = SaltString::encode_b64(&crate::crypto::random_bytes::<16>()).expect("16-byte salt");
+        self.hash_with(password, salt)
+    }
+
+    /// The hash of `password` with the salt of `like`, when `like` is a hash
+    /// this service would make now (argon2id, version 19, these parameters);
+    /// else with a fresh salt. The cost is the same either way. Two hashes of
+    /// one password made so are equal: how a repeated registration is told
+    /// from another party's (`Store::register`).
+    pub fn hash_like(&self, password: &str, like: Option<&str>) -> String {
+        let same_kind = |h: &PasswordHash<'_>| {
+            h.algorithm == Algorithm::Argon2id.ident()
+                && h.version == Some(Version::V0x13.into())
+                && Params::try_from(h).is_ok_and(|p| {
+                    (p.m_cost(), p.t_cost(), p.p_cost(), p.output_len())
+                        == (
+                            self.params.m_cost(),
+                            self.params.t_cost(),
+                            self.params.p_cost(),
+                            Some(Params::DEFAULT_OUTPUT_LEN),
+                        )
+                })
+        };
+        let salt = like
+            .and_then(|phc| PasswordHash::new(phc).ok())
+            .filter(same_kind)
+            .and_then(|h| h.salt)
+            .and_then(|s| {
+                let mut raw = [0u8; 16];
+                let bytes = s.decode_b64(&mut raw).ok()?;
+                (bytes.len() == 16)
+                    .then(|| SaltString::encode_b64(bytes).ok())
+                    .flatten()
+            });
+        match salt {
+            Some(salt) => self.hash_with(password, salt),
+            None => self.hash(password),
+        }
+    }
+
+    fn hash_with(&self, password: &str, salt: SaltString) -> String {
         let mut raw_salt = [0u8; 16];
-        let salt_bytes = salt.decode_b64(&mut raw_salt).expect("a salt we just encoded");
+        let salt_bytes = salt.decode_b64(&mut raw_salt).expect("a 16-byte salt");
         let mut out = [0u8; Params::DEFAULT_OUTPUT_LEN];
         with_blocks(&self.params, |blocks| {
             self.argon2
@@ -483,6 +523,35 @@ mod tests {
             "old parameters still verify"
         );
         assert!(!p.verify_dummy("anything"));
+    }
+
+    #[test]
+    fn a_hash_made_like_another_is_equal_only_for_the_same_password() {
+        let p = Passwords::new(&cheap()).unwrap();
+        let first = p.hash("correct horse");
+        assert_eq!(p.hash_like("correct horse", Some(&first)), first);
+        let other = p.hash_like("wrong horse", Some(&first));
+        assert_ne!(other, first);
+        assert!(p.verify("wrong horse", &other));
+        // Nothing to be like: a fresh salt each time.
+        assert_ne!(
+            p.hash_like("correct horse", None),
+            p.hash_like("correct horse", None)
+        );
+        // A hash of other parameters, or no hash at all: a fresh salt.
+        let stronger = Passwords::new(&Argon2Config {
+            memory_kib: 128,
+            ..cheap()
+        })
+        .unwrap();
+        let theirs = stronger.hash("correct horse");
+        let ours = p.hash_like("correct horse", Some(&theirs));
+        assert_ne!(ours, theirs);
+        assert!(ours.starts_with("$argon2id$v=19$m=64,t=1,p=1$") && p.verify("correct horse", &ours));
+        for odd in ["", "!contested", "$2b$04$abcdefghijklmnopqrstuu"] {
+            let h = p.hash_like("correct horse", Some(odd));
+            assert!(p.verify("correct horse", &h), "{odd}");
+        }
     }
 
     #[test]

@@ -57,7 +57,9 @@ pub struct NewCode<'a> {
 /// replaces the live code of another registration makes the email
 /// *contested*: two parties claimed it within one code's life, and
 /// whichever code is used then verifies the mailbox but activates neither
-/// password (the owner sets one with a reset).
+/// password (the owner sets one with a reset). A registration with the
+/// pending hash itself (the same password, hashed like it: a repeat) does
+/// not contest a code, nor end a contest.
 pub(super) const REPLACE_CODE: &str = "INSERT INTO codes \
      (email, purpose, code_hash, created_at, expires_at, failed_attempts, consumed_at, \
       pending_password_hash, pending_name, contested) \
@@ -68,7 +70,9 @@ pub(super) const REPLACE_CODE: &str = "INSERT INTO codes \
      pending_password_hash = excluded.pending_password_hash, pending_name = excluded.pending_name, \
      contested = CASE WHEN excluded.pending_password_hash IS NOT NULL \
        AND codes.pending_password_hash IS NOT NULL AND codes.consumed_at IS NULL \
-       AND codes.expires_at > excluded.created_at THEN 1 ELSE 0 END";
+       AND codes.expires_at > excluded.created_at \
+       AND (codes.contested = 1 OR codes.pending_password_hash <> excluded.pending_password_hash) \
+       THEN 1 ELSE 0 END";
 
 /// The password hash of an account verified while contested: no password
 /// matches it (it is no PHC string), and login pays a dummy hash for it.

@@ -26,6 +26,7 @@
 //! groups commits itself.
 
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 use tokio::sync::oneshot;
 
@@ -40,7 +41,8 @@ type Reply = oneshot::Sender<StoreResult<Option<Rotated>>>;
 
 #[derive(Default)]
 struct Queue {
-    waiting: Vec<(LiveRotation, Reply)>,
+    /// Each exchange with its caller's reply and when it was queued.
+    waiting: Vec<(LiveRotation, Reply, Instant)>,
     writing: bool,
 }
 
@@ -74,7 +76,7 @@ impl GroupCommit {
         let (tx, rx) = oneshot::channel();
         let start = {
             let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-            q.waiting.push((x, tx));
+            q.waiting.push((x, tx, Instant::now()));
             !std::mem::replace(&mut q.writing, true)
         };
         if start {
@@ -92,20 +94,34 @@ impl GroupCommit {
 /// unwritten: written, it would exchange a token its client still holds,
 /// and that client's next refresh, after the grace window, would read as
 /// reuse and end the session.
+///
+/// Each batch records its size (`latchkey_db_group_commit_batch_size`) and
+/// how long each of its exchanges waited in the queue
+/// (`latchkey_db_group_commit_wait_seconds`): with the one connection busy,
+/// refreshes wait here, not for the pool.
 async fn writer(mut writing: Writing, pool: Pool<sqlx::Sqlite>) {
     let Some(queue) = writing.0.clone() else { return };
     loop {
         let batch: Vec<_> = {
             let mut q = queue.lock().unwrap_or_else(|e| e.into_inner());
-            q.waiting.retain(|(_, reply)| !reply.is_closed());
+            q.waiting.retain(|(_, reply, _)| !reply.is_closed());
             if q.waiting.is_empty() {
                 q.writing = false;
                 writing.0 = None;
                 return;
             }
             let n = batch_size(q.waiting.len());
-            q.waiting.drain(..n).collect()
+            let started = Instant::now();
+            q.waiting
+                .drain(..n)
+                .map(|(x, reply, queued)| {
+                    metrics::histogram!("latchkey_db_group_commit_wait_seconds")
+                        .record(started.duration_since(queued).as_secs_f64());
+                    (x, reply)
+                })
+                .collect()
         };
+        metrics::histogram!("latchkey_db_group_commit_batch_size").record(batch.len() as f64);
         write(&pool, batch).await;
     }
 }

@@ -86,6 +86,12 @@ pub enum RegisterOutcome {
     ResentCode(String),
     /// The email belongs to a verified account: it got a notice.
     NoticeSent,
+    /// The email belongs to an unverified account (this id) whose live code
+    /// was issued for this very password less than the resend pause ago: a
+    /// repeat of that registration (a request a proxy sent again after its
+    /// instance died, a second click). Nothing changed and nothing was
+    /// sent: the code already mailed stands.
+    Repeated(String),
 }
 
 /// A new account as the domain prepared it.
@@ -113,6 +119,32 @@ impl Store {
             Ok(sqlx::query_as::<_, UserRow>(sql).bind(email).fetch_optional(&mut *conn).await?)
         })?;
         Ok(row.map(user))
+    }
+
+    /// The password hash that `email`'s live verification code would
+    /// activate: an unverified account's registration, its code unused,
+    /// unexpired, alive (failed fewer than `max_failures` times) and not
+    /// contested. A new registration of the email is hashed like it, so
+    /// that [`Store::register`] recognises a repeat by an equal hash.
+    pub async fn pending_registration_hash(
+        &self,
+        email: &str,
+        now: i64,
+        max_failures: i32,
+    ) -> StoreResult<Option<String>> {
+        db_op!(self, "pending_registration_hash", conn => {
+            Ok(sqlx::query_scalar::<_, String>(
+                "SELECT c.pending_password_hash FROM codes c JOIN users u ON u.email = c.email \
+                 WHERE c.email = $1 AND c.purpose = 'verify_email' AND c.consumed_at IS NULL \
+                 AND c.expires_at > $2 AND c.contested = 0 AND c.failed_attempts < $3 \
+                 AND c.pending_password_hash IS NOT NULL AND u.email_verified_at IS NULL",
+            )
+            .bind(email)
+            .bind(now)
+            .bind(max_failures)
+            .fetch_optional(&mut *conn)
+            .await?)
+        })
     }
 
     pub async fn user_by_id(&self, id: &str) -> StoreResult<Option<UserRecord>> {
@@ -320,12 +352,24 @@ impl Store {
     /// a new code that replaces the old one) with a fresh code, or, when the
     /// email is verified, sends a notice and leaves a shadow code (so that
     /// the code endpoints answer as for any email). One transaction.
+    ///
+    /// A registration whose password hash equals the one the live code
+    /// would activate (`new.password_hash` made like
+    /// [`Store::pending_registration_hash`], by `Passwords::hash_like`) is
+    /// a repeat, not a second party, and never contests the email (which
+    /// would leave the account without a usable password). Within the
+    /// resend pause (its code issued after `quiet_since`) it changes nothing
+    /// but the account's `updated_at` and mails nothing, as a resend would;
+    /// after it, it gets a fresh code as a resend would. `max_failures`: a
+    /// code failed this often is dead, and a repeat gets a fresh one.
     pub async fn register(
         &self,
         new: NewUser<'_>,
         verification: CodeMail<'_>,
         shadow_code_hash: &[u8],
         notice: &[u8],
+        max_failures: i32,
+        quiet_since: i64,
     ) -> StoreResult<RegisterOutcome> {
         db_op!(self, "register", conn => {
             let mut tx = conn.begin().await?;
@@ -342,6 +386,27 @@ impl Store {
             .await?
             .rows_affected()
                 == 1;
+            if !inserted {
+                let repeated: Option<(String,)> = sqlx::query_as(
+                    "UPDATE users SET updated_at = $2 WHERE email = $1 AND email_verified_at IS NULL \
+                     AND EXISTS (SELECT 1 FROM codes c WHERE c.email = users.email \
+                     AND c.purpose = 'verify_email' AND c.consumed_at IS NULL AND c.expires_at > $2 \
+                     AND c.contested = 0 AND c.failed_attempts < $3 AND c.pending_password_hash = $4 \
+                     AND c.created_at > $5) \
+                     RETURNING id",
+                )
+                .bind(new.email)
+                .bind(new.now)
+                .bind(max_failures)
+                .bind(new.password_hash)
+                .bind(quiet_since)
+                .fetch_optional(&mut *tx)
+                .await?;
+                if let Some((id,)) = repeated {
+                    tx.commit().await?;
+                    return Ok(RegisterOutcome::Repeated(id));
+                }
+            }
             let taken_over: Option<(String,)> = if inserted {
                 None
             } else {

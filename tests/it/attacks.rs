@@ -9,13 +9,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::common::{unique_email, TestApp, PASSWORD};
+use crate::common::{code_in, unique_email, TestApp, PASSWORD};
 use crate::oauth::{client, form, oauth_error, password_grant};
 
 crate::on_every_backend!(
     settings = &[("trusted_proxies", "127.0.0.1")];
     pre_registration_does_not_take_over_the_account,
     a_registration_racing_the_owners_activates_no_password,
+    a_registration_sent_twice_is_one_registration,
     a_flood_from_one_address_does_not_spend_the_owners_allowance,
     an_unverified_login_earns_no_known_address,
     logout_does_not_end_an_oauth_clients_session,
@@ -142,6 +143,35 @@ async fn pre_registration_does_not_take_over_the_account(app: &TestApp) {
     assert_eq!(r.status(), 201);
     assert_eq!(app.login(&email, PASSWORD).await.status(), 200);
     assert_eq!(app.login(&email, attacker_pw).await.status(), 401);
+}
+
+/// A registration sent twice (a proxy sending the request again after its
+/// instance died past the commit, a second click) is one registration: it
+/// contests nothing, so the password works after verification, and within
+/// the resend pause it mails no second code, so the first one stands. Only
+/// the same password makes a repeat: another one is a contest, as above.
+async fn a_registration_sent_twice_is_one_registration(app: &TestApp) {
+    let email = unique_email("twice");
+    app.register(&email, PASSWORD).await;
+    let code = app.wait_for_code(&email, 1).await;
+    app.register(&email, PASSWORD).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(app.mails_to(&email).len(), 1, "a second code was mailed");
+    let r = app
+        .post("/auth/verify-otp", json!({"email": email, "code": code}))
+        .await;
+    assert_eq!(r.status(), 200, "the first code stands");
+    assert_eq!(
+        app.login(&email, PASSWORD).await.status(),
+        200,
+        "the password is active"
+    );
+
+    // Once its code is used, the account is verified: a third sign-up is
+    // a notice, as for any verified account.
+    app.register(&email, PASSWORD).await;
+    let (subject, _) = app.wait_for_mail(&email, 2).await;
+    assert!(code_in(&app.mails_to(&email)[1].1).is_none(), "{subject}");
 }
 
 /// The victim registers; before the victim verifies, the attacker registers
@@ -811,6 +841,8 @@ async fn registering_again_does_not_raise_the_guess_budget(app: &TestApp) {
     let email = unique_email("rereg");
     let mut statuses = Vec::new();
     for round in 0..3 {
+        // Past the resend pause: each registration mails a fresh code.
+        past_resend_pause(&app).await;
         app.register(&email, PASSWORD).await;
         for i in 0..4 {
             let from = format!("192.0.2.{}", 40 + round * 4 + i);
