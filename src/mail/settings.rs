@@ -18,6 +18,10 @@ pub enum MailConfig {
         tls: SmtpTls,
         /// Extra trusted root certificates (PEM), for a relay with a private CA.
         ca_file: Option<PathBuf>,
+        /// The most one delivery may take, from connecting to the relay's
+        /// last reply: a relay that accepts and then stops answering
+        /// would otherwise hold the outbox's worker for ever.
+        timeout: Duration,
     },
 }
 
@@ -44,22 +48,28 @@ pub struct MailSettings {
 impl MailSettings {
     pub fn read(src: &impl Source) -> Result<MailSettings, ConfigError> {
         let from = src.get("mail_from", "latchkey <no-reply@localhost>".to_string(), |s| {
-            if s.contains('@') {
-                Ok(s.to_string())
-            } else {
-                Err("expected an address such as Example <no-reply@example.com>".into())
+            // Checked as the sink will parse it: a sender it refused would
+            // make every message a dead letter.
+            match s.parse::<lettre::message::Mailbox>() {
+                Ok(_) => Ok(s.to_string()),
+                Err(e) => Err(format!(
+                    "{e}: expected an address such as Example <no-reply@example.com>"
+                )),
             }
         })?;
         let mut transport = src.get("mail", MailConfig::Log, parse_mail)?;
         let mail_ca = src.get("mail_tls_ca_file", None, |s| Ok(Some(PathBuf::from(s))))?;
+        let mail_timeout = src.get("mail_timeout_secs", Duration::from_secs(60), secs(1, 600))?;
         if let MailConfig::Smtp {
             from: smtp_from,
             ca_file,
+            timeout,
             ..
         } = &mut transport
         {
             *smtp_from = from.clone();
             *ca_file = mail_ca;
+            *timeout = mail_timeout;
         }
         Ok(MailSettings {
             transport,
@@ -123,6 +133,7 @@ pub fn parse_mail(s: &str) -> Result<MailConfig, String> {
             from: String::new(),
             tls,
             ca_file: None,
+            timeout: Duration::from_secs(60),
         });
     }
     Err("expected log, file:DIR, smtps://[user:pass@]host[:port] or smtp://[user:pass@]host[:port][?tls=none]".into())
@@ -179,5 +190,28 @@ mod tests {
         assert_eq!(tls("smtp://127.0.0.1:2525?tls=none"), (SmtpTls::None, 2525));
         assert!(parse_mail("smtps://relay.example?tls=none").is_err());
         assert!(parse_mail("smtp://relay.example?tls=maybe").is_err());
+    }
+
+    #[test]
+    fn a_sender_the_sink_would_refuse_stops_start_up_and_the_relay_has_a_time_limit() {
+        use crate::settings::Sources;
+        let read = |pairs: &[(&str, &str)]| MailSettings::read(&Sources::from_pairs(pairs.iter().copied()));
+        for bad in ["nobody", "a@b@c", "Ex <no-reply@example.com", "@example.com"] {
+            assert!(read(&[("mail_from", bad)]).is_err(), "{bad}");
+        }
+        let s = read(&[
+            ("mail_from", "Example <no-reply@example.com>"),
+            ("mail", "smtp://relay.example"),
+            ("mail_timeout_secs", "5"),
+        ])
+        .unwrap();
+        match s.transport {
+            MailConfig::Smtp { timeout, from, .. } => {
+                assert_eq!(timeout, Duration::from_secs(5));
+                assert_eq!(from, "Example <no-reply@example.com>");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(read(&[("mail", "smtp://relay.example"), ("mail_timeout_secs", "0")]).is_err());
     }
 }

@@ -30,7 +30,9 @@ pub enum MailSink {
     /// Logs each message, code included: for development only.
     Log,
     File(PathBuf),
-    Smtp(AsyncSmtpTransport<Tokio1Executor>),
+    /// The relay, and the most one delivery may take (lettre's own timeout
+    /// bounds only the connection's opening).
+    Smtp(AsyncSmtpTransport<Tokio1Executor>, Duration),
 }
 
 impl MailSink {
@@ -48,6 +50,7 @@ impl MailSink {
                 credentials,
                 tls,
                 ca_file,
+                timeout,
                 ..
             } => {
                 let mut b = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(host.as_str())
@@ -78,7 +81,7 @@ impl MailSink {
                 if let Some((user, pass)) = credentials {
                     b = b.credentials(Credentials::new(user.clone(), pass.expose().clone()));
                 }
-                MailSink::Smtp(b.build())
+                MailSink::Smtp(b.build(), *timeout)
             }
         })
     }
@@ -87,7 +90,7 @@ impl MailSink {
         match self {
             MailSink::Log => "log",
             MailSink::File(_) => "file",
-            MailSink::Smtp(_) => "smtp",
+            MailSink::Smtp(..) => "smtp",
         }
     }
 
@@ -113,13 +116,20 @@ impl MailSink {
                     .map_err(|e| SinkError::Temporary(format!("renaming {}: {e}", tmp.display())))?;
                 Ok(())
             }
-            MailSink::Smtp(transport) => {
+            MailSink::Smtp(transport, timeout) => {
                 let email = build(from, message_id, m)?;
-                match transport.send(email).await {
-                    Ok(_) => Ok(()),
-                    Err(e) if e.is_permanent() => Err(SinkError::Permanent(e.to_string())),
-                    Err(e) if e.is_transient() => Err(SinkError::Temporary(e.to_string())),
-                    Err(e) => Err(SinkError::Unreachable(e.to_string())),
+                // A relay that stops answering is unreachable. (If it had
+                // stored the message already, the next delivery is a copy,
+                // recognisable by its Message-ID.)
+                match tokio::time::timeout(*timeout, transport.send(email)).await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(e)) if e.is_permanent() => Err(SinkError::Permanent(e.to_string())),
+                    Ok(Err(e)) if e.is_transient() => Err(SinkError::Temporary(e.to_string())),
+                    Ok(Err(e)) => Err(SinkError::Unreachable(e.to_string())),
+                    Err(_) => Err(SinkError::Unreachable(format!(
+                        "the relay did not finish the delivery within {} s",
+                        timeout.as_secs()
+                    ))),
                 }
             }
         }
@@ -130,7 +140,13 @@ fn build(from: &str, message_id: &str, m: &Message) -> Result<lettre::Message, S
     let from: Mailbox = from
         .parse()
         .map_err(|e| SinkError::Permanent(format!("from address: {e}")))?;
-    let message_id = format!("<{message_id}@{}>", from.email.domain());
+    // The sender's domain, in its ASCII (IDNA) form: a header may not carry
+    // other characters, and lettre would encode them into no valid msg-id.
+    let domain = match url::quirks::domain_to_ascii(from.email.domain()) {
+        d if d.is_empty() => "localhost".to_string(),
+        d => d,
+    };
+    let message_id = format!("<{message_id}@{domain}>");
     // The recipient is a plain address (never a mailbox with a display
     // name that could route elsewhere).
     let to = Mailbox::new(
@@ -176,5 +192,10 @@ mod tests {
         assert_ne!(first, header(&m.seal(&sealer)));
         // Nothing of the content shows.
         assert!(!first.contains("123456") && !first.contains("ada"));
+        // A sender's domain of other characters than ASCII, in its IDNA form.
+        let email = build("no-reply@bücher.example", &Message::id_of(&queued), &m).unwrap();
+        let text = String::from_utf8(email.formatted()).unwrap();
+        let id = format!("Message-ID: <{}@xn--bcher-kva.example>", Message::id_of(&queued));
+        assert!(text.lines().any(|l| l == id), "{text}");
     }
 }

@@ -21,8 +21,8 @@ use crate::store::Store;
 
 /// How long a claim holds a message for its worker. A worker renews the
 /// claims of its batch every [`RENEW`] while it delivers (a relay that
-/// hangs holds a message up to its timeouts, 10 s per SMTP step, longer
-/// than a lease), so a claim runs out only once its worker is gone: the
+/// hangs holds a message up to `mail_timeout_secs`, a minute by default,
+/// longer than a lease), so a claim runs out only once its worker is gone: the
 /// mail of an instance killed mid-batch goes out from another within about
 /// this long, not after the minute a single long lease would take.
 const LEASE_MS: i64 = 15_000;

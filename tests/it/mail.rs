@@ -382,6 +382,33 @@ async fn mail_held_by_a_killed_instance_goes_out_from_another_within_the_lease(
     wait_mail(&mail_dir, &email, Duration::from_secs(25)).await;
 }
 
+/// A relay that takes the connection and then never answers holds a
+/// delivery for `mail_timeout_secs` at most: the message is rescheduled as
+/// when the relay cannot be reached, and the worker goes on. (lettre's own
+/// timeout bounds only the connection's opening: without this one the
+/// worker waited for ever, renewing its claims, and no instance sent the
+/// batch.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_that_stops_answering_holds_a_delivery_no_longer_than_the_mail_timeout() {
+    // The kernel completes the connection; nobody ever greets.
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let relay = format!("smtp://127.0.0.1:{}?tls=none", hung.local_addr().unwrap().port());
+    let app = TestApp::embedded(&[("mail", &relay), ("mail_timeout_secs", "1")]).await;
+    let email = unique_email("hung");
+    let r = app
+        .post("/auth/register", json!({"email": email, "password": PASSWORD}))
+        .await;
+    assert_eq!(r.status(), 201);
+    let given_back = "SELECT COUNT(*) FROM outbox WHERE claimed_until IS NULL AND attempts >= 1 \
+                      AND last_error LIKE '%did not finish the delivery within 1 s%'";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.count(given_back).await != 1 {
+        assert!(Instant::now() < deadline, "the delivery still waits on the relay");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    app.stop().await;
+}
+
 /// The outbox delivers at least once. An instance killed after its relay
 /// stored a message, but before it heard the relay's 250 and deleted the row,
 /// leaves the message to another instance, which sends it again once the
