@@ -208,48 +208,63 @@ impl Accounts {
         self.limiter
             .check(PolicyName::RegisterEmail, email.as_str())
             .await?;
-        // Hash even when the email is taken, so timing does not tell. Like
-        // the registration the email's live code would activate, if there
-        // is one (the same cost): a repeat of it then has the same hash,
-        // and `Store::register` changes nothing for it.
-        let pending = self
-            .store
-            .pending_registration_hash(email.as_str(), now_ms(), MAX_FAILURES)
-            .await?;
-        let pw = password.clone();
-        let hash = self
-            .hashing
-            .run("hash", move |p| p.hash_like(pw.expose(), pending.as_deref()))
-            .await?;
         let code = random_code();
         let code_hash = self.code_hash(Purpose::VerifyEmail, &email, &code);
-        let now = now_ms();
         let id = uuid::Uuid::now_v7().to_string();
         let address = ip.to_string();
         let verification = self.seal(&Message::verification(email.as_str(), &code));
         let notice = self.seal(&Message::already_registered(email.as_str()));
-        let outcome = self
-            .store
-            .register(
-                crate::store::NewUser {
-                    id: &id,
-                    email: email.as_str(),
-                    name: name.as_deref(),
-                    password_hash: &hash,
-                    now,
-                    ip: Some(&address),
-                },
-                crate::store::CodeMail {
-                    code_hash: &code_hash,
-                    expires_at: now + CODE_TTL_MS,
-                    message: &verification,
-                },
-                &random_bytes::<32>(),
-                &notice,
-                MAX_FAILURES,
-                now - RESEND_QUIET_MS,
-            )
-            .await?;
+        // Hash even when the email is taken, so timing does not tell. Like
+        // the registration the email's live code would activate, if there
+        // is one (the same cost): a repeat of it then has the same hash, and
+        // `Store::register` does not take it for another party's. Should
+        // another registration of the email commit while this one hashes
+        // (two clicks at once), hash again like that one; the last try
+        // writes whatever it finds (a contest, if it is another password).
+        const TRIES: usize = 3;
+        let mut tries = 0;
+        let (hash, outcome) = loop {
+            tries += 1;
+            let pending = self
+                .store
+                .pending_registration_hash(email.as_str(), now_ms())
+                .await?;
+            let (pw, like) = (password.clone(), pending.clone());
+            let hash = self
+                .hashing
+                .run("hash", move |p| p.hash_like(pw.expose(), like.as_deref()))
+                .await?;
+            let now = now_ms();
+            let outcome = self
+                .store
+                .register(
+                    crate::store::NewUser {
+                        id: &id,
+                        email: email.as_str(),
+                        name: name.as_deref(),
+                        password_hash: &hash,
+                        now,
+                        ip: Some(&address),
+                    },
+                    crate::store::CodeMail {
+                        code_hash: &code_hash,
+                        expires_at: now + CODE_TTL_MS,
+                        message: &verification,
+                    },
+                    &random_bytes::<32>(),
+                    &notice,
+                    crate::store::Repeat {
+                        hashed_like: pending.as_deref(),
+                        quiet_since: now - RESEND_QUIET_MS,
+                        max_failures: MAX_FAILURES,
+                        last_try: tries == TRIES,
+                    },
+                )
+                .await?;
+            if !matches!(outcome, RegisterOutcome::Stale) {
+                break (hash, outcome);
+            }
+        };
         if matches!(outcome, RegisterOutcome::ResentCode(_)) {
             // The unverified account now holds this registration's password.
             self.revocations.user_changed(email.as_str()).await;
@@ -263,7 +278,7 @@ impl Accounts {
         let holder = match &outcome {
             RegisterOutcome::Created => Some(&id),
             RegisterOutcome::ResentCode(id) | RegisterOutcome::Repeated(id) => Some(id),
-            RegisterOutcome::NoticeSent => None,
+            RegisterOutcome::NoticeSent | RegisterOutcome::Stale => None,
         };
         if let (Some(c), Some(holder)) = (&self.credentials, holder) {
             c.remember(holder, &hash, password.expose());

@@ -38,7 +38,8 @@ pub use sessions::{
 };
 pub use settings::{DatabaseConfig, DatabaseUrl};
 pub use users::{
-    CodeMail, EmailChange, ImportOutcome, ImportedUser, NewUser, RegisterOutcome, UserFilter, UserRecord,
+    CodeMail, EmailChange, ImportOutcome, ImportedUser, NewUser, RegisterOutcome, Repeat, UserFilter,
+    UserRecord,
 };
 pub use webhooks::{Attempted, DeliveryRecord, DeliveryRow, WebhookRecord};
 

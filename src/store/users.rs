@@ -92,6 +92,39 @@ pub enum RegisterOutcome {
     /// instance died, a second click). Nothing changed and nothing was
     /// sent: the code already mailed stands.
     Repeated(String),
+    /// Another registration of the email committed while this one was
+    /// hashed like the registration before it: nothing was written; hash
+    /// again like the new one (`Store::pending_registration_hash`).
+    Stale,
+}
+
+/// How a registration tells a repeat of the live one (see
+/// [`Store::register`]).
+pub struct Repeat<'a> {
+    /// The pending hash the password was hashed like, as read before
+    /// hashing ([`Store::pending_registration_hash`]).
+    pub hashed_like: Option<&'a str>,
+    /// A repeat of a code issued after this (ms) mails nothing: the resend
+    /// pause.
+    pub quiet_since: i64,
+    /// A code failed this often is dead: a repeat gets a fresh one.
+    pub max_failures: i32,
+    /// Write whatever the live registration is, never
+    /// [`RegisterOutcome::Stale`]: a contest if it is another password's.
+    pub last_try: bool,
+}
+
+/// The rest of a `SELECT ... FROM codes c` of the email's live
+/// registration (`$1` the email, `$2` now): an unverified account, its
+/// verification code unused, unexpired, not contested, with pending
+/// credentials.
+macro_rules! live_registration {
+    () => {
+        "JOIN users u ON u.email = c.email \
+         WHERE c.email = $1 AND c.purpose = 'verify_email' AND c.consumed_at IS NULL \
+         AND c.expires_at > $2 AND c.contested = 0 AND c.pending_password_hash IS NOT NULL \
+         AND u.email_verified_at IS NULL"
+    };
 }
 
 /// A new account as the domain prepared it.
@@ -123,25 +156,18 @@ impl Store {
 
     /// The password hash that `email`'s live verification code would
     /// activate: an unverified account's registration, its code unused,
-    /// unexpired, alive (failed fewer than `max_failures` times) and not
-    /// contested. A new registration of the email is hashed like it, so
-    /// that [`Store::register`] recognises a repeat by an equal hash.
-    pub async fn pending_registration_hash(
-        &self,
-        email: &str,
-        now: i64,
-        max_failures: i32,
-    ) -> StoreResult<Option<String>> {
+    /// unexpired and not contested (a code dead of wrong tries counts: a
+    /// repeat of its registration gets a fresh code, not a contest). A new
+    /// registration of the email is hashed like it, so that
+    /// [`Store::register`] recognises a repeat by an equal hash.
+    pub async fn pending_registration_hash(&self, email: &str, now: i64) -> StoreResult<Option<String>> {
         db_op!(self, "pending_registration_hash", conn => {
-            Ok(sqlx::query_scalar::<_, String>(
-                "SELECT c.pending_password_hash FROM codes c JOIN users u ON u.email = c.email \
-                 WHERE c.email = $1 AND c.purpose = 'verify_email' AND c.consumed_at IS NULL \
-                 AND c.expires_at > $2 AND c.contested = 0 AND c.failed_attempts < $3 \
-                 AND c.pending_password_hash IS NOT NULL AND u.email_verified_at IS NULL",
-            )
+            Ok(sqlx::query_scalar::<_, String>(concat!(
+                "SELECT c.pending_password_hash FROM codes c ",
+                live_registration!()
+            ))
             .bind(email)
             .bind(now)
-            .bind(max_failures)
             .fetch_optional(&mut *conn)
             .await?)
         })
@@ -358,18 +384,23 @@ impl Store {
     /// [`Store::pending_registration_hash`], by `Passwords::hash_like`) is
     /// a repeat, not a second party, and never contests the email (which
     /// would leave the account without a usable password). Within the
-    /// resend pause (its code issued after `quiet_since`) it changes nothing
-    /// but the account's `updated_at` and mails nothing, as a resend would;
-    /// after it, it gets a fresh code as a resend would. `max_failures`: a
-    /// code failed this often is dead, and a repeat gets a fresh one.
+    /// resend pause (see [`Repeat`]) it changes nothing but the account's
+    /// `updated_at` and mails nothing, as a resend would; after it, or when
+    /// its code is dead, it gets a fresh code as a resend would.
+    ///
+    /// The live code's hash is read again here, with the account's row
+    /// locked (by the first update): if it is not the one the password was
+    /// hashed like (a registration of the same email committed while this
+    /// one hashed, two clicks at once), the answer is
+    /// [`RegisterOutcome::Stale`] and nothing is written, so that the
+    /// caller hashes again like the new one instead of contesting it.
     pub async fn register(
         &self,
         new: NewUser<'_>,
         verification: CodeMail<'_>,
         shadow_code_hash: &[u8],
         notice: &[u8],
-        max_failures: i32,
-        quiet_since: i64,
+        repeat: Repeat<'_>,
     ) -> StoreResult<RegisterOutcome> {
         db_op!(self, "register", conn => {
             let mut tx = conn.begin().await?;
@@ -387,24 +418,37 @@ impl Store {
             .rows_affected()
                 == 1;
             if !inserted {
-                let repeated: Option<(String,)> = sqlx::query_as(
-                    "UPDATE users SET updated_at = $2 WHERE email = $1 AND email_verified_at IS NULL \
-                     AND EXISTS (SELECT 1 FROM codes c WHERE c.email = users.email \
-                     AND c.purpose = 'verify_email' AND c.consumed_at IS NULL AND c.expires_at > $2 \
-                     AND c.contested = 0 AND c.failed_attempts < $3 AND c.pending_password_hash = $4 \
-                     AND c.created_at > $5) \
-                     RETURNING id",
+                // Locks an unverified account's row (every registration and
+                // verification of the email updates it) before its code is read.
+                let unverified: Option<(String,)> = sqlx::query_as(
+                    "UPDATE users SET updated_at = $2 WHERE email = $1 AND email_verified_at IS NULL RETURNING id",
                 )
                 .bind(new.email)
                 .bind(new.now)
-                .bind(max_failures)
-                .bind(new.password_hash)
-                .bind(quiet_since)
                 .fetch_optional(&mut *tx)
                 .await?;
-                if let Some((id,)) = repeated {
-                    tx.commit().await?;
-                    return Ok(RegisterOutcome::Repeated(id));
+                if let Some((id,)) = unverified {
+                    let live: Option<(String, i64, i32)> = sqlx::query_as(concat!(
+                        "SELECT c.pending_password_hash, c.created_at, c.failed_attempts FROM codes c ",
+                        live_registration!()
+                    ))
+                    .bind(new.email)
+                    .bind(new.now)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                    if let Some((pending, created_at, failed)) = live {
+                        if repeat.hashed_like != Some(pending.as_str()) && !repeat.last_try {
+                            tx.rollback().await?;
+                            return Ok(RegisterOutcome::Stale);
+                        }
+                        if pending == new.password_hash
+                            && created_at > repeat.quiet_since
+                            && failed < repeat.max_failures
+                        {
+                            tx.commit().await?;
+                            return Ok(RegisterOutcome::Repeated(id));
+                        }
+                    }
                 }
             }
             let taken_over: Option<(String,)> = if inserted {

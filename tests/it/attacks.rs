@@ -17,6 +17,7 @@ crate::on_every_backend!(
     pre_registration_does_not_take_over_the_account,
     a_registration_racing_the_owners_activates_no_password,
     a_registration_sent_twice_is_one_registration,
+    two_registrations_at_once_with_one_password_are_one,
     a_flood_from_one_address_does_not_spend_the_owners_allowance,
     an_unverified_login_earns_no_known_address,
     logout_does_not_end_an_oauth_clients_session,
@@ -172,6 +173,41 @@ async fn a_registration_sent_twice_is_one_registration(app: &TestApp) {
     app.register(&email, PASSWORD).await;
     let (subject, _) = app.wait_for_mail(&email, 2).await;
     assert!(code_in(&app.mails_to(&email)[1].1).is_none(), "{subject}");
+}
+
+/// Two registrations of one email and password at once (two clicks): the
+/// second to write finds the first's code, which it was not hashed like,
+/// hashes again like it, and is a repeat. (On SQLite the one connection is
+/// held while both arrive, so that both read the email's pending
+/// registration before either writes; without the second hashing the
+/// second contests the email and the password does not work.)
+async fn two_registrations_at_once_with_one_password_are_one(app: &TestApp) {
+    let email = unique_email("clicks");
+    let held = match &app.services.store.db {
+        latchkey::store::Db::Sqlite(pool) => Some((**pool).acquire().await.unwrap()),
+        latchkey::store::Db::Postgres(_) => None,
+    };
+    let send = || {
+        let (http, url) = (app.http.clone(), app.url("/auth/register"));
+        let body = json!({"email": email, "password": PASSWORD});
+        tokio::spawn(async move { http.post(url).json(&body).send().await.unwrap().status().as_u16() })
+    };
+    let (a, b) = (send(), send());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(held);
+    assert_eq!((a.await.unwrap(), b.await.unwrap()), (201, 201));
+    let code = app.wait_for_code(&email, 1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(app.mails_to(&email).len(), 1, "a second code was mailed");
+    let r = app
+        .post("/auth/verify-otp", json!({"email": email, "code": code}))
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        app.login(&email, PASSWORD).await.status(),
+        200,
+        "the password is active"
+    );
 }
 
 /// The victim registers; before the victim verifies, the attacker registers
