@@ -417,17 +417,25 @@ impl Store {
             .await?
             .rows_affected()
                 == 1;
+            // An account an admin moved to this address, not yet verified
+            // there: it is somebody's, with its own password and factors,
+            // and its code is the address owner's. A registration takes it
+            // over no more than a verified account: it mails a notice and
+            // leaves the account and its code as they are.
+            let mut moved_here = false;
             if !inserted {
                 // Locks an unverified account's row (every registration and
                 // verification of the email updates it) before its code is read.
-                let unverified: Option<(String,)> = sqlx::query_as(
-                    "UPDATE users SET updated_at = $2 WHERE email = $1 AND email_verified_at IS NULL RETURNING id",
+                let unverified: Option<(String, Option<i64>)> = sqlx::query_as(
+                    "UPDATE users SET updated_at = $2 WHERE email = $1 AND email_verified_at IS NULL \
+                     RETURNING id, email_changed_at",
                 )
                 .bind(new.email)
                 .bind(new.now)
                 .fetch_optional(&mut *tx)
                 .await?;
-                if let Some((id,)) = unverified {
+                moved_here = matches!(unverified, Some((_, Some(_))));
+                if let Some((id, None)) = unverified {
                     let live: Option<(String, i64, i32)> = sqlx::query_as(concat!(
                         "SELECT c.pending_password_hash, c.created_at, c.failed_attempts FROM codes c ",
                         live_registration!()
@@ -451,12 +459,12 @@ impl Store {
                     }
                 }
             }
-            let taken_over: Option<(String,)> = if inserted {
+            let taken_over: Option<(String,)> = if inserted || moved_here {
                 None
             } else {
                 sqlx::query_as(
                     "UPDATE users SET password_hash = $2, name = $3, updated_at = $4 \
-                     WHERE email = $1 AND email_verified_at IS NULL RETURNING id",
+                     WHERE email = $1 AND email_verified_at IS NULL AND email_changed_at IS NULL RETURNING id",
                 )
                 .bind(new.email)
                 .bind(new.password_hash)
@@ -471,16 +479,18 @@ impl Store {
             } else {
                 (verification.code_hash, Some(new.password_hash), verification.message)
             };
-            sqlx::query(super::codes::REPLACE_CODE)
-                .bind(new.email)
-                .bind(Purpose::VerifyEmail.as_str())
-                .bind(code_hash)
-                .bind(new.now)
-                .bind(verification.expires_at)
-                .bind(pending)
-                .bind(pending.and(new.name))
-                .execute(&mut *tx)
-                .await?;
+            if !moved_here {
+                sqlx::query(super::codes::REPLACE_CODE)
+                    .bind(new.email)
+                    .bind(Purpose::VerifyEmail.as_str())
+                    .bind(code_hash)
+                    .bind(new.now)
+                    .bind(verification.expires_at)
+                    .bind(pending)
+                    .bind(pending.and(new.name))
+                    .execute(&mut *tx)
+                    .await?;
+            }
             sqlx::query(INSERT_OUTBOX)
                 .bind(message)
                 .bind(new.now)

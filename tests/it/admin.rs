@@ -17,6 +17,7 @@ crate::on_every_backend!(
     admins_end_sessions_and_mail_reset_codes,
     an_unlock_lifts_the_brute_force_delays_of_every_address,
     a_new_email_must_be_verified_and_ends_every_session,
+    a_registration_of_the_address_an_admin_gave_an_account_takes_nothing_over,
     a_login_or_refresh_that_raced_a_disable_gets_no_session,
     a_refused_change_changes_nothing,
 );
@@ -619,6 +620,73 @@ async fn a_new_email_must_be_verified_and_ends_every_session(app: &TestApp) {
         200,
         "same password, new email"
     );
+}
+
+/// An admin moves an account to a new address; before its owner verifies
+/// it, somebody registers that address with their own password. The
+/// account is somebody's (its password, its factors): the registration
+/// takes it over no more than a verified one. Its password stays, the
+/// owner's code stands, and the address gets a notice, no code: whatever
+/// code the owner then enters (the latest mailed), the owner's password is
+/// the account's, and the registrant's is not.
+async fn a_registration_of_the_address_an_admin_gave_an_account_takes_nothing_over(app: &TestApp) {
+    let admin = admin_token(app).await;
+    let old = unique_email("moved-old");
+    let new = unique_email("moved-new");
+    let pair = app.register_verified(&old, PASSWORD).await;
+    let id = user_id(app, &pair).await;
+    let r = call(
+        app,
+        reqwest::Method::PATCH,
+        &format!("/admin/users/{id}"),
+        Some(&admin),
+        Some(json!({"email": new})),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    app.wait_for_code(&new, 1).await;
+    let intruder = "the intruder's password";
+    let r = app
+        .post(
+            "/auth/register",
+            json!({"email": new, "password": intruder, "name": "Intruder"}),
+        )
+        .await;
+    assert_eq!(r.status(), 201, "answered as for any address");
+    let (subject, body) = app.wait_for_mail(&new, 2).await;
+    assert!(
+        crate::common::code_in(&body).is_none(),
+        "a notice, not a code: {subject}"
+    );
+    let latest = app
+        .mails_to(&new)
+        .iter()
+        .rev()
+        .find_map(|(_, body)| crate::common::code_in(body))
+        .unwrap();
+    let r = app
+        .post("/auth/verify-otp", json!({"email": new, "code": latest}))
+        .await;
+    assert_eq!(r.status(), 200, "the owner's code stands");
+    let session: Value = r.json().await.unwrap();
+    assert_eq!(
+        app.login(&new, intruder).await.status(),
+        401,
+        "the intruder's password"
+    );
+    assert_eq!(
+        app.login(&new, PASSWORD).await.status(),
+        200,
+        "the owner's password"
+    );
+    let me: Value = app
+        .get_bearer("/auth/me", session["access_token"].as_str().unwrap())
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(me["id"], id.as_str(), "{me}");
+    assert_ne!(me["name"], "Intruder", "{me}");
 }
 
 /// The outcome of a disable that raced a login: the account is disabled in
