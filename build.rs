@@ -1,4 +1,5 @@
-// Records the git revision for the `latchkey_build_info` metric.
+// Records the git revision for the `latchkey_build_info` metric, and
+// rebuilds when a migration is added.
 fn main() {
     let rev = std::process::Command::new("git")
         .args(["rev-parse", "--short=12", "HEAD"])
@@ -11,4 +12,6 @@ fn main() {
     println!("cargo:rustc-env=LATCHKEY_GIT_REVISION={rev}");
     println!("cargo:rerun-if-changed=.git/HEAD");
     println!("cargo:rerun-if-changed=.git/refs/heads");
+    // sqlx::migrate! embeds the migrations: a new file must rebuild the crate.
+    println!("cargo:rerun-if-changed=migrations");
 }

@@ -417,25 +417,26 @@ impl Store {
             .await?
             .rows_affected()
                 == 1;
-            // An account an admin moved to this address, not yet verified
-            // there: it is somebody's, with its own password and factors,
-            // and its code is the address owner's. A registration takes it
-            // over no more than a verified account: it mails a notice and
-            // leaves the account and its code as they are.
-            let mut moved_here = false;
+            // An account an admin moved to this address, or created or
+            // imported with it, not yet verified: it is somebody's, with its
+            // own password (and factors), and any code of it is the address
+            // owner's. A registration takes it over no more than a verified
+            // account: it mails a notice and leaves the account and its code
+            // as they are.
+            let mut held = false;
             if !inserted {
                 // Locks an unverified account's row (every registration and
                 // verification of the email updates it) before its code is read.
-                let unverified: Option<(String, Option<i64>)> = sqlx::query_as(
+                let unverified: Option<(String, Option<i64>, Option<i64>)> = sqlx::query_as(
                     "UPDATE users SET updated_at = $2 WHERE email = $1 AND email_verified_at IS NULL \
-                     RETURNING id, email_changed_at",
+                     RETURNING id, email_changed_at, imported_at",
                 )
                 .bind(new.email)
                 .bind(new.now)
                 .fetch_optional(&mut *tx)
                 .await?;
-                moved_here = matches!(unverified, Some((_, Some(_))));
-                if let Some((id, None)) = unverified {
+                held = matches!(unverified, Some((_, changed, imported)) if changed.is_some() || imported.is_some());
+                if let Some((id, None, None)) = unverified {
                     let live: Option<(String, i64, i32)> = sqlx::query_as(concat!(
                         "SELECT c.pending_password_hash, c.created_at, c.failed_attempts FROM codes c ",
                         live_registration!()
@@ -459,12 +460,13 @@ impl Store {
                     }
                 }
             }
-            let taken_over: Option<(String,)> = if inserted || moved_here {
+            let taken_over: Option<(String,)> = if inserted || held {
                 None
             } else {
                 sqlx::query_as(
                     "UPDATE users SET password_hash = $2, name = $3, updated_at = $4 \
-                     WHERE email = $1 AND email_verified_at IS NULL AND email_changed_at IS NULL RETURNING id",
+                     WHERE email = $1 AND email_verified_at IS NULL AND email_changed_at IS NULL \
+                     AND imported_at IS NULL RETURNING id",
                 )
                 .bind(new.email)
                 .bind(new.password_hash)
@@ -479,7 +481,7 @@ impl Store {
             } else {
                 (verification.code_hash, Some(new.password_hash), verification.message)
             };
-            if !moved_here {
+            if !held {
                 sqlx::query(super::codes::REPLACE_CODE)
                     .bind(new.email)
                     .bind(Purpose::VerifyEmail.as_str())
@@ -636,8 +638,8 @@ impl Store {
             let mut ended = Vec::new();
             for u in users {
                 let created = sqlx::query(
-                    "INSERT INTO users (id, email, name, password_hash, email_verified_at, created_at, updated_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (email) DO NOTHING",
+                    "INSERT INTO users (id, email, name, password_hash, email_verified_at, created_at, updated_at, imported_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $7) ON CONFLICT (email) DO NOTHING",
                 )
                 .bind(&u.id)
                 .bind(&u.email)
@@ -661,8 +663,8 @@ impl Store {
                     continue;
                 }
                 let id: (String,) = sqlx::query_as(
-                    "UPDATE users SET name = $2, password_hash = $3, email_verified_at = $4, updated_at = $5 \
-                     WHERE email = $1 RETURNING id",
+                    "UPDATE users SET name = $2, password_hash = $3, email_verified_at = $4, updated_at = $5, \
+                     imported_at = $5 WHERE email = $1 RETURNING id",
                 )
                 .bind(&u.email)
                 .bind(&u.name)

@@ -18,6 +18,7 @@ crate::on_every_backend!(
     an_unlock_lifts_the_brute_force_delays_of_every_address,
     a_new_email_must_be_verified_and_ends_every_session,
     a_registration_of_the_address_an_admin_gave_an_account_takes_nothing_over,
+    a_registration_of_an_address_an_admin_created_unverified_takes_nothing_over,
     a_login_or_refresh_that_raced_a_disable_gets_no_session,
     a_refused_change_changes_nothing,
 );
@@ -687,6 +688,64 @@ async fn a_registration_of_the_address_an_admin_gave_an_account_takes_nothing_ov
         .unwrap();
     assert_eq!(me["id"], id.as_str(), "{me}");
     assert_ne!(me["name"], "Intruder", "{me}");
+}
+
+/// An account an admin created (or imported) unverified holds its owner's
+/// password from the start; the owner proves the address with a code from
+/// `resend-otp` before the first login. Somebody who registers the address
+/// first takes it over no more than a verified account: whatever code the
+/// owner enters (the latest mailed), the owner's password is the account's.
+async fn a_registration_of_an_address_an_admin_created_unverified_takes_nothing_over(app: &TestApp) {
+    let admin = admin_token(app).await;
+    let email = unique_email("created");
+    let r = call(
+        app,
+        reqwest::Method::POST,
+        "/admin/users",
+        Some(&admin),
+        Some(json!({"email": email, "password": PASSWORD, "name": "Owner"})),
+    )
+    .await;
+    assert_eq!(r.status(), 201);
+    let intruder = "the intruder's password";
+    let r = app
+        .post(
+            "/auth/register",
+            json!({"email": email, "password": intruder, "name": "Intruder"}),
+        )
+        .await;
+    assert_eq!(r.status(), 201, "answered as for any address");
+    app.wait_for_mail(&email, 1).await;
+    app.post("/auth/resend-otp", json!({"email": email})).await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let latest = app
+        .mails_to(&email)
+        .iter()
+        .rev()
+        .find_map(|(_, body)| crate::common::code_in(body))
+        .expect("a code for the owner");
+    let r = app
+        .post("/auth/verify-otp", json!({"email": email, "code": latest}))
+        .await;
+    assert_eq!(r.status(), 200);
+    let session: Value = r.json().await.unwrap();
+    assert_eq!(
+        app.login(&email, intruder).await.status(),
+        401,
+        "the intruder's password"
+    );
+    assert_eq!(
+        app.login(&email, PASSWORD).await.status(),
+        200,
+        "the owner's password"
+    );
+    let me: Value = app
+        .get_bearer("/auth/me", session["access_token"].as_str().unwrap())
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(me["name"], "Owner", "{me}");
 }
 
 /// The outcome of a disable that raced a login: the account is disabled in
