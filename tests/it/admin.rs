@@ -646,37 +646,51 @@ async fn a_registration_of_the_address_an_admin_gave_an_account_takes_nothing_ov
     .await;
     assert_eq!(r.status(), 200);
     app.wait_for_code(&new, 1).await;
-    let intruder = "the intruder's password";
-    let r = app
-        .post(
-            "/auth/register",
-            json!({"email": new, "password": intruder, "name": "Intruder"}),
-        )
-        .await;
-    assert_eq!(r.status(), 201, "answered as for any address");
+    intruder_registers(app, &new).await;
     let (subject, body) = app.wait_for_mail(&new, 2).await;
     assert!(
         crate::common::code_in(&body).is_none(),
         "a notice, not a code: {subject}"
     );
+    let me = the_owner_keeps_the_account(app, &new).await;
+    assert_eq!(me["id"], id.as_str(), "{me}");
+}
+
+const INTRUDER: &str = "the intruder's password";
+
+/// Somebody registers `email` with a password and a name of their own.
+async fn intruder_registers(app: &TestApp, email: &str) {
+    let r = app
+        .post(
+            "/auth/register",
+            json!({"email": email, "password": INTRUDER, "name": "Intruder"}),
+        )
+        .await;
+    assert_eq!(r.status(), 201, "answered as for any address");
+}
+
+/// The owner of `email` enters the latest code mailed to it: the account
+/// is verified, the owner's password logs in and the intruder's does not.
+/// Returns the owner's `/auth/me`.
+async fn the_owner_keeps_the_account(app: &TestApp, email: &str) -> Value {
     let latest = app
-        .mails_to(&new)
+        .mails_to(email)
         .iter()
         .rev()
         .find_map(|(_, body)| crate::common::code_in(body))
-        .unwrap();
+        .expect("a code for the owner");
     let r = app
-        .post("/auth/verify-otp", json!({"email": new, "code": latest}))
+        .post("/auth/verify-otp", json!({"email": email, "code": latest}))
         .await;
     assert_eq!(r.status(), 200, "the owner's code stands");
     let session: Value = r.json().await.unwrap();
     assert_eq!(
-        app.login(&new, intruder).await.status(),
+        app.login(email, INTRUDER).await.status(),
         401,
         "the intruder's password"
     );
     assert_eq!(
-        app.login(&new, PASSWORD).await.status(),
+        app.login(email, PASSWORD).await.status(),
         200,
         "the owner's password"
     );
@@ -686,8 +700,8 @@ async fn a_registration_of_the_address_an_admin_gave_an_account_takes_nothing_ov
         .json()
         .await
         .unwrap();
-    assert_eq!(me["id"], id.as_str(), "{me}");
     assert_ne!(me["name"], "Intruder", "{me}");
+    me
 }
 
 /// An account an admin created (or imported) unverified holds its owner's
@@ -707,44 +721,11 @@ async fn a_registration_of_an_address_an_admin_created_unverified_takes_nothing_
     )
     .await;
     assert_eq!(r.status(), 201);
-    let intruder = "the intruder's password";
-    let r = app
-        .post(
-            "/auth/register",
-            json!({"email": email, "password": intruder, "name": "Intruder"}),
-        )
-        .await;
-    assert_eq!(r.status(), 201, "answered as for any address");
+    intruder_registers(app, &email).await;
     app.wait_for_mail(&email, 1).await;
     app.post("/auth/resend-otp", json!({"email": email})).await;
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    let latest = app
-        .mails_to(&email)
-        .iter()
-        .rev()
-        .find_map(|(_, body)| crate::common::code_in(body))
-        .expect("a code for the owner");
-    let r = app
-        .post("/auth/verify-otp", json!({"email": email, "code": latest}))
-        .await;
-    assert_eq!(r.status(), 200);
-    let session: Value = r.json().await.unwrap();
-    assert_eq!(
-        app.login(&email, intruder).await.status(),
-        401,
-        "the intruder's password"
-    );
-    assert_eq!(
-        app.login(&email, PASSWORD).await.status(),
-        200,
-        "the owner's password"
-    );
-    let me: Value = app
-        .get_bearer("/auth/me", session["access_token"].as_str().unwrap())
-        .await
-        .json()
-        .await
-        .unwrap();
+    let me = the_owner_keeps_the_account(app, &email).await;
     assert_eq!(me["name"], "Owner", "{me}");
 }
 
