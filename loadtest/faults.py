@@ -96,7 +96,8 @@ class Mailbox:
                 mid = re.search(r"^Message-ID:\s*(\S+)", head, re.M | re.I)
                 code = re.search(r"\b(\d{6})\b", body)
                 # The sink names each file by the time it stored it (ns).
-                stored = int(p.name.split("-", 1)[0]) / 1e9 if p.name.split("-", 1)[0].isdigit() else time.time()
+                ns = p.name.split("-", 1)[0]
+                stored = int(ns) / 1e9 if ns.isdigit() else time.time()
                 if m:
                     rcpt = m.group(1).lower()
                     mid = mid.group(1) if mid else p.name

@@ -40,6 +40,16 @@ pub fn sha256(data: &[u8]) -> [u8; 32] {
     out
 }
 
+/// Lower-case hexadecimal.
+pub fn hex(data: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(data.len() * 2);
+    for b in data {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
 pub fn b64url(data: &[u8]) -> String {
     URL_SAFE_NO_PAD.encode(data)
 }

@@ -360,49 +360,30 @@ impl Passwords {
 
     /// A PHC string (`$argon2id$v=19$m=...`) with a fresh random salt.
     pub fn hash(&self, password: &str) -> String {
-        let salt = SaltString::encode_b64(&crate::crypto::random_bytes::<16>()).expect("16-byte salt");
-        self.hash_with(password, salt)
+        self.hash_with(password, &crate::crypto::random_bytes::<16>())
     }
 
     /// The hash of `password` with the salt of `like`, when `like` is a hash
-    /// this service would make now (argon2id, version 19, these parameters);
-    /// else with a fresh salt. The cost is the same either way. Two hashes of
-    /// one password made so are equal: how a repeated registration is told
-    /// from another party's (`Store::register`).
+    /// this service would not rehash (argon2id with these parameters, see
+    /// [`Passwords::needs_rehash`]); else with a fresh salt. The cost is the
+    /// same either way. Two hashes of one password made so are equal: how a
+    /// repeated registration is told from another party's (`Store::register`).
     pub fn hash_like(&self, password: &str, like: Option<&str>) -> String {
-        let same_kind = |h: &PasswordHash<'_>| {
-            h.algorithm == Algorithm::Argon2id.ident()
-                && h.version == Some(Version::V0x13.into())
-                && Params::try_from(h).is_ok_and(|p| {
-                    (p.m_cost(), p.t_cost(), p.p_cost(), p.output_len())
-                        == (
-                            self.params.m_cost(),
-                            self.params.t_cost(),
-                            self.params.p_cost(),
-                            Some(Params::DEFAULT_OUTPUT_LEN),
-                        )
-                })
-        };
         let salt = like
-            .and_then(|phc| PasswordHash::new(phc).ok())
-            .filter(same_kind)
-            .and_then(|h| h.salt)
+            .filter(|phc| !self.needs_rehash(phc))
+            .and_then(|phc| PasswordHash::new(phc).ok()?.salt)
             .and_then(|s| {
                 let mut raw = [0u8; 16];
-                let bytes = s.decode_b64(&mut raw).ok()?;
-                (bytes.len() == 16)
-                    .then(|| SaltString::encode_b64(bytes).ok())
-                    .flatten()
+                <[u8; 16]>::try_from(s.decode_b64(&mut raw).ok()?).ok()
             });
         match salt {
-            Some(salt) => self.hash_with(password, salt),
+            Some(salt) => self.hash_with(password, &salt),
             None => self.hash(password),
         }
     }
 
-    fn hash_with(&self, password: &str, salt: SaltString) -> String {
-        let mut raw_salt = [0u8; 16];
-        let salt_bytes = salt.decode_b64(&mut raw_salt).expect("a 16-byte salt");
+    fn hash_with(&self, password: &str, salt_bytes: &[u8; 16]) -> String {
+        let salt = SaltString::encode_b64(salt_bytes).expect("16-byte salt");
         let mut out = [0u8; Params::DEFAULT_OUTPUT_LEN];
         with_blocks(&self.params, |blocks| {
             self.argon2

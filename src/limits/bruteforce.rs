@@ -455,15 +455,8 @@ impl BruteForce {
     /// characters could hold a `}`, which would end the tag early, or none).
     /// Redis keys then name no email either.
     fn tag(account: &str) -> String {
-        use std::fmt::Write;
         let digest = crate::crypto::sha256(account.as_bytes());
-        let mut t = String::with_capacity(34);
-        t.push('{');
-        for b in &digest[..16] {
-            let _ = write!(t, "{b:02x}");
-        }
-        t.push('}');
-        t
+        format!("{{{}}}", crate::crypto::hex(&digest[..16]))
     }
 
     fn pair_key(account: &str, client: &str) -> String {

@@ -43,10 +43,7 @@ impl Message {
     /// Taken from the SHA-256 of the sealed bytes: their random nonce makes
     /// it unique to the message, and it tells nothing of the content.
     pub fn id_of(sealed: &[u8]) -> String {
-        crate::crypto::sha256(sealed)[..16]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        crate::crypto::hex(&crate::crypto::sha256(sealed)[..16])
     }
 
     pub fn verification(to: &str, code: &str) -> Message {
