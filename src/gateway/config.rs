@@ -70,9 +70,15 @@ pub struct RouteConfig {
     pub upstream_path: String,
     pub strip_prefix: bool,
     pub preserve_host: bool,
-    /// Whether `path_prefix` matches only in its own case (the default).
-    /// `false` for an upstream that routes paths case-insensitively.
+    /// Whether `path_prefix` matches only in its own case. By default a
+    /// protected route (`auth`) matches in any case (fail closed: behind
+    /// an upstream that routes without regard to case, `/ADMIN` must not
+    /// take the public route), a public one in its own; `case_sensitive`
+    /// in the file sets it either way.
     pub case_sensitive: bool,
+    /// Client headers of [`super::headers::Reserved::UpstreamMeta`]'s kind
+    /// that this route lets through (`allow_client_headers`), on purpose.
+    pub allow_client_headers: Vec<HeaderName>,
     pub auth: bool,
     /// Only tokens of a session that passed a second factor (`mfa` in
     /// `amr`); others answer 401 with RFC 9470's
@@ -222,6 +228,10 @@ pub struct GatewayConfig {
     /// `max_connections`, read as the service reads them).
     pub connections: ConnectionSettings,
     pub shutdown_timeout: Duration,
+    /// How much of a request body without a length (chunked) is read
+    /// before anything goes upstream (`request_read_ahead_bytes`): within
+    /// it, a framing error is a 400 the upstream never sees (`body.rs`).
+    pub read_ahead: usize,
     pub log: LogSettings,
     pub routes: Vec<RouteConfig>,
 }
@@ -375,6 +385,7 @@ const TOP_KEYS: &[&str] = &[
     "revocations_poll_ms",
     "on_unknown_revocations",
     "upstream",
+    "request_read_ahead_bytes",
     "routes",
 ];
 
@@ -386,6 +397,7 @@ const ROUTE_KEYS: &[&str] = &[
     "strip_prefix",
     "preserve_host",
     "case_sensitive",
+    "allow_client_headers",
     "auth",
     "require_mfa",
     "audiences",
@@ -565,6 +577,7 @@ impl GatewayConfig {
             revocations,
             upstream,
             shutdown_timeout: Duration::from_secs(f.number("shutdown_timeout_secs", 10, 0, 600)?),
+            read_ahead: f.number("request_read_ahead_bytes", 65_536, 0, 16 * 1024 * 1024)? as usize,
             connections: ConnectionSettings::read(&f)?,
             log,
             routes: parsed,
@@ -748,7 +761,8 @@ fn route(
         upstream_path,
         strip_prefix: f.boolean("strip_prefix", false)?,
         preserve_host: f.boolean("preserve_host", false)?,
-        case_sensitive: f.boolean("case_sensitive", true)?,
+        case_sensitive: f.boolean("case_sensitive", !auth)?,
+        allow_client_headers: allowed_client_headers(&f)?,
         auth,
         require_mfa,
         audiences,
@@ -756,6 +770,40 @@ fn route(
         timeout,
         rate_limit,
     })
+}
+
+/// `allow_client_headers`: names of headers the gateway would remove as
+/// upstream meta-data ([`super::headers::Reserved::UpstreamMeta`]) that the
+/// route passes on from the client. Identity and forwarding headers cannot
+/// be allowed (the gateway writes them), and a name the gateway does not
+/// remove needs no allowing: both are mistakes worth a line at start.
+fn allowed_client_headers(f: &Fields) -> Result<Vec<HeaderName>> {
+    use super::headers::{reserved, Reserved};
+    let Some(names) = f.strings("allow_client_headers")? else {
+        return Ok(Vec::new());
+    };
+    names
+        .into_iter()
+        .map(|n| {
+            let h = HeaderName::from_bytes(n.as_bytes()).map_err(|_| {
+                f.err(
+                    "allow_client_headers",
+                    format!("{n:?} is not a valid header name"),
+                )
+            })?;
+            match reserved(&h, &IdentityHeaders::default().all()) {
+                Some(Reserved::UpstreamMeta) => Ok(h),
+                Some(_) => Err(f.err(
+                    "allow_client_headers",
+                    format!("{n:?} is an identity or forwarding header, which only the gateway writes"),
+                )),
+                None => Err(f.err(
+                    "allow_client_headers",
+                    format!("{n:?} is not a header the gateway removes; it reaches the upstream already"),
+                )),
+            }
+        })
+        .collect()
 }
 
 fn rate_limit(path: &str, t: &toml::Table, auth: bool) -> Result<RateLimitConfig> {
@@ -835,6 +883,63 @@ issuer = "http://127.0.0.1:8080"
         assert_eq!(c.connections.header_timeout, Duration::from_secs(30));
         assert_eq!(c.connections.max_connections, 10_000);
         assert_eq!(c.upstream.max_requests, 10_000);
+    }
+
+    #[test]
+    fn protected_routes_ignore_case_unless_told_otherwise() {
+        let c = parse(
+            r#"
+[[routes]]
+name = "admin"
+path_prefix = "/admin"
+upstream = "http://x"
+[[routes]]
+name = "exact"
+path_prefix = "/exact"
+upstream = "http://x"
+case_sensitive = true
+[[routes]]
+name = "public"
+upstream = "http://x"
+auth = false
+[[routes]]
+name = "public-any-case"
+path_prefix = "/files"
+upstream = "http://x"
+auth = false
+case_sensitive = false
+"#,
+        )
+        .unwrap();
+        let case: Vec<(&str, bool)> = c
+            .routes
+            .iter()
+            .map(|r| (r.name.as_str(), r.case_sensitive))
+            .collect();
+        assert_eq!(
+            case,
+            [
+                ("admin", false),
+                ("exact", true),
+                ("public", true),
+                ("public-any-case", false)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_route_may_let_named_upstream_meta_headers_through() {
+        let c = parse(
+            "[[routes]]\nupstream = \"http://x\"\nallow_client_headers = [\"X-Scheme\", \"remote_user\"]",
+        )
+        .unwrap();
+        let allowed: Vec<&str> = c.routes[0]
+            .allow_client_headers
+            .iter()
+            .map(|h| h.as_str())
+            .collect();
+        assert_eq!(allowed, ["x-scheme", "remote_user"]);
+        assert_eq!(c.read_ahead, 65_536);
     }
 
     #[test]
@@ -932,6 +1037,11 @@ on_redis_failure = "open"
             ("header_timeout_ms = 5\n[[routes]]\nupstream = \"http://x\"", "header_timeout_ms"),
             ("max_connections = 0\n[[routes]]\nupstream = \"http://x\"", "max_connections"),
             ("max_connections = true\n[[routes]]\nupstream = \"http://x\"", "max_connections"),
+            ("request_read_ahead_bytes = -1\n[[routes]]\nupstream = \"http://x\"", "request_read_ahead_bytes"),
+            ("[[routes]]\nupstream = \"http://x\"\nallow_client_headers = [\"x-auth-subject\"]", "routes[0].allow_client_headers"),
+            ("[[routes]]\nupstream = \"http://x\"\nallow_client_headers = [\"x_forwarded_for\"]", "routes[0].allow_client_headers"),
+            ("[[routes]]\nupstream = \"http://x\"\nallow_client_headers = [\"x-custom\"]", "routes[0].allow_client_headers"),
+            ("[[routes]]\nupstream = \"http://x\"\nallow_client_headers = [\"bad name\"]", "routes[0].allow_client_headers"),
         ];
         for (extra, field) in cases {
             let line = error(extra);

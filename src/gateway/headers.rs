@@ -11,10 +11,18 @@
 //! - every header of the identity namespace (the four configured identity
 //!   headers and anything named `x-auth-*`) and every forwarding header
 //!   ([`FORWARDING`]: `X-Forwarded-*`, `Forwarded`, `X-Real-IP`,
-//!   `X-Original-URL`, `X-Rewrite-URL`, method overrides, ...) is removed
+//!   `X-Original-*`, `X-Rewrite-URL`, method overrides, ...) is removed
 //!   from the client's request; the gateway then sets the identity headers
 //!   (authenticated routes) and the forwarding headers it is configured to
 //!   write, so an upstream sees only the gateway's values;
+//! - so is every header an upstream server or framework may take for
+//!   request meta-data rather than a header ([`UPSTREAM_META`]): the CGI
+//!   meta-variables (`SCRIPT_NAME`, which gunicorn cuts off the path before
+//!   the application routes; `PATH_INFO`, `REMOTE_USER`, ...), the headers
+//!   middleware rewrites the request by (`X-Script-Name`, `X-Scheme`), and
+//!   those an authenticating proxy or a service mesh sets for its upstream
+//!   (`Remote-User`, `X-Remote-*`, `X-Envoy-*`, `X-Goog-Authenticated-*`,
+//!   ...). A route may let named ones through (`allow_client_headers`);
 //! - a request with more than one `Host` or `Authorization` is refused: an
 //!   upstream could read the other one than the gateway did; `Host` and the
 //!   target's authority are parsed strictly ([`HostPort`]) and must agree,
@@ -71,7 +79,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 /// Headers that say where a request came from or where it was going, or
 /// that some framework routes or authorises by: only the gateway writes them.
-pub const FORWARDING: [&str; 32] = [
+pub const FORWARDING: [&str; 28] = [
     "forwarded",
     "forwarded-for",
     "x-forwarded",
@@ -85,7 +93,6 @@ pub const FORWARDING: [&str; 32] = [
     "x-forwarded-scheme",
     "x-forwarded-uri",
     "x-forwarded-path",
-    "x-original-forwarded-for",
     "x-real-ip",
     "x-client-ip",
     "client-ip",
@@ -94,10 +101,7 @@ pub const FORWARDING: [&str; 32] = [
     "cf-connecting-ip",
     "fastly-client-ip",
     "x-proxyuser-ip",
-    "x-original-url",
-    "x-original-uri",
     "x-rewrite-url",
-    "x-original-host",
     "x-host",
     "x-url-scheme",
     "front-end-https",
@@ -108,8 +112,104 @@ pub const FORWARDING: [&str; 32] = [
 
 /// The identity namespace beyond the four configured names.
 const IDENTITY_PREFIX: &str = "x-auth-";
-/// Every `X-Forwarded-*` is the gateway's to write.
-const FORWARDED_PREFIX: &str = "x-forwarded-";
+/// Every `X-Forwarded-*` and `X-Original-*` is the gateway's to write (or
+/// to leave out): `X-Original-URL`, `-URI`, `-Host`, `-Method` and
+/// `-Forwarded-For` are what proxies in front of IIS, Symfony and nginx's
+/// `auth_request` report the request by.
+const FORWARDING_PREFIXES: [&str; 2] = ["x-forwarded-", "x-original-"];
+
+/// Request headers an upstream server or framework may read as request
+/// meta-data, or as an identity some proxy in front vouched for: a client
+/// never sends them through the gateway (unless a route allows one by name,
+/// `allow_client_headers`). Where the names come from:
+/// - the CGI meta-variables of RFC 3875 §4.1, and the ones Apache, nginx
+///   and lighttpd add to that environment (`REQUEST_URI`, `SCRIPT_FILENAME`,
+///   `DOCUMENT_ROOT`, `REMOTE_PORT`, `SERVER_ADDR`, `HTTPS`, ...): WSGI
+///   servers (gunicorn takes a `SCRIPT_NAME` header as the application's
+///   mount point and cuts it off the path it routes by), PHP-FPM, Rack and
+///   CGI put headers and these variables in one namespace. `CONTENT_TYPE`
+///   and `CONTENT_LENGTH` are not here: they are real headers;
+/// - headers that rewrite the request in widely copied middleware: Flask's
+///   "ReverseProxied" snippet (`X-Script-Name`, `X-Scheme`), Tornado's
+///   `xheaders` (`X-Scheme`);
+/// - headers an authenticating proxy or mesh sets for its upstream, which
+///   the upstream therefore believes: Authelia (`Remote-User`, `-Groups`,
+///   `-Name`, `-Email`), Kubernetes' front proxy (`X-Remote-User`,
+///   `-Group`, `-Extra-*`), Microsoft's `X-Originating-IP`, Grafana's auth
+///   proxy (`X-WEBAUTH-USER`), Envoy and Istio (`X-Envoy-*`,
+///   `X-Istio-*`), AWS ALB (`X-Amzn-Oidc-*`, `X-Amzn-Mtls-*`), Google IAP
+///   (`X-Goog-Authenticated-User-*`, `X-Goog-IAP-*`), Azure App Service
+///   (`X-MS-Client-Principal*`, `X-MS-Token-*`), Cloudflare Access
+///   (`Cf-Access-*`), Pomerium (`X-Pomerium-*`), Kong (`X-Consumer-*`,
+///   `X-Credential-Identifier`, `X-Authenticated-*`, `X-Anonymous-Consumer`,
+///   `X-Userinfo`), authentik (`X-authentik-*`), Vouch (`X-Vouch-*`),
+///   oauth2-proxy (`GAP-Auth`, besides its `X-Forwarded-*` and
+///   `X-Auth-Request-*`, reserved above), and client certificates passed on
+///   by TLS terminators (`X-SSL-*`, `SSL-Client-*`, `X-Client-Cert*`).
+pub const UPSTREAM_META: [&str; 34] = [
+    // RFC 3875 §4.1, less the two that are real headers.
+    "auth-type",
+    "gateway-interface",
+    "path-info",
+    "path-translated",
+    "query-string",
+    "remote-addr",
+    "remote-host",
+    "remote-ident",
+    "remote-user",
+    "request-method",
+    "script-name",
+    "server-name",
+    "server-port",
+    "server-protocol",
+    "server-software",
+    // What web servers add to that environment.
+    "request-uri",
+    "request-scheme",
+    "script-filename",
+    "script-uri",
+    "script-url",
+    "document-root",
+    "document-uri",
+    "remote-port",
+    "server-addr",
+    "https",
+    // Middleware that rewrites the request by a header.
+    "x-script-name",
+    "x-scheme",
+    // Authenticating proxies.
+    "remote-groups",
+    "remote-name",
+    "remote-email",
+    "x-originating-ip",
+    "x-credential-identifier",
+    "x-anonymous-consumer",
+    "x-userinfo",
+];
+
+/// Name prefixes of [`UPSTREAM_META`]'s kind (sources listed there).
+pub const UPSTREAM_META_PREFIXES: [&str; 20] = [
+    "x-remote-",
+    "x-webauth-",
+    "x-envoy-",
+    "x-istio-",
+    "x-amzn-oidc-",
+    "x-amzn-mtls-",
+    "x-goog-authenticated-",
+    "x-goog-iap-",
+    "x-ms-client-principal",
+    "x-ms-token-",
+    "cf-access-",
+    "x-pomerium-",
+    "x-consumer-",
+    "x-authenticated-",
+    "x-authentik-",
+    "x-vouch-",
+    "gap-auth",
+    "x-ssl-",
+    "ssl-client-",
+    "x-client-cert",
+];
 
 /// A header name's byte as CGI-style stacks fold it: letters and digits
 /// stand, every other character (`-`, `_`, `.`, `~`, ...) becomes `-`
@@ -131,27 +231,57 @@ fn folded_starts_with(name: &str, prefix: &str) -> bool {
     name.len() >= prefix.len() && folded_eq(&name[..prefix.len()], prefix)
 }
 
-/// Whether the gateway alone may write a header of this name: the identity
-/// namespace (`identity`, and `x-auth-*`) and the forwarding headers (the
-/// list, and every `x-forwarded-*`: oauth2-proxy's `X-Forwarded-User` and
-/// Envoy's `X-Forwarded-Client-Cert` are identity to some upstreams), in
-/// any spelling a CGI-style stack would fold together.
-pub fn is_reserved(name: &HeaderName, identity: &[&HeaderName]) -> bool {
-    let n = name.as_str();
-    folded_starts_with(n, IDENTITY_PREFIX)
-        || folded_starts_with(n, FORWARDED_PREFIX)
-        || identity.iter().any(|i| folded_eq(n, i.as_str()))
-        || FORWARDING.iter().any(|f| folded_eq(n, f))
+/// Why the gateway removes a client's header of some name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reserved {
+    /// The identity namespace: the configured identity headers and `x-auth-*`.
+    Identity,
+    /// Where the request came from or was going ([`FORWARDING`]).
+    Forwarding,
+    /// Request meta-data or a proxy's identity to some upstream
+    /// ([`UPSTREAM_META`]); a route may allow it by name.
+    UpstreamMeta,
 }
 
-/// Removes every header the gateway alone may write.
-pub fn strip_reserved(headers: &mut HeaderMap, identity: &[&HeaderName]) {
-    let reserved: Vec<HeaderName> = headers
+/// Whether, and why, the gateway alone may write a header of this name,
+/// in any spelling a CGI-style stack would fold together.
+pub fn reserved(name: &HeaderName, identity: &[&HeaderName]) -> Option<Reserved> {
+    let n = name.as_str();
+    if folded_starts_with(n, IDENTITY_PREFIX) || identity.iter().any(|i| folded_eq(n, i.as_str())) {
+        return Some(Reserved::Identity);
+    }
+    if FORWARDING_PREFIXES.iter().any(|p| folded_starts_with(n, p))
+        || FORWARDING.iter().any(|f| folded_eq(n, f))
+    {
+        return Some(Reserved::Forwarding);
+    }
+    if UPSTREAM_META.iter().any(|m| folded_eq(n, m))
+        || UPSTREAM_META_PREFIXES.iter().any(|p| folded_starts_with(n, p))
+    {
+        return Some(Reserved::UpstreamMeta);
+    }
+    None
+}
+
+/// Whether the gateway alone may write a header of this name (see [`reserved`]).
+pub fn is_reserved(name: &HeaderName, identity: &[&HeaderName]) -> bool {
+    reserved(name, identity).is_some()
+}
+
+/// Removes every header the gateway alone may write, but the
+/// [`Reserved::UpstreamMeta`] ones the route allows (`allowed`, compared
+/// folded as well).
+pub fn strip_reserved(headers: &mut HeaderMap, identity: &[&HeaderName], allowed: &[HeaderName]) {
+    let removed: Vec<HeaderName> = headers
         .keys()
-        .filter(|k| is_reserved(k, identity))
+        .filter(|k| match reserved(k, identity) {
+            None => false,
+            Some(Reserved::UpstreamMeta) => !allowed.iter().any(|a| folded_eq(k.as_str(), a.as_str())),
+            Some(_) => true,
+        })
         .cloned()
         .collect();
-    for name in reserved {
+    for name in removed {
         headers.remove(name);
     }
 }
@@ -341,6 +471,18 @@ mod tests {
             "x-forwarded-user",
             "x_forwarded_access_token",
             "x-forwarded-client-cert",
+            "script_name",
+            "SCRIPT-NAME",
+            "path_info",
+            "x_script_name",
+            "x-scheme",
+            "remote_user",
+            "x-remote-user",
+            "x-originating-ip",
+            "x-original-method",
+            "x-envoy-original-path",
+            "x-webauth-user",
+            "x-ms-client-principal-name",
         ] {
             assert!(
                 is_reserved(&HeaderName::from_bytes(name.as_bytes()).unwrap(), &identity),
@@ -360,6 +502,43 @@ mod tests {
                 "{name}"
             );
         }
+    }
+
+    #[test]
+    fn upstream_meta_data_is_removed_unless_the_route_allows_it() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("script_name", "/x"),
+            ("x-script-name", "/x"),
+            ("x-scheme", "https"),
+            ("remote-user", "admin"),
+            ("x-remote-group", "admins"),
+            ("x-envoy-original-path", "/admin"),
+            ("x-original-method", "DELETE"),
+            ("x-goog-authenticated-user-email", "a@b"),
+            ("cf-access-jwt-assertion", "x"),
+            ("x-auth-subject", "victim"),
+            ("content-type", "text/plain"),
+            ("content_length", "5"),
+        ] {
+            h.append(HeaderName::from_static(k), HeaderValue::from_static(v));
+        }
+        let allowed = [
+            HeaderName::from_static("x-scheme"),
+            HeaderName::from_static("remote-user"),
+        ];
+        strip_reserved(&mut h, &[], &allowed);
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(
+            left,
+            ["content-type", "content_length", "remote-user", "x-scheme"]
+        );
+        assert_eq!(
+            reserved(&HeaderName::from_static("x_auth_subject"), &[]),
+            Some(Reserved::Identity),
+            "an allowed list never reaches the identity namespace"
+        );
     }
 
     #[test]

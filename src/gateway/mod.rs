@@ -23,6 +23,7 @@
 //!
 //! Why hyper and not pingora, and the rest of the design: `docs/gateway.md`.
 
+mod body;
 pub mod config;
 pub mod headers;
 mod ops;

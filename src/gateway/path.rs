@@ -17,7 +17,8 @@
 //!              normal path: forwarded upstream as it is
 //!              match key:   the same without `;parameters` of each segment (what
 //!                           Tomcat, Spring and Jetty route by), compared to the
-//!                           route prefixes case-sensitively or not, per route
+//!                           route prefixes per route ([`PrefixRule`]): protected
+//!                           ones in any case (`case_key`) and with format suffixes
 //! ```
 //!
 //! Encoded `%`, `;`, `/` and `\` are refused rather than kept: an upstream
@@ -66,10 +67,6 @@ pub struct Normal<'a> {
     pub path: Cow<'a, str>,
     /// `path` without the `;parameters` of its segments (borrowed when it has none).
     key: Option<String>,
-    /// Whether the path holds characters beyond ASCII (escaped): their case
-    /// has more than one spelling (`ı`, the Kelvin sign), so routes that
-    /// ignore case cannot judge it.
-    pub non_ascii: bool,
 }
 
 impl Normal<'_> {
@@ -106,7 +103,6 @@ pub fn normalise(raw: &str) -> Result<Normal<'_>, Refusal> {
         return Ok(Normal {
             path: Cow::Borrowed(raw),
             key: None,
-            non_ascii: false,
         });
     }
     let decoded = decode_unreserved(b)?;
@@ -151,12 +147,9 @@ pub fn normalise(raw: &str) -> Result<Normal<'_>, Refusal> {
         }
         k
     });
-    // Escapes of bytes 0x80 and above (the only ones left above ASCII).
-    let non_ascii = path.as_bytes().windows(2).any(|w| w[0] == b'%' && w[1] >= b'8');
     Ok(Normal {
         path: Cow::Owned(path),
         key,
-        non_ascii,
     })
 }
 
@@ -215,19 +208,107 @@ fn decode_unreserved(b: &[u8]) -> Result<Vec<u8>, Refusal> {
     Ok(out)
 }
 
+/// How a route's prefix is compared with a path's match key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefixRule {
+    /// Only in the prefix's own case; otherwise in any ASCII case, and
+    /// with [`CASE_TO_ASCII`]'s characters read as their ASCII letters (the
+    /// key must then be [`case_key`]'s).
+    pub case_sensitive: bool,
+    /// A format suffix on the prefix's last segment (`/admin.json` for
+    /// `/admin`) matches too: Rails routes `(.:format)` and Spring's
+    /// suffix pattern matching serve it as `/admin`.
+    pub format_suffix: bool,
+}
+
 /// Whether route prefix `prefix` serves the match key `key`: `/api` serves
-/// `/api` and `/api/...` but not `/apiary`; `/api/` serves `/api/...`.
-pub fn prefix_matches(prefix: &str, key: &str, case_sensitive: bool) -> bool {
+/// `/api` and `/api/...` but not `/apiary` (nor `/api.json` unless the rule
+/// takes format suffixes); `/api/` serves `/api/...`.
+pub fn prefix_matches(prefix: &str, key: &str, rule: PrefixRule) -> bool {
     if key.len() < prefix.len() || !key.is_char_boundary(prefix.len()) {
         return false;
     }
     let (head, rest) = key.split_at(prefix.len());
-    let same = if case_sensitive {
+    let same = if rule.case_sensitive {
         head == prefix
     } else {
         head.eq_ignore_ascii_case(prefix)
     };
-    same && (prefix.ends_with('/') || rest.is_empty() || rest.starts_with('/'))
+    same && (prefix.ends_with('/')
+        || rest.is_empty()
+        || rest.starts_with('/')
+        || (rule.format_suffix && rest.starts_with('.') && prefix != "/"))
+}
+
+/// The characters beyond ASCII that some case mapping turns into ASCII
+/// letters, with those letters: every code point whose lower, upper, title
+/// or case-folded form (simple or full, Unicode 14: Python 3.11's
+/// `str.lower`, `upper`, `title` and `casefold` over all code points) holds
+/// ASCII letters. An upstream that compares paths without regard to case
+/// (Java's `equalsIgnoreCase` takes `admın`, with a dotless ı, for `admin`;
+/// .NET and ICU fold `ſ` to `s` and the Kelvin sign to `k`; full case
+/// folding turns `ß` into `ss` and `ﬁ` into `fi`) may read them as those
+/// letters, so a route that ignores case reads them so too.
+pub const CASE_TO_ASCII: [(char, &str); 20] = [
+    ('\u{df}', "ss"),
+    ('\u{130}', "i"),
+    ('\u{131}', "i"),
+    ('\u{149}', "n"),
+    ('\u{17f}', "s"),
+    ('\u{1f0}', "j"),
+    ('\u{1e96}', "h"),
+    ('\u{1e97}', "t"),
+    ('\u{1e98}', "w"),
+    ('\u{1e99}', "y"),
+    ('\u{1e9a}', "a"),
+    ('\u{1e9e}', "ss"),
+    ('\u{212a}', "k"),
+    ('\u{fb00}', "ff"),
+    ('\u{fb01}', "fi"),
+    ('\u{fb02}', "fl"),
+    ('\u{fb03}', "ffi"),
+    ('\u{fb04}', "ffl"),
+    ('\u{fb05}', "st"),
+    ('\u{fb06}', "st"),
+];
+
+/// The match key as routes that ignore case compare it: escaped
+/// characters of [`CASE_TO_ASCII`] replaced by their ASCII letters (other
+/// escapes kept; they cannot match an ASCII prefix). Borrowed when the key
+/// holds no escape beyond ASCII.
+pub fn case_key(key: &str) -> Cow<'_, str> {
+    if !key.as_bytes().windows(2).any(|w| w[0] == b'%' && w[1] >= b'8') {
+        return Cow::Borrowed(key);
+    }
+    let b = key.as_bytes();
+    let mut out = String::with_capacity(key.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] != b'%' {
+            out.push(char::from(b[i]));
+            i += 1;
+            continue;
+        }
+        // A run of escapes: decode one UTF-8 character at a time (the
+        // normal form guarantees valid hex and valid UTF-8).
+        let start = i;
+        let mut bytes = Vec::with_capacity(4);
+        while i + 2 < b.len() && b[i] == b'%' {
+            bytes.push(hex(b[i + 1]).unwrap_or(0) * 16 + hex(b[i + 2]).unwrap_or(0));
+            i += 3;
+            if std::str::from_utf8(&bytes).is_ok() {
+                break;
+            }
+        }
+        match std::str::from_utf8(&bytes).ok().and_then(|s| s.chars().next()) {
+            Some(c) => match CASE_TO_ASCII.iter().find(|(k, _)| *k == c) {
+                Some((_, ascii)) => out.push_str(ascii),
+                None => out.push_str(&key[start..i]),
+            },
+            None => out.push_str(&key[start..i]),
+        }
+    }
+    Cow::Owned(out)
 }
 
 /// `path` without its first `segments` segments (a route's prefix, however
@@ -323,13 +404,9 @@ mod tests {
     }
 
     #[test]
-    fn beyond_ascii_there_is_one_spelling_and_a_flag() {
-        let n = normalise("/caf\u{e9}").unwrap();
-        assert_eq!(n.path, "/caf%C3%A9");
-        assert!(n.non_ascii);
-        assert!(normalise("/adm%C4%B1n").unwrap().non_ascii);
-        assert!(!normalise("/a%20b").unwrap().non_ascii);
-        assert!(!normalise("/admin/users").unwrap().non_ascii);
+    fn beyond_ascii_there_is_one_spelling() {
+        assert_eq!(norm("/caf\u{e9}").unwrap(), "/caf%C3%A9");
+        assert_eq!(norm("/caf%c3%a9").unwrap(), "/caf%C3%A9");
         // No match key ever holds an empty segment in the middle.
         for p in ["/a;x/b", "//a;y//b", "/a/b;c/"] {
             assert!(!normalise(p).unwrap().key().contains("//"), "{p}");
@@ -345,24 +422,98 @@ mod tests {
         assert_eq!(key("/plain"), "/plain");
     }
 
+    const EXACT: PrefixRule = PrefixRule {
+        case_sensitive: true,
+        format_suffix: false,
+    };
+    const PROTECTED: PrefixRule = PrefixRule {
+        case_sensitive: false,
+        format_suffix: true,
+    };
+
     #[test]
     fn prefixes_match_whole_segments_with_the_routes_case_rule() {
-        assert!(prefix_matches("/api", "/api", true));
-        assert!(prefix_matches("/api", "/api/x", true));
-        assert!(!prefix_matches("/api", "/apiary", true));
-        assert!(prefix_matches("/api/", "/api/x", true));
-        assert!(!prefix_matches("/api/", "/api", true));
-        assert!(!prefix_matches("/admin", "/ADMIN/users", true));
-        assert!(prefix_matches("/admin", "/ADMIN/users", false));
-        assert!(prefix_matches("/", "/anything", true));
-        assert!(!prefix_matches("/é", "/e", false));
+        assert!(prefix_matches("/api", "/api", EXACT));
+        assert!(prefix_matches("/api", "/api/x", EXACT));
+        assert!(!prefix_matches("/api", "/apiary", EXACT));
+        assert!(prefix_matches("/api/", "/api/x", EXACT));
+        assert!(!prefix_matches("/api/", "/api", EXACT));
+        assert!(!prefix_matches("/admin", "/ADMIN/users", EXACT));
+        assert!(prefix_matches("/admin", "/ADMIN/users", PROTECTED));
+        assert!(prefix_matches("/", "/anything", EXACT));
+        assert!(!prefix_matches("/é", "/e", PROTECTED));
     }
 
     #[test]
-    fn prefixes_are_dropped_by_segments() {
-        assert_eq!(drop_segments("/API;v=1/users?", 1), "/users?");
-        assert_eq!(drop_segments("/api", 1), "/");
-        assert_eq!(drop_segments("/a/b/c", 2), "/c");
-        assert_eq!(drop_segments("/a/b/c", 0), "/a/b/c");
+    fn a_format_suffix_matches_only_where_the_rule_takes_it() {
+        assert!(!prefix_matches("/admin", "/admin.json", EXACT));
+        assert!(prefix_matches("/admin", "/admin.json", PROTECTED));
+        assert!(prefix_matches("/admin", "/Admin.XML", PROTECTED));
+        assert!(prefix_matches("/api/users", "/api/users.json", PROTECTED));
+        assert!(!prefix_matches("/admin", "/adminx.json", PROTECTED));
+    }
+
+    #[test]
+    fn characters_that_case_into_ascii_letters_match_those_letters() {
+        let admin = |p: &str| prefix_matches("/admin", &case_key(&key(p)), PROTECTED);
+        assert!(admin("/adm%C4%B1n/users"), "dotless i");
+        assert!(admin("/adm\u{131}n"), "dotless i, raw");
+        assert!(admin("/ADM%C4%B0N"), "capital I with a dot");
+        assert!(!prefix_matches("/admin", &key("/adm%C4%B1n"), EXACT));
+        assert!(prefix_matches(
+            "/keys",
+            &case_key(&key("/%E2%84%AAeys")),
+            PROTECTED
+        ));
+        assert!(prefix_matches("/class", &case_key(&key("/cla%C3%9F")), PROTECTED));
+        assert!(prefix_matches(
+            "/profile",
+            &case_key(&key("/pro%EF%AC%81le")),
+            PROTECTED
+        ));
+        // Other characters keep their escapes, and a plain key is borrowed.
+        assert_eq!(case_key(&key("/caf%C3%A9/%C4%B1")), "/caf%C3%A9/i");
+        assert!(matches!(case_key("/admin/x"), Cow::Borrowed(_)));
+        assert!(!prefix_matches(
+            "/admin",
+            &case_key(&key("/adm%C3%AFn")),
+            PROTECTED
+        ));
+    }
+
+    #[test]
+    fn the_case_table_is_every_character_that_cases_into_ascii() {
+        // The table against the standard library's own case mappings (Rust's
+        // char::to_lowercase/to_uppercase, full mappings), applied once or
+        // one after the other (Rust has no case folding; `ẞ` folds to `ss`
+        // through `ß`): each entry maps so, and no other character beyond
+        // ASCII in the planes that hold letters does.
+        let ascii_letters = |s: String| -> String {
+            s.chars()
+                .filter(|c| c.is_ascii_alphabetic())
+                .collect::<String>()
+                .to_ascii_lowercase()
+        };
+        let lower = |s: &str| s.chars().flat_map(char::to_lowercase).collect::<String>();
+        let upper = |s: &str| s.chars().flat_map(char::to_uppercase).collect::<String>();
+        for c in (0x80u32..0x3_0000).filter_map(char::from_u32) {
+            let c1 = c.to_string();
+            let images: Vec<String> = [lower(&c1), upper(&c1), upper(&lower(&c1)), lower(&upper(&c1))]
+                .into_iter()
+                .map(ascii_letters)
+                .filter(|a| !a.is_empty())
+                .collect();
+            let listed = CASE_TO_ASCII.iter().find(|(k, _)| *k == c);
+            match listed {
+                None => assert!(
+                    images.is_empty(),
+                    "{c:?} ({:04X}) cases into {images:?}",
+                    c as u32
+                ),
+                Some((_, ascii)) => {
+                    assert!(images.iter().any(|i| i == ascii), "{c:?}: {ascii} vs {images:?}")
+                }
+            }
+        }
     }
 }

@@ -2,16 +2,18 @@
 //!
 //! ```text
 //! request ─► two Hosts or Authorizations, Host ≠ target's authority? ─► 400
+//!            Transfer-Encoding other than exactly chunked (`body`)? ─► 400
 //!            path normal form (`path`)? ──refused──► 400
 //!            route found by the normal path's key? ─no─► 404
-//!            strip hop-by-hop, Expect, and every identity and forwarding
-//!              header in any spelling (`headers`)
+//!            strip hop-by-hop, Expect, and every identity, forwarding and
+//!              upstream meta-data header in any spelling (`headers`)
 //!            limit by ip? ──over──► 429            (before any token work)
 //!            auth route: bearer token valid, audience accepted? ─no─► 401
 //!              revocations unknown (Redis down, no poll)? ─refuse─► 503
 //!            limit by sub / client_id? ──over──► 429
 //!            identity headers, forwarding headers, X-Request-Id, Host
 //!            the normal path (the one the route was chosen by) upstream
+//!            a body without a length read ahead (`body`); malformed? ─► 400
 //!            upstream (pooled keep-alive connection), bodies streamed both ways
 //!              this thread's share of upstream.max_requests open ─► 503 OVERLOADED
 //!              connect/IO error ─► 502 BAD_GATEWAY
@@ -37,8 +39,8 @@ use axum::response::Response;
 
 use super::config::{ForwardHeaders, LimitKey, UnknownRevocations};
 use super::headers::{ambiguous, request_host, request_id, strip_hop_by_hop, strip_reserved};
-use super::path;
 use super::routes::{upstream_path_and_query, Route, RouteTable};
+use super::{body, path};
 use super::{GatewayState, Worker};
 use crate::domain::tokens::{bearer_token, Verified};
 use crate::http::error::{error_response, invalid_token, rate_limited};
@@ -263,7 +265,13 @@ async fn forward<'t>(
     if let Err(why) = rewrite(table, peer, admitted, uri.query(), &mut parts, id) {
         return Outcome::refused(Some(route), why.into_response(Some(route)));
     }
-    let (response, took) = send(w, route, Request::from_parts(parts, body)).await;
+    let (body, fault) = match body::prepare(body, &mut parts.headers, table.read_ahead).await {
+        Ok(prepared) => prepared,
+        Err(why) => {
+            return Outcome::refused(Some(route), Refusal::BadRequest(why).into_response(Some(route)))
+        }
+    };
+    let (response, took) = send(w, route, Request::from_parts(parts, body), &fault).await;
     Outcome {
         response: response.unwrap_or_else(|why| why.into_response(Some(route))),
         route: Some(route),
@@ -288,13 +296,9 @@ async fn admit<'t, 'r>(
     if let Some(why) = ambiguous(headers) {
         return Err(refuse(why));
     }
+    body::check_transfer_coding(headers).map_err(refuse)?;
     let normal = path::normalise(uri.path()).map_err(|why| refuse(why.message()))?;
     let host = request_host(uri, headers, version).map_err(refuse)?;
-    if normal.non_ascii && table.any_case_insensitive {
-        return Err(refuse(
-            "path: characters beyond ASCII are not allowed where routes ignore case",
-        ));
-    }
     let route = table
         .find(host.as_ref().map(|h| h.host.as_str()), normal.key())
         .ok_or((None, Refusal::NoRoute))?;
@@ -304,7 +308,7 @@ async fn admit<'t, 'r>(
     let from_proxy = Forwarded::from_trusted(headers, peer, &table.trusted_proxies);
     strip_hop_by_hop(headers);
     headers.remove(header::EXPECT); // answered by our server already
-    strip_reserved(headers, &table.identity.all());
+    strip_reserved(headers, &table.identity.all(), &rc.allow_client_headers);
     let limiter = w.limiter();
     // Limits by address come first: a flood of forged tokens costs no signature check.
     let limit = rc.rate_limit.as_ref().zip(route.limit_metrics.as_ref());
@@ -397,7 +401,12 @@ fn rewrite(
 
 /// The upstream exchange over this thread's pool, within the route's
 /// timeout; the response's hop-by-hop headers removed.
-async fn send(w: &Worker, route: &Route, req: Request) -> (Result<Response, Refusal>, Duration) {
+async fn send(
+    w: &Worker,
+    route: &Route,
+    req: Request,
+    fault: &body::ClientFault,
+) -> (Result<Response, Refusal>, Duration) {
     let rc = &route.config;
     let Some(slot) = w.upstream.take() else {
         return (Err(Refusal::UpstreamBusy), Duration::ZERO);
@@ -422,6 +431,9 @@ async fn send(w: &Worker, route: &Route, req: Request) -> (Result<Response, Refu
             strip_hop_by_hop(&mut p.headers);
             Ok(Response::from_parts(p, Body::new(SlotHeld { body, _slot: slot })))
         }
+        // The client's body broke off mid-way (framing past the read-ahead):
+        // the upstream got no complete request, the client its 400.
+        Ok(Err(_)) if fault.happened() => Err(Refusal::BadRequest(body::MALFORMED)),
         Ok(Err(e)) => {
             tracing::warn!(route = route.name, upstream = %rc.upstream_origin, error = %error_chain(&e),
                 "upstream request failed");
@@ -636,7 +648,7 @@ mod tests {
         let through = |peer: IpAddr, which: ForwardHeaders| {
             let mut h = spoofed();
             let prior = Forwarded::from_trusted(&h, peer, &[proxy]);
-            crate::gateway::headers::strip_reserved(&mut h, &[]);
+            crate::gateway::headers::strip_reserved(&mut h, &[], &[]);
             prior.write(
                 &mut h,
                 &which,

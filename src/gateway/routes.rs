@@ -11,7 +11,7 @@ use metrics::{Counter, Gauge, Histogram};
 use super::config::{
     ForwardHeaders, GatewayConfig, HostMatch, IdentityHeaders, LimiterStore, RouteConfig, UnknownRevocations,
 };
-use super::path::{drop_segments, prefix_matches};
+use super::path::{case_key, drop_segments, prefix_matches, PrefixRule};
 use crate::limits::PolicyMetrics;
 
 /// A `&'static str` for a name that lives as long as the process (route
@@ -77,8 +77,8 @@ pub struct RouteTable {
     pub identity: IdentityHeaders,
     pub forward: ForwardHeaders,
     pub when_revocations_unknown: UnknownRevocations,
-    /// Some route ignores case: paths beyond ASCII are then refused.
-    pub any_case_insensitive: bool,
+    /// `request_read_ahead_bytes` (`body.rs`).
+    pub read_ahead: usize,
     pub trusted_proxies: Vec<IpAddr>,
     /// Requests no route serves.
     pub unmatched: RouteMetrics,
@@ -129,7 +129,7 @@ impl RouteTable {
             identity: cfg.identity.clone(),
             forward: cfg.forward_headers,
             when_revocations_unknown: cfg.revocations.when_unknown,
-            any_case_insensitive: cfg.routes.iter().any(|r| !r.case_sensitive),
+            read_ahead: cfg.read_ahead,
             trusted_proxies: cfg.trusted_proxies.clone(),
             unmatched: RouteMetrics::new("unmatched"),
             in_flight: metrics::gauge!("latchkey_gateway_requests_in_flight"),
@@ -137,15 +137,29 @@ impl RouteTable {
     }
 
     /// The route serving `host` (if known) and the match key of a
-    /// normalised path (`path::Normal::key`).
+    /// normalised path (`path::Normal::key`). A protected route matches in
+    /// any case and with a format suffix ([`PrefixRule`]) unless its file
+    /// says `case_sensitive = true`, so that no spelling an upstream may
+    /// take for a protected path reaches it through a public route.
     pub fn find(&self, host: Option<&str>, key: &str) -> Option<&Route> {
+        let mut folded = None;
         self.routes.iter().find(|r| {
-            let host_ok = match (&r.config.host, host) {
+            let c = &r.config;
+            let host_ok = match (&c.host, host) {
                 (None, _) => true,
                 (Some(m), Some(h)) => m.matches(h),
                 (Some(_), None) => false,
             };
-            host_ok && prefix_matches(&r.config.path_prefix, key, r.config.case_sensitive)
+            let rule = PrefixRule {
+                case_sensitive: c.case_sensitive,
+                format_suffix: c.auth,
+            };
+            let key = if c.case_sensitive {
+                key
+            } else {
+                folded.get_or_insert_with(|| case_key(key))
+            };
+            host_ok && prefix_matches(&c.path_prefix, key, rule)
         })
     }
 

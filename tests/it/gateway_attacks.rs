@@ -1,12 +1,18 @@
 //! The gateway under attack: a corpus of hostile requests (path confusion,
-//! header folding and smuggling, forwarding headers, request framing) sent
-//! raw to the gateway in front of two real, deliberately lenient upstream
-//! stacks (a WSGI server and Node's HTTP server; `tests/support/
-//! lenient_upstream.*`). For every request: no handler that wants a
-//! token ran without a valid one, and no identity or forwarding header
-//! reached the upstream from the client.
+//! header folding and smuggling, forwarding headers, CGI-style and proxy
+//! identity headers, request framing) sent raw to the gateway in front of
+//! real, deliberately lenient upstream stacks: a WSGI server and Node's
+//! HTTP server (`tests/support/lenient_upstream.*`), the same WSGI
+//! application under gunicorn 27 and 21 (which take a `SCRIPT_NAME` header
+//! as the mount point), a Flask application with the common
+//! "ReverseProxied" middleware (`X-Script-Name`, `X-Scheme`), and an
+//! Express application (whose router ignores case). For every request: no
+//! handler that wants a token ran without a valid one, and no identity,
+//! forwarding or upstream meta-data header reached the upstream from the
+//! client.
 
-use std::path::Path;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use latchkey::gateway::{Gateway, GatewayConfig};
@@ -18,12 +24,73 @@ use crate::common::{unique_email, SupportServer, TestApp, PASSWORD};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_requests_never_reach_an_admin_handler_on_wsgi() {
-    hostile_corpus("lenient_upstream.py").await;
+    hostile_corpus(Stack::Wsgi).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_requests_never_reach_an_admin_handler_on_node() {
-    hostile_corpus("lenient_upstream.js").await;
+    hostile_corpus(Stack::Node).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_requests_never_reach_an_admin_handler_on_gunicorn_27() {
+    hostile_corpus(Stack::Gunicorn("27.0.1")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_requests_never_reach_an_admin_handler_on_gunicorn_21() {
+    hostile_corpus(Stack::Gunicorn("21.2.0")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_requests_never_reach_an_admin_handler_on_flask_behind_reverse_proxied() {
+    hostile_corpus(Stack::Flask).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_requests_never_reach_an_admin_handler_on_express() {
+    hostile_corpus(Stack::Express).await;
+}
+
+/// An upstream application stack of the corpus.
+#[derive(Clone, Copy, Debug)]
+enum Stack {
+    Wsgi,
+    Node,
+    /// The WSGI application under this gunicorn version (installed with
+    /// `pip install --target target/test-deps/gunicorn-VERSION` by
+    /// `tests/support/install-upstreams`).
+    Gunicorn(&'static str),
+    Flask,
+    Express,
+}
+
+impl Stack {
+    fn start(self, log: &Path) -> SupportServer {
+        let hint = "tests/support/install-upstreams installs what the stacks need";
+        let log: OsString = log.into();
+        match self {
+            Stack::Wsgi => SupportServer::start("lenient_upstream.py", &[&log], "python3"),
+            Stack::Node => SupportServer::start("lenient_upstream.js", &[&log], "node"),
+            Stack::Gunicorn(version) => {
+                let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                    .join("target/test-deps")
+                    .join(format!("gunicorn-{version}"));
+                assert!(
+                    dir.join("gunicorn").is_dir(),
+                    "no gunicorn {version} in {}: {hint}",
+                    dir.display()
+                );
+                SupportServer::start(
+                    "lenient_upstream.py",
+                    &[&log, "--gunicorn".as_ref(), dir.as_os_str()],
+                    hint,
+                )
+            }
+            Stack::Flask => SupportServer::start("flask_upstream.py", &[&log], hint),
+            Stack::Express => SupportServer::start("express/upstream.js", &[&log], hint),
+        }
+    }
 }
 
 /// One raw HTTP/1.1 exchange; the connection is closed by the request.
@@ -35,6 +102,24 @@ async fn raw(addr: &str, request: &[u8]) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// One HTTP/2 (prior knowledge) GET with one extra header; its status.
+async fn h2_get(addr: &str, path: &str, name: &'static str, value: &'static str) -> u16 {
+    use http_body_util::Empty;
+    use hyper::body::Bytes;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Empty<Bytes>>();
+    let req = hyper::Request::get(format!("http://{addr}{path}"))
+        .header(name, value)
+        .body(Empty::new())
+        .unwrap();
+    client
+        .request(req)
+        .await
+        .map(|r| r.status().as_u16())
+        .unwrap_or(0)
+}
+
 fn hits(log: &Path) -> Vec<Value> {
     std::fs::read_to_string(log)
         .unwrap_or_default()
@@ -43,9 +128,28 @@ fn hits(log: &Path) -> Vec<Value> {
         .collect()
 }
 
-/// (what, request bytes, whether it carries the valid token).
-fn corpus(token: &str) -> Vec<(String, Vec<u8>, bool)> {
-    let mut out = Vec::new();
+/// What a case of the corpus must lead to, beyond "no bypass".
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Expect {
+    /// Any answer, as long as nothing reaches a handler it should not.
+    Anything,
+    /// `400`, and the upstream never saw the request.
+    Refused,
+    /// The upstream received a body of this many bytes.
+    Body(u64),
+}
+
+/// A hostile request: what it is, its bytes, whether it carries the valid
+/// token, and what it must lead to.
+struct Case {
+    what: String,
+    request: Vec<u8>,
+    with_token: bool,
+    expect: Expect,
+}
+
+fn corpus(token: &str) -> Vec<Case> {
+    let mut out: Vec<(String, Vec<u8>, bool)> = Vec::new();
     let get = |path: &str, extra: &str| {
         format!("GET {path} HTTP/1.1\r\nHost: gw.test\r\n{extra}Connection: close\r\n\r\n").into_bytes()
     };
@@ -93,6 +197,10 @@ fn corpus(token: &str) -> Vec<(String, Vec<u8>, bool)> {
         "/adm%C4%B1n/users",
         "/adm\u{131}n/users",
         "/%E2%84%AAeys",
+        "/admin.json",
+        "/ADMIN.json",
+        "/Admin/users.json",
+        "/admin.json/users",
     ] {
         out.push((format!("GET {path}"), get(path, ""), false));
     }
@@ -240,14 +348,106 @@ fn corpus(token: &str) -> Vec<(String, Vec<u8>, bool)> {
     ] {
         out.push((what.to_string(), req.into_bytes(), false));
     }
-    out
+    let mut cases: Vec<Case> = out
+        .into_iter()
+        .map(|(what, request, with_token)| Case {
+            what,
+            request,
+            with_token,
+            expect: Expect::Anything,
+        })
+        .collect();
+    // Headers an upstream server or framework reads as request meta-data,
+    // or as an identity a proxy in front vouched for: gunicorn cuts a
+    // `SCRIPT_NAME` header off the path before the application routes,
+    // Flask's ReverseProxied middleware does the same with `X-Script-Name`,
+    // so `/x/admin/users` matches the public route at the gateway and runs
+    // the admin handler behind it.
+    let meta = [
+        ("/x/admin/users", "SCRIPT_NAME: /x"),
+        ("/x/admin/users", "Script-Name: /x"),
+        ("/x/admin/users", "script_name: /x"),
+        ("/docs/admin/users", "SCRIPT_NAME: /docs"),
+        ("/x/admin/users", "X-Script-Name: /x"),
+        ("/x/admin/users", "X_Script_Name: /x"),
+        ("/docs/admin/users", "X-Script-Name: /docs"),
+        ("/public", "X-Scheme: https"),
+        ("/public", "PATH_INFO: /admin/users"),
+        ("/public", "Remote-User: admin"),
+        ("/public", "REMOTE_USER: admin"),
+        ("/public", "X-Remote-User: admin"),
+        ("/public", "X-WEBAUTH-USER: admin"),
+        ("/public", "X-Envoy-Original-Path: /admin/users"),
+        ("/public", "X-Original-Method: DELETE"),
+        ("/public", "X-Originating-IP: 10.0.0.1"),
+    ];
+    for (path, h) in meta {
+        for (with_token, auth) in [
+            (false, String::new()),
+            (true, format!("Authorization: Bearer {token}\r\n")),
+        ] {
+            let request =
+                format!("GET {path} HTTP/1.1\r\nHost: gw.test\r\n{auth}{h}\r\nConnection: close\r\n\r\n");
+            cases.push(Case {
+                what: format!(
+                    "GET {path} with {h}{}",
+                    if with_token { " and the token" } else { "" }
+                ),
+                request: request.into_bytes(),
+                // These paths take a public route: the admin handler must
+                // not run behind it, token or not (the gateway did not
+                // check it there).
+                with_token: false,
+                expect: Expect::Anything,
+            });
+        }
+    }
+    // Framing the gateway must judge before anything goes upstream.
+    let framing = [
+        (
+            "TE gzip, chunked",
+            "POST /public HTTP/1.1\r\nHost: gw.test\r\nTransfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+            Expect::Refused,
+        ),
+        (
+            "garbage after a chunk size",
+            "POST /public HTTP/1.1\r\nHost: gw.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5xyz\r\nhello\r\n0\r\n\r\n",
+            Expect::Refused,
+        ),
+        (
+            "garbage after a later chunk size",
+            "POST /public HTTP/1.1\r\nHost: gw.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n3!\r\nabc\r\n0\r\n\r\n",
+            Expect::Refused,
+        ),
+        (
+            "a chunked body on GET",
+            "GET /public HTTP/1.1\r\nHost: gw.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+            Expect::Body(5),
+        ),
+        (
+            "a chunked body on POST",
+            "POST /public HTTP/1.1\r\nHost: gw.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+            Expect::Body(11),
+        ),
+    ];
+    for (what, request, expect) in framing {
+        cases.push(Case {
+            what: what.to_string(),
+            request: request.as_bytes().to_vec(),
+            with_token: false,
+            expect,
+        });
+    }
+    cases
 }
 
-async fn hostile_corpus(stack: &str) {
+async fn hostile_corpus(stack: Stack) {
     let app = TestApp::embedded(&[]).await;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("hits.jsonl");
-    let upstream = SupportServer::start(stack, &[log.as_os_str()], "python3, or node for .js");
+    let upstream = stack.start(&log);
+    // The gateway's defaults are under test: the admin route ignores case
+    // (it is protected) without being told to.
     let toml = format!(
         r#"
 listen = "127.0.0.1:0"
@@ -266,8 +466,12 @@ forward_authorization = false
 name = "admin"
 path_prefix = "/admin"
 upstream = "http://127.0.0.1:{port}"
-# The upstream routes without regard to case: so must the gateway.
-case_sensitive = false
+
+[[routes]]
+name = "docs"
+path_prefix = "/docs"
+upstream = "http://127.0.0.1:{port}"
+auth = false
 
 [[routes]]
 name = "public"
@@ -299,11 +503,29 @@ auth = false
 
     let mut bypasses = Vec::new();
     let mut table = Vec::new();
-    for (what, request, with_token) in corpus(&token) {
+    for Case {
+        what,
+        request,
+        with_token,
+        expect,
+    } in corpus(&token)
+    {
         let before = hits(&log).len();
         let response = raw(&addr, &request).await;
         let status = response.get(9..12).unwrap_or("---").to_string();
         let new: Vec<Value> = hits(&log).into_iter().skip(before).collect();
+        match expect {
+            Expect::Anything => {}
+            Expect::Refused if status == "400" && new.is_empty() => {}
+            Expect::Refused => bypasses.push(format!(
+                "{what}: answered {status} with {} upstream hits, not 400 with none",
+                new.len()
+            )),
+            Expect::Body(n) if new.len() == 1 && new[0]["body"] == n => {}
+            Expect::Body(n) => bypasses.push(format!(
+                "{what}: the upstream should have had a body of {n} bytes ({status}, {new:?})"
+            )),
+        }
         for hit in &new {
             let admin = hit["handler"] == "admin";
             if admin && !with_token {
@@ -341,14 +563,55 @@ auth = false
                     ));
                 }
             }
+            if let Some(meta) = hit
+                .get("meta")
+                .and_then(Value::as_object)
+                .filter(|m| !m.is_empty())
+            {
+                bypasses.push(format!(
+                    "{what}: upstream meta-data from the client reached the upstream: {meta:?}"
+                ));
+            }
+            // What the application saw of its mount point and scheme (the
+            // WSGI stacks): the gateway's, never the client's.
+            if hit.get("script_name").is_some_and(|v| v != "") {
+                bypasses.push(format!(
+                    "{what}: the application was mounted at {}",
+                    hit["script_name"]
+                ));
+            }
+            if hit.get("scheme").is_some_and(|v| v != "http") {
+                bypasses.push(format!(
+                    "{what}: the application saw the scheme {}",
+                    hit["scheme"]
+                ));
+            }
         }
         table.push(format!(
             "{status} {:<6} {what}",
             new.first().map_or("-", |h| h["handler"].as_str().unwrap_or("?"))
         ));
     }
+    // The same headers over HTTP/2, where names are lower case and `_` is
+    // as valid as over HTTP/1.1.
+    for (path, name) in [
+        ("/x/admin/users", "script_name"),
+        ("/x/admin/users", "x-script-name"),
+    ] {
+        let before = hits(&log).len();
+        let status = h2_get(&addr, path, name, "/x").await;
+        let what = format!("HTTP/2 GET {path} with {name}: /x");
+        for hit in hits(&log).into_iter().skip(before) {
+            if hit["handler"] == "admin" || hit.get("script_name").is_some_and(|v| v != "") {
+                bypasses.push(format!(
+                    "{what}: the admin handler ran, or the mount point moved ({hit})"
+                ));
+            }
+        }
+        table.push(format!("{status} {what}"));
+    }
     eprintln!(
-        "gateway corpus on {stack}: {} requests\n{}",
+        "gateway corpus on {stack:?}: {} requests\n{}",
         table.len(),
         table.join("\n")
     );

@@ -23,7 +23,11 @@ function lenient(raw) {
   let p = decode(decode(raw.split('?')[0]));
   p = p.replace(/\\/g, '/');
   const segments = p.split('/').map((s) => s.split(';')[0]).filter((s) => s);
-  return path.posix.normalize('/' + segments.join('/')).toLowerCase();
+  // A format suffix on the last segment is dropped (Rails' `(.:format)`).
+  p = path.posix.normalize('/' + segments.join('/')).replace(/([^/])\.[A-Za-z0-9]+$/, '$1');
+  // Case ignored character by character, upper then lower case, as Java's
+  // equalsIgnoreCase does: `ı`, `ſ` and the Kelvin sign read as i, s, k.
+  return Array.from(p).map((c) => c.toUpperCase().toLowerCase()).join('');
 }
 
 function lenientHost(req) {
@@ -33,6 +37,15 @@ function lenientHost(req) {
   return host.replace(/\.+$/, '');
 }
 
+// Headers of upstream meta-data that a client must never get through the
+// gateway (folded names; the gateway's list is longer).
+const META = new Set([
+  'script-name', 'path-info', 'remote-user', 'remote-addr', 'auth-type', 'request-uri',
+  'server-name', 'x-script-name', 'x-scheme', 'remote-groups', 'x-remote-user',
+  'x-remote-addr', 'x-originating-ip', 'x-envoy-original-path', 'x-original-method',
+  'x-webauth-user',
+]);
+
 const log = process.argv[2];
 const server = http.createServer((req, res) => {
   const routedBy = req.headers['x-original-url'] || req.headers['x-rewrite-url'];
@@ -41,6 +54,7 @@ const server = http.createServer((req, res) => {
   const handler = admin ? 'admin' : 'public';
   const identity = {};
   const forwarding = {};
+  const meta = {};
   for (const [k, v] of Object.entries(req.headers)) {
     const name = k.replace(/[^a-z0-9]/g, '-');
     if (name.startsWith('x-auth-')) {
@@ -48,12 +62,17 @@ const server = http.createServer((req, res) => {
     } else if (name.startsWith('x-forwarded') ||
                ['forwarded', 'x-real-ip', 'x-original-url', 'x-rewrite-url', 'x-http-method-override'].includes(name)) {
       forwarding[name] = String(v);
+    } else if (META.has(name)) {
+      meta[name] = String(v);
     }
   }
-  const line = JSON.stringify({ stack: 'node', handler, path: req.url, identity, forwarding });
-  fs.appendFileSync(log, line + '\n');
-  req.resume();
+  let body = 0;
+  req.on('data', (c) => { body += c.length; });
   req.on('end', () => {
+    const line = JSON.stringify({
+      stack: 'node', handler, method: req.method, path: req.url, identity, forwarding, meta, body,
+    });
+    fs.appendFileSync(log, line + '\n');
     res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(line) });
     res.end(line);
   });
