@@ -44,7 +44,18 @@ pub struct TokenPair {
     pub expires_in: u64,
     pub refresh_token: String,
     pub refresh_expires_in: u64,
+    /// Only after a verification that set no password (two registrations
+    /// contested the address before it was verified): `PASSWORD_REQUIRED`,
+    /// and the session may set one with `POST /auth/password` without
+    /// `current_password`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<&'static str>,
 }
+
+/// The status of a verification that set no password ([`TokenPair::status`]).
+pub const PASSWORD_REQUIRED: &str = "PASSWORD_REQUIRED";
 
 /// The answer to the client_credentials grant: no refresh token (RFC 6749 §4.4.3).
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -213,6 +224,7 @@ impl Accounts {
         let id = uuid::Uuid::now_v7().to_string();
         let address = ip.to_string();
         let verification = self.seal(&Message::verification(email.as_str(), &code));
+        let contested = self.seal(&Message::verification_contested(email.as_str(), &code));
         let notice = self.seal(&Message::already_registered(email.as_str()));
         // Hash even when the email is taken, so timing does not tell. Like
         // the registration the email's live code would activate, if there
@@ -250,6 +262,7 @@ impl Accounts {
                         code_hash: &code_hash,
                         expires_at: now + CODE_TTL_MS,
                         message: &verification,
+                        contested_message: &contested,
                     },
                     &random_bytes::<32>(),
                     &notice,
@@ -453,11 +466,11 @@ impl Accounts {
             .store
             .verify_email(email.as_str(), code_id, MAX_FAILURES, &session.as_new(&user.id))
             .await?;
-        match started {
+        let (started, has_password) = match started {
             // Used concurrently, or verified by a reset; or disabled meanwhile.
-            None | Some(SessionStart::Disabled) => return Err(AuthError::InvalidOtp),
-            Some(_) => {}
-        }
+            None | Some((SessionStart::Disabled, _)) => return Err(AuthError::InvalidOtp),
+            Some(outcome) => outcome,
+        };
         self.right_code(ip).await;
         // The mailbox's owner starts with no address known from before.
         self.brute_force.forget_known(email.as_str()).await;
@@ -465,12 +478,20 @@ impl Accounts {
             c.forget(&user.id);
         }
         self.revocations.user_changed(email.as_str()).await;
-        if started == Some(SessionStart::FactorRequired) {
+        if started == SessionStart::FactorRequired {
             // The email is verified; the login goes on with a second factor
             // (an account that had factors before an email change).
             return Err(self.step_up(&user, &session.authn, None, origin).await);
         }
-        self.pair(&user.id, &user.email, &session, FIRST_PARTY_CLIENT, refresh)
+        let mut pair = self.pair(&user.id, &user.email, &session, FIRST_PARTY_CLIENT, refresh)?;
+        if !has_password {
+            pair.status = Some(PASSWORD_REQUIRED);
+            pair.message = Some(
+                "Another sign-up for this address happened before it was verified, so no password \
+                 was set. Choose one now: POST /auth/password with new_password and no current_password.",
+            );
+        }
+        Ok(pair)
     }
 
     async fn find_user(&self, email: &Email) -> Result<Option<Arc<UserRecord>>, AuthError> {
@@ -591,11 +612,7 @@ impl Accounts {
                 if cached {
                     true
                 } else {
-                    let (pw, phc) = (password.clone(), u.password_hash.clone());
-                    let ok = self
-                        .hashing
-                        .run("verify", move |p| p.verify(pw.expose(), &phc))
-                        .await?;
+                    let ok = self.hashing.verify(&u.id, password, &u.password_hash).await?;
                     if ok {
                         if let Some(c) = &self.credentials {
                             c.remember(&u.id, &u.password_hash, password.expose());
@@ -927,29 +944,84 @@ impl Accounts {
         })
     }
 
-    /// Changes the password; `end_other_sessions` ends every session but the
-    /// caller's (the current one always stays).
-    pub async fn change_password(
+    /// The current password of the token's account, checked before a step
+    /// a stolen session must not take (a new password, a new factor): under
+    /// the account's password-change limit and under the brute-force rules
+    /// of its logins, as a login attempt from `ip` (a wrong one counts as a
+    /// failed login of the account and is recorded as `login.failed` with
+    /// reason `current_password`). An account that has no password (one
+    /// verified while its registration was contested) has none to prove:
+    /// `current` must then be `None`, and its session, which only the
+    /// mailbox's owner can have, may set one.
+    pub(super) async fn check_current_password(
         &self,
         token: &Verified,
-        current: Password,
-        new: Password,
-        end_other_sessions: bool,
-    ) -> Result<(), AuthError> {
+        ip: IpAddr,
+        current: Option<Password>,
+    ) -> Result<UserRecord, AuthError> {
         self.limiter
             .check(PolicyName::PasswordAccount, &token.claims.sub)
             .await?;
         let Some(user) = self.store.user_by_id(&token.claims.sub).await? else {
             return Err(AuthError::InvalidToken);
         };
-        let phc = user.password_hash.clone();
-        let ok = self
-            .hashing
-            .run("verify", move |p| p.verify(current.expose(), &phc))
-            .await?;
-        if !ok {
-            return Err(AuthError::InvalidCredentials);
+        let Some(current) = current else {
+            return if user.password_hash == UNUSABLE_PASSWORD {
+                Ok(user)
+            } else {
+                Err(AuthError::BadRequest(
+                    "current_password: required (the account has a password)".into(),
+                ))
+            };
+        };
+        let client = self.limiter.ip_key(ip);
+        let (account, client) = (user.email.as_str(), client.as_str());
+        let attempt =
+            self.brute_force
+                .begin(account, client)
+                .await
+                .map_err(|retry| AuthError::TooManyAttempts {
+                    retry_after: Some(retry),
+                })?;
+        let ok = if user.password_hash == UNUSABLE_PASSWORD {
+            self.dummy_verify(&current).await.map(|()| false)
+        } else {
+            self.hashing
+                .verify(&user.id, &current, &user.password_hash)
+                .await
+                .map_err(AuthError::from)
+        };
+        match ok {
+            Ok(true) => {
+                self.brute_force.success(account, client, attempt, true).await;
+                Ok(user)
+            }
+            Ok(false) => {
+                self.login_failed(Some(&user.id), ip, "current_password").await;
+                if attempt.locks() {
+                    self.login_failed(Some(&user.id), ip, "locked_for_address").await;
+                }
+                Err(AuthError::InvalidCredentials)
+            }
+            Err(e) => {
+                self.brute_force.abandon(account, client, attempt).await;
+                Err(e)
+            }
         }
+    }
+
+    /// Changes the password; `end_other_sessions` ends every session but the
+    /// caller's (the current one always stays). `current` is `None` only for
+    /// an account without a password (see [`Self::check_current_password`]).
+    pub async fn change_password(
+        &self,
+        token: &Verified,
+        ip: IpAddr,
+        current: Option<Password>,
+        new: Password,
+        end_other_sessions: bool,
+    ) -> Result<(), AuthError> {
+        let user = self.check_current_password(token, ip, current).await?;
         let new_hash = self.hashing.run("hash", move |p| p.hash(new.expose())).await?;
         let revoked = self
             .store
@@ -1089,6 +1161,8 @@ impl Accounts {
             expires_in: self.tokens.access_ttl().as_secs(),
             refresh_token,
             refresh_expires_in: ((session_expires_at - now_ms()).max(0) / 1000) as u64,
+            status: None,
+            message: None,
         })
     }
 }

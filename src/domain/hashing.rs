@@ -14,6 +14,18 @@
 //! memory. Cheap requests never touch this pool, so they never wait behind
 //! hashing.
 //!
+//! **Hashes of other systems** (imported bcrypt, PBKDF2, scrypt, argon2 with
+//! other parameters: [`HashPool::verify`]) cost what their parameters say,
+//! within `legacy::BUDGET` (up to a second of a core and 64 MiB), where the
+//! service's own cost some 20 ms. They run in a lane of their own: at most
+//! half of the threads (at least one) at once, waiting for the lane no
+//! longer than the objective, and one at a time per account (a second
+//! verification of the same account while one runs is refused). However
+//! many imported accounts an attacker tries wrong passwords on, the other
+//! half of the pool keeps serving everyone else; however many at once on
+//! one account, they take one thread. Their time is not counted in the
+//! estimate admission decides by, which is the service's own hashes'.
+//!
 //! A refusal is decided at once but answered at the objective, as late as an
 //! admitted hash could have been. It costs a timer, not CPU, and it takes
 //! away what makes overload collapse: a client that retries at once (a
@@ -23,6 +35,7 @@
 //! flood of sign-ups from 100 clients without a pause completed 34 % of the
 //! hashes the machine can do with immediate refusals (docs/performance.md).
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -34,6 +47,8 @@ use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
 use super::admission::{Admission, Decision};
+use super::input::Password;
+use super::legacy::Legacy;
 use crate::settings::{millis, number, ConfigError, Source};
 
 /// Argon2id's cost parameters (OWASP: 19 MiB, 2 passes, 1 lane).
@@ -101,6 +116,10 @@ pub struct HashPool {
     waiting: AtomicUsize,
     admission: Arc<Mutex<Admission>>,
     argon2: Arc<Passwords>,
+    /// Threads hashes of other systems may hold at once.
+    foreign_lane: Arc<Semaphore>,
+    /// Accounts whose hash of another system is being verified.
+    foreign_accounts: Mutex<HashSet<String>>,
 }
 
 impl HashPool {
@@ -138,7 +157,41 @@ impl HashPool {
                 Admission::new(threads, settings.objective).with_queue(settings.queue),
             )),
             argon2: Arc::new(Passwords::new(cfg)?),
+            foreign_lane: Arc::new(Semaphore::new((threads / 2).max(1))),
+            foreign_accounts: Mutex::new(HashSet::new()),
         })
+    }
+
+    /// Whether `password` matches the stored hash `phc` of `account`: the
+    /// service's own argon2id like any hash job, a hash of another system
+    /// in its lane (see the module notes).
+    pub async fn verify(&self, account: &str, password: &Password, phc: &str) -> Result<bool, Overloaded> {
+        let (pw, phc) = (password.clone(), phc.to_string());
+        if !self.argon2.needs_rehash(&phc) {
+            return self.run("verify", move |p| p.verify(pw.expose(), &phc)).await;
+        }
+        let span = tracing::debug_span!(
+            "hash",
+            op = "verify_foreign",
+            wait_us = Empty,
+            hash_us = Empty,
+            shed = Empty
+        );
+        async {
+            let Some(_turn) = ForeignTurn::take(&self.foreign_accounts, account) else {
+                return Err(self.refuse("account_busy").await);
+            };
+            let objective = self.admission().objective();
+            let Ok(Ok(_lane)) =
+                tokio::time::timeout(objective, self.foreign_lane.clone().acquire_owned()).await
+            else {
+                return Err(self.refuse("foreign_lane").await);
+            };
+            self.admit_and_run(false, move |p| p.verify(pw.expose(), &phc))
+                .await
+        }
+        .instrument(span)
+        .await
     }
 
     pub fn passwords(&self) -> &Arc<Passwords> {
@@ -155,10 +208,12 @@ impl HashPool {
         R: Send + 'static,
     {
         let span = tracing::debug_span!("hash", op, wait_us = Empty, hash_us = Empty, shed = Empty);
-        self.admit_and_run(f).instrument(span).await
+        self.admit_and_run(true, f).instrument(span).await
     }
 
-    async fn admit_and_run<R, F>(&self, f: F) -> Result<R, Overloaded>
+    /// Runs `f` once admitted; `observe`: its time counts in the estimate
+    /// admission decides by (the service's own hashes).
+    async fn admit_and_run<R, F>(&self, observe: bool, f: F) -> Result<R, Overloaded>
     where
         F: FnOnce(&Passwords) -> R + Send + 'static,
         R: Send + 'static,
@@ -172,10 +227,7 @@ impl HashPool {
             Err(_) => {
                 let waiting = Waiting::join(&self.waiting);
                 let running = self.threads - self.permits.available_permits().min(self.threads);
-                let (decision, objective) = {
-                    let admission = self.admission();
-                    (admission.decide(running, waiting.ahead), admission.objective())
-                };
+                let decision = self.admission().decide(running, waiting.ahead);
                 let got = match decision {
                     Decision::Start => Ok(self.permits.clone().acquire_owned().await),
                     Decision::Wait { at_most } => {
@@ -183,14 +235,13 @@ impl HashPool {
                     }
                     Decision::Shed | Decision::QueueFull => {
                         drop(waiting);
-                        let refused = self.shed(if decision == Decision::Shed {
-                            "objective"
-                        } else {
-                            "queue_full"
-                        });
-                        // Refused now, answered at the objective (see the module notes).
-                        tokio::time::sleep(objective).await;
-                        return Err(refused);
+                        return Err(self
+                            .refuse(if decision == Decision::Shed {
+                                "objective"
+                            } else {
+                                "queue_full"
+                            })
+                            .await);
                     }
                 };
                 drop(waiting);
@@ -213,7 +264,9 @@ impl HashPool {
             let start = Instant::now();
             let out = span.in_scope(|| f(&passwords));
             let took = start.elapsed();
-            admission.lock().unwrap_or_else(|e| e.into_inner()).observe(took);
+            if observe {
+                admission.lock().unwrap_or_else(|e| e.into_inner()).observe(took);
+            }
             metrics::histogram!("latchkey_hash_seconds").record(took.as_secs_f64());
             span.record("hash_us", took.as_micros() as i64);
             drop(span);
@@ -232,6 +285,40 @@ impl HashPool {
         metrics::counter!("latchkey_hash_shed_total", "reason" => why).increment(1);
         Span::current().record("shed", why);
         Overloaded
+    }
+
+    /// Refused now, answered at the objective (see the module notes).
+    async fn refuse(&self, why: &'static str) -> Overloaded {
+        let refused = self.shed(why);
+        let objective = self.admission().objective();
+        tokio::time::sleep(objective).await;
+        refused
+    }
+}
+
+/// An account's turn at verifying a hash of another system: at most one at
+/// a time per account, until dropped.
+struct ForeignTurn<'a> {
+    accounts: &'a Mutex<HashSet<String>>,
+    account: String,
+}
+
+impl<'a> ForeignTurn<'a> {
+    fn take(accounts: &'a Mutex<HashSet<String>>, account: &str) -> Option<ForeignTurn<'a>> {
+        let mut set = accounts.lock().unwrap_or_else(|e| e.into_inner());
+        set.insert(account.to_string()).then(|| ForeignTurn {
+            accounts,
+            account: account.to_string(),
+        })
+    }
+}
+
+impl Drop for ForeignTurn<'_> {
+    fn drop(&mut self) {
+        self.accounts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.account);
     }
 }
 
@@ -404,14 +491,22 @@ impl Passwords {
     /// Whether `password` matches `phc`: an argon2 PHC string (the service's
     /// own, or imported), or an imported hash of another system
     /// (`legacy.rs`: bcrypt, PBKDF2, scrypt).
+    /// A hash of another system (or of other argon2 parameters) is held to
+    /// `legacy::BUDGET`: one over it never verifies.
     pub fn verify(&self, password: &str, phc: &str) -> bool {
-        if !phc.starts_with("$argon2") {
-            return super::legacy::Legacy::parse(phc).is_ok_and(|h| h.verify(password));
+        if !self.needs_rehash(phc) {
+            return self.try_verify(password, phc, true).unwrap_or(false);
         }
-        self.try_verify(password, phc).unwrap_or(false)
+        match Legacy::parse(phc) {
+            Ok(Legacy::Argon2 { .. }) => self.try_verify(password, phc, false).unwrap_or(false),
+            Ok(h) => h.verify(password),
+            Err(_) => false,
+        }
     }
 
-    fn try_verify(&self, password: &str, phc: &str) -> Option<bool> {
+    /// `own`: made with this service's parameters, so the thread's blocks
+    /// are reused; others allocate their memory for this verification only.
+    fn try_verify(&self, password: &str, phc: &str, own: bool) -> Option<bool> {
         let h = PasswordHash::new(phc).ok()?;
         let algorithm = Algorithm::try_from(h.algorithm).ok()?;
         let version = h
@@ -426,10 +521,16 @@ impl Passwords {
         let salt = h.salt?.decode_b64(&mut raw_salt).ok()?;
         let mut out = vec![0u8; expected.len()];
         let argon2 = Argon2::new(algorithm, version, params.clone());
-        with_blocks(&params, |blocks| {
-            argon2.hash_password_into_with_memory(password.as_bytes(), salt, &mut out, blocks)
-        })
-        .ok()?;
+        if own {
+            with_blocks(&params, |blocks| {
+                argon2.hash_password_into_with_memory(password.as_bytes(), salt, &mut out, blocks)
+            })
+            .ok()?;
+        } else {
+            argon2
+                .hash_password_into(password.as_bytes(), salt, &mut out)
+                .ok()?;
+        }
         Some(crate::crypto::ct_eq(&out, expected.as_bytes()))
     }
 

@@ -61,8 +61,12 @@ pub struct LogoutRequest {
 
 #[derive(Deserialize, ToSchema)]
 pub struct PasswordChangeRequest {
+    /// Required, unless the account has no password (it was verified while
+    /// its registration was contested: the verification's answer said
+    /// `PASSWORD_REQUIRED`); then it must be left out.
     #[schema(schema_with = schema::current_password)]
-    current_password: String,
+    #[serde(default)]
+    current_password: Option<String>,
     #[schema(schema_with = schema::password)]
     new_password: String,
     /// End every other session of the account (the caller's stays). Default true.
@@ -219,17 +223,23 @@ pub async fn me(State(st): State<AppState>, Bearer(token): Bearer) -> Result<Jso
 #[utoipa::path(post, path = "/auth/password", tag = "accounts", security(("bearer" = [])), request_body = PasswordChangeRequest,
     responses((status = 204, description = "Changed; every other session revoked unless end_other_sessions is false"), (status = 400, body = ErrorBody),
               (status = 401, body = ErrorBody, description = "INVALID_TOKEN or INVALID_CREDENTIALS"),
-              (status = 429, body = ErrorBody, description = "RATE_LIMITED (policy password_account)"),
+              (status = 403, body = ErrorBody, description = "FIRST_PARTY_ONLY: a token an OAuth client holds"),
+              (status = 429, body = ErrorBody, description = "TOO_MANY_ATTEMPTS (wrong current passwords count as failed logins) or RATE_LIMITED (policy password_account)"),
               (status = 503, body = ErrorBody, description = "OVERLOADED")))]
 pub async fn change_password(
     State(st): State<AppState>,
-    Bearer(token): Bearer,
+    AccountBearer(token): AccountBearer,
+    ClientOrigin(origin): ClientOrigin,
     JsonBody(req): JsonBody<PasswordChangeRequest>,
 ) -> Result<StatusCode, ApiError> {
-    let current = current_password(&req.current_password)?;
+    let current = req
+        .current_password
+        .as_deref()
+        .map(current_password)
+        .transpose()?;
     let new = Password::parse("new_password", &req.new_password)?;
     st.accounts
-        .change_password(&token, current, new, req.end_other_sessions)
+        .change_password(&token, origin.ip, current, new, req.end_other_sessions)
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -230,11 +230,14 @@ pub async fn factors(
 pub async fn start_totp(
     State(st): State<AppState>,
     AccountBearer(token): AccountBearer,
+    ClientOrigin(origin): ClientOrigin,
     JsonBody(req): JsonBody<TotpRequest>,
 ) -> Result<Response, ApiError> {
     let name = req.name.unwrap_or_default();
     let password = current_password(&req.current_password)?;
-    Ok(created(st.accounts.start_totp(&token, &name, password).await?))
+    Ok(created(
+        st.accounts.start_totp(&token, origin.ip, &name, password).await?,
+    ))
 }
 
 #[utoipa::path(post, path = "/auth/mfa/totp/{id}/confirm", tag = "second factors", security(("bearer" = [])), request_body = CodeRequest,
@@ -264,13 +267,14 @@ pub async fn confirm_totp(
 pub async fn start_passkey(
     State(st): State<AppState>,
     AccountBearer(token): AccountBearer,
+    ClientOrigin(origin): ClientOrigin,
     JsonBody(req): JsonBody<PasskeyRequest>,
 ) -> Result<Response, ApiError> {
     let name = req.name.unwrap_or_default();
     let password = current_password(&req.current_password)?;
     Ok(no_store(
         st.accounts
-            .start_passkey(&token, &name, req.passwordless, password)
+            .start_passkey(&token, origin.ip, &name, req.passwordless, password)
             .await?,
     ))
 }

@@ -57,6 +57,23 @@ impl Message {
         }
     }
 
+    /// The verification code of a registration that contested the address:
+    /// another sign-up for it was waiting for its code.
+    pub fn verification_contested(to: &str, code: &str) -> Message {
+        Message {
+            to: to.to_string(),
+            subject: "Your verification code".into(),
+            body: format!(
+                "Your verification code is:\n\n{code}\n\nIt is valid for 10 minutes and replaces \
+                 any code sent before.\n\n\
+                 Another sign-up for this address happened shortly before this one. To keep either \
+                 from taking the account, entering this code verifies the address but sets no \
+                 password: right after, you choose one. If you did not create an account, ignore \
+                 this email.\n"
+            ),
+        }
+    }
+
     pub fn already_registered(to: &str) -> Message {
         Message {
             to: to.to_string(),

@@ -59,7 +59,7 @@ pub struct NewCode<'a> {
 /// whichever code is used then verifies the mailbox but activates neither
 /// password (the owner sets one with a reset). A registration with the
 /// pending hash itself (the same password, hashed like it: a repeat) does
-/// not contest a code, nor end a contest.
+/// not contest a code, nor end a contest. Returns the code's `contested`.
 pub(super) const REPLACE_CODE: &str = "INSERT INTO codes \
      (email, purpose, code_hash, created_at, expires_at, failed_attempts, consumed_at, \
       pending_password_hash, pending_name, contested) \
@@ -72,7 +72,8 @@ pub(super) const REPLACE_CODE: &str = "INSERT INTO codes \
        AND codes.pending_password_hash IS NOT NULL AND codes.consumed_at IS NULL \
        AND codes.expires_at > excluded.created_at \
        AND (codes.contested = 1 OR codes.pending_password_hash <> excluded.pending_password_hash) \
-       THEN 1 ELSE 0 END";
+       THEN 1 ELSE 0 END \
+     RETURNING contested";
 
 /// The password hash of an account verified while contested: no password
 /// matches it (it is no PHC string), and login pays a dummy hash for it.
@@ -202,18 +203,20 @@ impl Store {
     /// `None` when the code was used concurrently, is no longer usable, or
     /// the account is already verified; `Some(Disabled)` changes nothing;
     /// `Some(FactorRequired)` verifies without a session (the login goes on
-    /// with the second factor). Rows are locked users first, then codes, as
-    /// registration does, so that the two cannot deadlock.
+    /// with the second factor). With the outcome: whether the account has a
+    /// password now (`false`: the email was contested). Rows are locked
+    /// users first, then codes, as registration does, so that the two
+    /// cannot deadlock.
     pub async fn verify_email(
         &self,
         email: &str,
         code_created_at: i64,
         max_failures: i32,
         session: &NewSession<'_>,
-    ) -> StoreResult<Option<super::SessionStart>> {
+    ) -> StoreResult<Option<(super::SessionStart, bool)>> {
         db_op!(self, "verify_email", conn => {
             let mut tx = conn.begin().await?;
-            let n = sqlx::query(
+            let n: Option<(String,)> = sqlx::query_as(
                 "UPDATE users SET \
                  password_hash = CASE WHEN c.contested = 1 THEN $5 \
                    ELSE COALESCE(c.pending_password_hash, users.password_hash) END, \
@@ -222,30 +225,31 @@ impl Store {
                  email_verified_at = $2, updated_at = $2 \
                  FROM codes c WHERE users.id = $1 AND users.email_verified_at IS NULL \
                  AND c.email = users.email AND c.purpose = 'verify_email' AND c.created_at = $3 \
-                 AND c.consumed_at IS NULL AND c.failed_attempts < $4 AND c.expires_at > $2",
+                 AND c.consumed_at IS NULL AND c.failed_attempts < $4 AND c.expires_at > $2 \
+                 RETURNING users.password_hash",
             )
             .bind(session.user_id)
             .bind(session.now)
             .bind(code_created_at)
             .bind(max_failures)
             .bind(UNUSABLE_PASSWORD)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-            if n != 1 {
+            .fetch_optional(&mut *tx)
+            .await?;
+            let Some((hash,)) = n else {
                 return Ok(None); // verified meanwhile (a reset), or the code changed
-            }
+            };
+            let has_password = hash != UNUSABLE_PASSWORD;
             if !consume_code!(tx, email, Purpose::VerifyEmail, code_created_at, session.now, max_failures) {
                 return Ok(None);
             }
             super::events::record_event!(tx, &super::Event::new("user.verified", session.now).user(session.user_id).ip(session.ip));
             let started = insert_session!(tx, session);
             if started == super::SessionStart::Disabled {
-                return Ok(Some(started)); // disabled meanwhile: nothing changes
+                return Ok(Some((started, has_password))); // disabled meanwhile: nothing changes
             }
             // With a factor to pass, the email is verified all the same.
             tx.commit().await?;
-            Ok(Some(started))
+            Ok(Some((started, has_password)))
         })
     }
 

@@ -143,6 +143,9 @@ pub struct CodeMail<'a> {
     pub code_hash: &'a [u8],
     pub expires_at: i64,
     pub message: &'a [u8],
+    /// The message instead, when this registration contests the address
+    /// (another registration's code was live): it says so.
+    pub contested_message: &'a [u8],
 }
 
 impl Store {
@@ -476,13 +479,13 @@ impl Store {
                 .await?
             };
             let verified = !inserted && taken_over.is_none();
-            let (code_hash, pending, message) = if verified {
+            let (code_hash, pending, mut message) = if verified {
                 (shadow_code_hash, None, notice)
             } else {
                 (verification.code_hash, Some(new.password_hash), verification.message)
             };
             if !held {
-                sqlx::query(super::codes::REPLACE_CODE)
+                let (contested,): (i32,) = sqlx::query_as(super::codes::REPLACE_CODE)
                     .bind(new.email)
                     .bind(Purpose::VerifyEmail.as_str())
                     .bind(code_hash)
@@ -490,8 +493,11 @@ impl Store {
                     .bind(verification.expires_at)
                     .bind(pending)
                     .bind(pending.and(new.name))
-                    .execute(&mut *tx)
+                    .fetch_one(&mut *tx)
                     .await?;
+                if contested == 1 && !verified {
+                    message = verification.contested_message;
+                }
             }
             sqlx::query(INSERT_OUTBOX)
                 .bind(message)

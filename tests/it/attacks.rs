@@ -16,6 +16,7 @@ crate::on_every_backend!(
     settings = &[("trusted_proxies", "127.0.0.1")];
     pre_registration_does_not_take_over_the_account,
     a_registration_racing_the_owners_activates_no_password,
+    a_session_cannot_change_a_password_without_the_current_one,
     a_registration_sent_twice_is_one_registration,
     two_registrations_at_once_with_one_password_are_one,
     a_flood_from_one_address_does_not_spend_the_owners_allowance,
@@ -23,6 +24,7 @@ crate::on_every_backend!(
     logout_does_not_end_an_oauth_clients_session,
     an_oauth_clients_user_token_cannot_see_or_end_the_users_sessions,
     one_address_cannot_lock_the_owner_out,
+    guessing_the_password_with_a_session_counts_as_failed_logins,
     distributed_guessing_is_capped_but_the_owner_keeps_their_usual_address,
     code_endpoints_answer_unknown_emails_like_known_ones,
     mass_code_guessing_from_one_address_is_stopped,
@@ -211,10 +213,11 @@ async fn two_registrations_at_once_with_one_password_are_one(app: &TestApp) {
 }
 
 /// The victim registers; before the victim verifies, the attacker registers
-/// the same email (the victim's code dies, a new one arrives). Whatever code
-/// the victim then uses (the new one, or one from a resend), neither
-/// password becomes active: the victim is logged in by the code and sets a
-/// password with a reset; the attacker has nothing.
+/// the same email (the victim's code dies, a new one arrives, saying that
+/// another sign-up happened). Whatever code the victim then uses (the new
+/// one, or one from a resend), neither password becomes active: the victim
+/// is logged in by the code, told `PASSWORD_REQUIRED`, and that session
+/// sets a password once without a current one; the attacker has nothing.
 async fn a_registration_racing_the_owners_activates_no_password(app: &TestApp) {
     let email = unique_email("raced");
     let attacker_pw = "attacker's own password";
@@ -227,6 +230,12 @@ async fn a_registration_racing_the_owners_activates_no_password(app: &TestApp) {
         )
         .await;
     assert_eq!(r.status(), 201);
+    let (_, contesting) = app.wait_for_mail(&email, 2).await;
+    assert!(
+        contesting.contains("Another sign-up for this address"),
+        "the contesting registration's mail says so: {contesting}"
+    );
+    assert!(!app.mails_to(&email)[0].1.contains("Another sign-up"));
     // The victim's first code no longer works; a resend brings another.
     let first = app.wait_for_code(&email, 1).await;
     let r = app
@@ -241,6 +250,8 @@ async fn a_registration_racing_the_owners_activates_no_password(app: &TestApp) {
         .await;
     assert_eq!(r.status(), 200, "the mailbox is verified, the owner logged in");
     let pair: Value = r.json().await.unwrap();
+    assert_eq!(pair["status"], "PASSWORD_REQUIRED", "{pair}");
+    assert!(pair["message"].as_str().unwrap().contains("POST /auth/password"));
     for pw in [attacker_pw, PASSWORD] {
         assert_eq!(
             answer(app.login(&email, pw).await).await,
@@ -248,24 +259,61 @@ async fn a_registration_racing_the_owners_activates_no_password(app: &TestApp) {
             "no password of a contested registration is active"
         );
     }
-    let me: Value = app
-        .get_bearer("/auth/me", pair["access_token"].as_str().unwrap())
-        .await
-        .json()
-        .await
-        .unwrap();
+    let access = pair["access_token"].as_str().unwrap();
+    let me: Value = app.get_bearer("/auth/me", access).await.json().await.unwrap();
     assert!(me["name"].is_null(), "the attacker's name is not kept: {me}");
-    // A reset gives the owner a password.
+    // The session sets a password once, without a current one.
+    let set = |body: Value| {
+        let (http, url) = (app.http.clone(), app.url("/auth/password"));
+        async move {
+            http.post(url)
+                .bearer_auth(access)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let r = set(json!({"new_password": "the owner's password"})).await;
+    assert_eq!(r.status(), 204);
+    assert_eq!(app.login(&email, "the owner's password").await.status(), 200);
+    let r = set(json!({"new_password": "a second go at it"})).await;
+    assert_eq!(
+        answer(r).await.0,
+        400,
+        "once a password is set, changing it needs the current one"
+    );
+    assert_eq!(app.login(&email, "the owner's password").await.status(), 200);
+    assert_eq!(app.login(&email, attacker_pw).await.status(), 401);
+    // A reset works as always.
     app.post("/auth/password-reset", json!({"email": email})).await;
     let code = app.wait_for_code(&email, 4).await;
     let r = app
         .post(
             "/auth/password-reset/confirm",
-            json!({"email": email, "code": code, "new_password": "the owner's password"}),
+            json!({"email": email, "code": code, "new_password": "the owner's next password"}),
         )
         .await;
     assert_eq!(r.status(), 204);
-    assert_eq!(app.login(&email, "the owner's password").await.status(), 200);
+    assert_eq!(app.login(&email, "the owner's next password").await.status(), 200);
+}
+
+/// Only an account without a password (verified while contested) may set
+/// one without `current_password`: an ordinary account's session cannot.
+async fn a_session_cannot_change_a_password_without_the_current_one(app: &TestApp) {
+    let email = unique_email("nocurrent");
+    let pair = app.register_verified(&email, PASSWORD).await;
+    let r = app
+        .http
+        .post(app.url("/auth/password"))
+        .bearer_auth(pair["access_token"].as_str().unwrap())
+        .json(&json!({"new_password": "a stolen session's choice"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer(r).await.0, 400);
+    assert_eq!(app.login(&email, PASSWORD).await.status(), 200);
+    assert_eq!(app.login(&email, "a stolen session's choice").await.status(), 401);
 }
 
 /// Requests the brute-force rules refuse must not spend the per-email
@@ -365,6 +413,17 @@ async fn an_oauth_clients_user_token_cannot_see_or_end_the_users_sessions(app: &
             .unwrap();
         assert_eq!(r.status(), 403, "{path}");
     }
+    // Nor change the user's password, which would end the user's own
+    // sessions (it did: /auth/password took any user token).
+    let r = app
+        .http
+        .post(app.url("/auth/password"))
+        .bearer_auth(token)
+        .json(&json!({"current_password": PASSWORD, "new_password": "the app's choice"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer(r).await, (403, "FIRST_PARTY_ONLY".into()));
     // Its own session is untouched, and still works.
     assert_eq!(app.validate(token).await, 200);
 }
@@ -391,6 +450,81 @@ async fn one_address_cannot_lock_the_owner_out(app: &TestApp) {
     );
     // ...and the owner is not.
     assert_eq!(login_from(app, "203.0.113.7", &email, PASSWORD).await.0, 200);
+}
+
+/// A session holder guessing the account's password at the endpoints that
+/// ask for it (a new password, a new factor) is a login attempt like any
+/// other: the wrong guesses count in the account's brute-force rules for
+/// that address (the sixth in a row waits), and each is recorded as a
+/// failed login. Without this, ten guesses per ten minutes went on for ever,
+/// unseen.
+async fn guessing_the_password_with_a_session_counts_as_failed_logins(app: &TestApp) {
+    let email = unique_email("sessionguess");
+    let pair = app.register_verified(&email, PASSWORD).await;
+    let access = pair["access_token"].as_str().unwrap();
+    let thief = "198.51.100.77";
+    let guess = |path: &'static str, body: Value| {
+        let (http, url) = (app.http.clone(), app.url(path));
+        async move {
+            let r = http
+                .post(url)
+                .header("x-forwarded-for", thief)
+                .bearer_auth(access)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            answer(r).await
+        }
+    };
+    let mut answers = Vec::new();
+    for i in 0..3 {
+        let wrong = format!("a wrong guess {i}");
+        answers.push(
+            guess(
+                "/auth/password",
+                json!({"current_password": wrong, "new_password": "mine now!"}),
+            )
+            .await,
+        );
+        answers.push(guess("/auth/mfa/totp", json!({"current_password": wrong})).await);
+    }
+    answers.push(
+        guess(
+            "/auth/mfa/passkeys",
+            json!({"current_password": "one more guess"}),
+        )
+        .await,
+    );
+    let wrong = answers.iter().filter(|a| a.1 == "INVALID_CREDENTIALS").count();
+    assert_eq!(wrong, 5, "{answers:?}");
+    assert_eq!(
+        answers.last().unwrap(),
+        &(429, "TOO_MANY_ATTEMPTS".to_string()),
+        "the sixth guess in a row waits, as a sixth wrong login would: {answers:?}"
+    );
+    // The same rules as the account's logins from that address...
+    assert_eq!(
+        login_from(app, thief, &email, PASSWORD).await,
+        (429, "TOO_MANY_ATTEMPTS".into())
+    );
+    // ...not from the owner's.
+    assert_eq!(login_from(app, "203.0.113.8", &email, PASSWORD).await.0, 200);
+    // Each wrong guess is in the audit trail as a failed login.
+    let (_, admin) = app.admin_client().await;
+    let page: Value = app
+        .get_bearer("/admin/events?kind=login.failed&limit=100", &admin)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let recorded = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["reason"] == "current_password" && e["ip"] == thief)
+        .count();
+    assert_eq!(recorded, 5, "{page:#}");
 }
 
 /// Guessing spread over many addresses meets the account-wide delay; the

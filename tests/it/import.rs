@@ -11,7 +11,10 @@ use serde_json::{json, Value};
 
 use crate::common::{free_port, unique_email, TestApp, SECRET_KEY};
 
-crate::on_every_backend!(every_third_party_hash_logs_in_and_becomes_argon2id);
+crate::on_every_backend!(
+    every_third_party_hash_logs_in_and_becomes_argon2id,
+    a_hash_over_the_budget_is_refused_at_import_and_never_verified,
+);
 
 /// The vectors: {"format", "password", "record"} per hash.
 fn vectors(tag: &str) -> Vec<Value> {
@@ -34,6 +37,124 @@ fn vectors(tag: &str) -> Vec<Value> {
 
 async fn admin(app: &TestApp) -> String {
     app.admin_client().await.1
+}
+
+/// The hash of the attack: scrypt with ln=18, r=32, p=4 (1 GiB, over a
+/// minute of a core per verification).
+const STALLING_SCRYPT: &str =
+    "$scrypt$ln=18,r=32,p=4$c2FsdHNhbHQ$AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI";
+
+/// An imported hash that would cost more than the budget to verify is
+/// refused at import with its cost, and one stored before the budget
+/// existed never verifies (it costs nothing: it is not even tried).
+async fn a_hash_over_the_budget_is_refused_at_import_and_never_verified(app: &TestApp) {
+    let token = admin(app).await;
+    let email = unique_email("stall");
+    let r = app
+        .http
+        .post(app.url("/admin/users"))
+        .bearer_auth(&token)
+        .json(&json!({"email": email, "password_hash": STALLING_SCRYPT}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.unwrap();
+    let message = body["message"].as_str().unwrap();
+    assert!(
+        message.contains("1024 MiB") && message.contains("at most 64 MiB"),
+        "{message}"
+    );
+    // As if imported by an earlier version: the login is refused at once.
+    let ok = json!({"email": email, "password_hash": "$2b$04$EGdrhbKUv8Oc9vGiXX0HQOxSg445d458Muh7DAHskb6QbtCvdxcie"});
+    let r = app
+        .http
+        .post(app.url("/admin/users"))
+        .bearer_auth(&token)
+        .json(&ok)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    app.sql(&format!(
+        "UPDATE users SET password_hash = '{STALLING_SCRYPT}' WHERE email = '{email}'"
+    ))
+    .await;
+    app.services.users.forget(&email);
+    let start = Instant::now();
+    assert_eq!(app.login(&email, "any password at all").await.status(), 401);
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "the hash was not run: {:?}",
+        start.elapsed()
+    );
+}
+
+/// Imported hashes of the greatest cost the budget admits (PBKDF2 at five
+/// million iterations, about a second of a core each) cannot hold the
+/// hashing pool: wrong passwords tried on several such accounts at once,
+/// two at a time on each, take one thread of two (the lane of hashes of
+/// other systems, one verification per account), and everybody else's
+/// logins go on meanwhile. Without the lane, two such logins held both
+/// threads and every other login and sign-up answered 503 OVERLOADED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn imported_hashes_cannot_hold_the_hashing_pool() {
+    let app = TestApp::embedded(&[("rate_limit", "off"), ("hash_threads", "2")]).await;
+    let token = admin(&app).await;
+    let slow: Vec<String> = (0..4).map(|i| unique_email(&format!("slow{i}"))).collect();
+    for email in &slow {
+        // A random hash: no password matches it, so every login is wrong.
+        let hash = format!(
+            "$pbkdf2-sha256$i=5000000$c2FsdHNhbHQ${}",
+            "AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA"
+        );
+        let r = app
+            .http
+            .post(app.url("/admin/users"))
+            .bearer_auth(&token)
+            .json(&json!({"email": email, "password_hash": hash}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    }
+    let normal = unique_email("normal");
+    app.register_verified(&normal, crate::common::PASSWORD).await;
+    let wrong: Vec<_> = slow
+        .iter()
+        .chain(slow.iter())
+        .map(|email| {
+            let (http, url, email) = (app.http.clone(), app.url("/auth/login"), email.clone());
+            tokio::spawn(async move {
+                let body = json!({"email": email, "password": "a wrong password"});
+                http.post(url).json(&body).send().await.unwrap().status().as_u16()
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut answers = Vec::new();
+    for _ in 0..10 {
+        answers.push(
+            app.login(&normal, crate::common::PASSWORD)
+                .await
+                .status()
+                .as_u16(),
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut slow_answers = Vec::new();
+    for w in wrong {
+        slow_answers.push(w.await.unwrap());
+    }
+    assert!(answers.iter().all(|s| *s == 200), "the other logins: {answers:?}");
+    assert!(
+        slow_answers.iter().all(|s| *s == 401 || *s == 503),
+        "{slow_answers:?}"
+    );
+    assert!(
+        slow_answers.contains(&503),
+        "eight at once cannot all have had a thread in time: {slow_answers:?}"
+    );
 }
 
 async fn every_third_party_hash_logs_in_and_becomes_argon2id(app: &TestApp) {
@@ -186,13 +307,18 @@ async fn the_import_command_reports_bad_lines_keeps_going_and_is_idempotent() {
         django["record"].to_string(),
         json!({"email": "plain@example.test", "password": "a plain password here"}).to_string(),
         keycloak["record"].to_string(),
+        json!({"email": "stalling@example.test", "password_hash": STALLING_SCRYPT}).to_string(),
     ];
     let file = dir.path().join("users.jsonl");
     std::fs::write(&file, lines.join("\n")).unwrap();
     let (out, err) = import(dir.path(), &file, false);
     assert!(
-        out.contains("3 created, 0 updated, 0 skipped, 3 with errors"),
+        out.contains("3 created, 0 updated, 0 skipped, 4 with errors"),
         "{out}"
+    );
+    assert!(
+        err.contains("line 8: password_hash: verifying this hash would take about 1024 MiB"),
+        "{err}"
     );
     assert!(err.contains("line 2: not an account object"), "{err}");
     assert!(

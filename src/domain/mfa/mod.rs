@@ -24,6 +24,7 @@
 pub mod challenge;
 pub mod totp;
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -622,12 +623,13 @@ impl Accounts {
     pub async fn start_totp(
         &self,
         token: &Verified,
+        ip: IpAddr,
         name: &str,
         password: Password,
     ) -> Result<TotpEnrolment, AuthError> {
         self.require_recent(token).await?;
         let name = check_name(name, TOTP_NAME)?;
-        let user = self.check_current_password(token, password).await?;
+        let user = self.check_current_password(token, ip, Some(password)).await?;
         let secret = random_bytes::<{ totp::SECRET_BYTES }>();
         let id = format!("fac_{}", uuid::Uuid::new_v4().simple());
         self.store
@@ -707,13 +709,14 @@ impl Accounts {
     pub async fn start_passkey(
         &self,
         token: &Verified,
+        ip: IpAddr,
         name: &str,
         passwordless: bool,
         password: Password,
     ) -> Result<Ceremony, AuthError> {
         let factors = self.require_recent(token).await?;
         let name = check_name(name, PASSKEY_NAME)?;
-        let user = self.check_current_password(token, password).await?;
+        let user = self.check_current_password(token, ip, Some(password)).await?;
         let uid = uuid::Uuid::try_parse(&user.id).map_err(|e| AuthError::Internal(e.into()))?;
         let exclude: Vec<_> = factors
             .iter()
@@ -1050,33 +1053,6 @@ impl Accounts {
     async fn factor_added(&self, added: &crate::store::FactorAdded) {
         self.revocations.revoke(&added.ended_sessions).await;
         self.mail_wake.notify_one();
-    }
-
-    /// The current password of the token's account, checked (argon2, under
-    /// the account's password-change limit): a step a stolen session cannot
-    /// take.
-    async fn check_current_password(
-        &self,
-        token: &Verified,
-        password: Password,
-    ) -> Result<UserRecord, AuthError> {
-        self.limiter
-            .check(PolicyName::PasswordAccount, &token.claims.sub)
-            .await?;
-        let user = self
-            .store
-            .user_by_id(&token.claims.sub)
-            .await?
-            .ok_or(AuthError::InvalidToken)?;
-        let phc = user.password_hash.clone();
-        let ok = self
-            .hashing
-            .run("verify", move |p| p.verify(password.expose(), &phc))
-            .await?;
-        if !ok {
-            return Err(AuthError::InvalidCredentials);
-        }
-        Ok(user)
     }
 
     /// Drops expired challenges and TOTP enrolments never confirmed.

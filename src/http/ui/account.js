@@ -79,7 +79,7 @@ const assertionJson = (cred) => credentialJson(cred, {
 });
 
 function show(section) {
-  for (const id of ["signed-out", "step-up", "signed-in"]) $(id).hidden = id !== section;
+  for (const id of ["signed-out", "step-up", "set-password", "signed-in"]) $(id).hidden = id !== section;
 }
 
 async function signedIn(pair) {
@@ -172,6 +172,36 @@ function on(id, event, action) {
 on("login-form", "submit", async () => {
   const r = await api("POST", "/auth/login", { email: $("email").value, password: $("password").value });
   await loginAnswer(r);
+});
+
+on("signup-form", "submit", async () => {
+  const r = await api("POST", "/auth/register", {
+    email: $("signup-email").value,
+    password: $("signup-password").value,
+  });
+  if (r.status !== 201) return failed(r);
+  $("code-form").hidden = false;
+  status("Check your email for a 6-digit code", "done");
+});
+
+// A verification that set no password (two sign-ups raced for the address,
+// and neither password is trusted): the session may choose one, once.
+on("code-form", "submit", async () => {
+  const r = await api("POST", "/auth/verify-otp", { email: $("signup-email").value, code: $("signup-code").value });
+  if (r.status === 200 && r.body.status === "PASSWORD_REQUIRED") {
+    state.access = r.body.access_token;
+    state.refresh = r.body.refresh_token;
+    $("set-password-why").textContent = r.body.message;
+    show("set-password");
+    return status("Your address is verified; choose a password", "done");
+  }
+  await loginAnswer(r);
+});
+
+on("set-password-form", "submit", async () => {
+  const r = await api("POST", "/auth/password", { new_password: $("new-password").value }, true);
+  if (r.status !== 204) return failed(r);
+  await signedIn({ access_token: state.access, refresh_token: state.refresh });
 });
 
 on("totp-form", "submit", () => verify({ code: $("totp-code").value }));
