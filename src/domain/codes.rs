@@ -5,14 +5,19 @@
 //!            issue (new code replaces the old one)
 //!                 |
 //!                 v
-//!   +-------->  LIVE  --correct-->  USED (single use)
-//!   | wrong     |  |
-//!   +-----------+  +--10 min-->  EXPIRED
+//!   +-------->  LIVE  --correct-->  USED (single use) --- judged as a decoy:
+//!   | wrong     |  |                                    every guess wrong,
+//!   +-----------+  +--10 min-->  EXPIRED                 counted, 5th: DEAD
 //!   (failures < 5)  \
 //!                    +--5th wrong--> DEAD (every later try: TOO_MANY_ATTEMPTS)
 //! ```
-//! USED, EXPIRED and a missing code answer `INVALID_OTP`, like a wrong code,
-//! so a caller learns nothing about which case it hit.
+//! EXPIRED and a missing code answer `INVALID_OTP`, like a wrong code, so a
+//! caller learns nothing about which case it hit. A USED code is judged
+//! as the decoy of an unknown email is (a live code nothing matches): each
+//! guess is wrong and counted, and the fifth kills it. Otherwise, in the
+//! minute after an account verified or reset (when a resend leaves the used
+//! code in place), wrong codes for its email would answer `INVALID_OTP` for
+//! ever where an unknown email's answer `TOO_MANY_ATTEMPTS` after five.
 
 /// A code lives 10 minutes.
 pub const CODE_TTL_MS: i64 = 10 * 60 * 1000;
@@ -32,9 +37,10 @@ pub struct CodeState {
 pub enum CodeVerdict {
     /// The code is right and usable: consume it.
     Accept,
-    /// The code is live but the guess is wrong: count a failure, answer INVALID_OTP.
+    /// The code is live (or used, and judged as a decoy) but the guess is
+    /// wrong: count a failure, answer INVALID_OTP.
     Wrong,
-    /// No usable code (missing, used, expired): INVALID_OTP, nothing to record.
+    /// No usable code (missing, expired): INVALID_OTP, nothing to record.
     Invalid,
     /// Too many wrong tries: the code is dead, TOO_MANY_ATTEMPTS.
     Dead,
@@ -44,16 +50,13 @@ pub fn judge(state: Option<CodeState>, guess_matches: bool, now: i64) -> CodeVer
     let Some(s) = state else {
         return CodeVerdict::Invalid;
     };
-    if s.consumed {
-        return CodeVerdict::Invalid;
-    }
     if s.failed_attempts >= MAX_FAILURES {
         return CodeVerdict::Dead;
     }
     if now >= s.expires_at {
         return CodeVerdict::Invalid;
     }
-    if guess_matches {
+    if guess_matches && !s.consumed {
         CodeVerdict::Accept
     } else {
         CodeVerdict::Wrong
@@ -78,13 +81,11 @@ mod tests {
                             failed_attempts: failed,
                             consumed,
                         };
-                        let want = if consumed {
-                            CodeVerdict::Invalid
-                        } else if failed >= MAX_FAILURES {
+                        let want = if failed >= MAX_FAILURES {
                             CodeVerdict::Dead
                         } else if now >= exp {
                             CodeVerdict::Invalid
-                        } else if matches {
+                        } else if matches && !consumed {
                             CodeVerdict::Accept
                         } else {
                             CodeVerdict::Wrong
@@ -113,5 +114,21 @@ mod tests {
         }
         // Even the right code is refused now.
         assert_eq!(judge(Some(s), true, 1), CodeVerdict::Dead);
+    }
+
+    #[test]
+    fn a_used_code_is_judged_as_a_decoy() {
+        let mut s = CodeState {
+            expires_at: CODE_TTL_MS,
+            failed_attempts: 0,
+            consumed: true,
+        };
+        // Its own digits again are as wrong as any others.
+        assert_eq!(judge(Some(s), true, 1), CodeVerdict::Wrong);
+        for _ in 0..MAX_FAILURES {
+            assert_eq!(judge(Some(s), false, 1), CodeVerdict::Wrong);
+            s.failed_attempts += 1;
+        }
+        assert_eq!(judge(Some(s), false, 1), CodeVerdict::Dead);
     }
 }

@@ -139,18 +139,44 @@ impl fmt::Debug for Code {
 }
 
 /// What [`parse_name`] accepts, as a pattern for the OpenAPI document
-/// (with at most 200 characters): no control characters.
-pub const NAME_PATTERN: &str = r"^[^\x00-\x1f\x7f-\x9f]*$";
+/// (with at most 200 characters): none of [`refused_in_name`]'s characters.
+pub const NAME_PATTERN: &str =
+    r"^[^\x00-\x1f\x7f-\x9f\u061c\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]*$";
 
-/// An optional display name: at most 200 characters, no control characters;
-/// trimmed, and empty means none.
+/// The characters no name may hold, display names and factor names alike:
+/// control characters, and the invisible and direction-changing ones with
+/// which a name could pass for another or reorder the text shown around it
+/// (the bidirectional marks, embeddings, overrides and isolates, the
+/// zero-width space, the word joiner and invisible operators, the byte
+/// order mark). The zero-width joiner and non-joiner stay: scripts such as
+/// Persian and the Indic ones, and emoji sequences, need them.
+pub fn refused_in_name(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061C}'
+                | '\u{200B}'
+                | '\u{200E}'
+                | '\u{200F}'
+                | '\u{202A}'..='\u{202E}'
+                | '\u{2060}'..='\u{2064}'
+                | '\u{2066}'..='\u{2069}'
+                | '\u{FEFF}'
+        )
+}
+
+/// An optional display name: at most 200 characters, none that
+/// [`refused_in_name`] refuses; trimmed, and empty means none.
 pub fn parse_name(field: &'static str, raw: Option<&str>) -> Result<Option<String>, FieldError> {
     let Some(raw) = raw else { return Ok(None) };
     if raw.chars().count() > 200 {
         return Err(FieldError::new(field, "must be at most 200 characters"));
     }
-    if raw.chars().any(char::is_control) {
-        return Err(FieldError::new(field, "must not contain control characters"));
+    if raw.chars().any(refused_in_name) {
+        return Err(FieldError::new(
+            field,
+            "must not contain control, invisible or direction-changing characters",
+        ));
     }
     let s = raw.trim();
     Ok((!s.is_empty()).then(|| s.to_string()))
@@ -256,5 +282,27 @@ mod tests {
         assert_eq!(parse_name("name", Some("  ")).unwrap(), None);
         assert!(parse_name("name", Some(&"x".repeat(201))).is_err());
         assert!(parse_name("name", Some("a\u{0}b")).is_err());
+    }
+
+    #[test]
+    fn names_refuse_invisible_and_direction_changing_characters() {
+        for bad in [
+            "admin\u{202E}nimda",
+            "a\u{200B}b",
+            "\u{FEFF}Ada",
+            "x\u{2066}y\u{2069}",
+            "a\u{200F}",
+            "\u{061C}z",
+        ] {
+            assert!(parse_name("name", Some(bad)).is_err(), "{bad:?}");
+        }
+        // Joiners that scripts and emoji need stay.
+        for good in [
+            "\u{0645}\u{06CC}\u{200C}\u{062E}\u{0648}\u{0627}\u{0647}\u{0645}",
+            "\u{1F469}\u{200D}\u{1F4BB} Ada",
+            "Zo\u{00EB}",
+        ] {
+            assert!(parse_name("name", Some(good)).unwrap().is_some(), "{good:?}");
+        }
     }
 }

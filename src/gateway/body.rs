@@ -7,7 +7,9 @@
 //!                                                      still encoded, unlabelled)
 //! body with a length (Content-Length), or none ──► streamed as it is
 //! body without one (chunked, or HTTP/2 without content-length):
-//!     read ahead up to `request_read_ahead_bytes`
+//!     read ahead up to `request_read_ahead_bytes`, copied into one buffer,
+//!     within the route's timeout (holding an upstream slot meanwhile)
+//!       not all there in time ──► 408, nothing sent
 //!       malformed framing (garbage after a chunk size, ...) ──► 400, nothing sent
 //!       ended within it ──► sent with its Content-Length, whatever the method
 //!       longer ──► streamed, chunked (`Transfer-Encoding: chunked` set even on
@@ -15,11 +17,19 @@
 //!                  framing error later ends the upstream request unfinished
 //!                  (no last chunk: the upstream never has a complete request)
 //!                  and answers 400
+//! trailers ──► dropped (no client-sent field reaches the upstream unchecked)
 //! ```
 //!
 //! Reading ahead is what turns a client's framing mistake into a `400`
-//! before the upstream saw a byte; it costs at most the read-ahead bytes
-//! of memory per request, and only for bodies that did not say their length.
+//! before the upstream saw a byte. The data is copied into one buffer as it
+//! arrives, so a request holds at most the read-ahead bytes (plus one
+//! frame) however finely the client splits its body; frames are not kept.
+//! It costs that only for bodies that did not say their length, and only
+//! while they arrive within the route's `timeout_ms`, during which the
+//! request holds its upstream slot as a request being sent does. A client
+//! that streams small messages and waits for answers needs
+//! `request_read_ahead_bytes = 0`: then the first frame goes upstream at
+//! once (and a framing error is always one past the start).
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,11 +38,14 @@ use std::task::{Context, Poll};
 
 use axum::body::{Body, Bytes};
 use axum::http::header::{self, HeaderMap, HeaderValue};
+use bytes::BytesMut;
 use http_body_util::BodyExt;
 use hyper::body::Frame;
 
 /// Why a request body is refused (the `400` answer's message).
-pub const MALFORMED: &str = "request body: malformed chunked framing";
+pub const MALFORMED: &str = "request body: malformed framing, or the client stopped sending it";
+/// The `408` answer's message.
+pub const TOO_SLOW: &str = "request body: not received within the route's timeout";
 
 /// The request's transfer coding, checked: `Ok(())` for none or exactly
 /// `chunked` (RFC 9112 §6.1: `chunked` must be last; any coding before it
@@ -61,6 +74,7 @@ fn unframed(body: &Body) -> bool {
 /// The body as it goes upstream, and a flag that tells afterwards whether
 /// the client's side of it failed (so that the answer is the client's
 /// `400`, not the upstream's `502`). `headers` are the upstream request's.
+/// The caller bounds the time it takes (the route's timeout).
 pub async fn prepare(
     body: Body,
     headers: &mut HeaderMap,
@@ -71,60 +85,39 @@ pub async fn prepare(
         return Ok((Body::new(Watched::new(body, &fault)), fault));
     }
     let mut body = body;
-    let mut ahead: Vec<Bytes> = Vec::new();
-    let mut size = 0usize;
+    let mut ahead = BytesMut::with_capacity(read_ahead.min(16 * 1024));
     loop {
         match body.frame().await {
+            // Ended within the read-ahead: sent with its length.
             None => {
-                // Ended within the read-ahead: sent with its length.
-                let all: Bytes = if ahead.len() == 1 {
-                    ahead.pop().unwrap_or_default()
-                } else {
-                    ahead.concat().into()
-                };
                 headers.remove(header::TRANSFER_ENCODING);
-                headers.insert(header::CONTENT_LENGTH, HeaderValue::from(all.len()));
-                return Ok((Body::from(all), fault));
+                headers.insert(header::CONTENT_LENGTH, HeaderValue::from(ahead.len()));
+                return Ok((Body::from(ahead.freeze()), fault));
             }
             Some(Err(_)) => return Err(MALFORMED),
-            Some(Ok(frame)) => match frame.into_data() {
-                Ok(data) => {
-                    size += data.len();
-                    ahead.push(data);
-                    if size > read_ahead {
+            Some(Ok(frame)) => {
+                // Trailers are dropped: the body ends with the data.
+                if let Ok(data) = frame.into_data() {
+                    ahead.extend_from_slice(&data);
+                    if ahead.len() > read_ahead {
                         break;
                     }
                 }
-                // Trailers end the body: stream what was read, then them.
-                Err(trailers) => {
-                    let frames = ahead
-                        .into_iter()
-                        .map(Frame::data)
-                        .chain(std::iter::once(trailers));
-                    return Ok((chunked(frames, Body::empty(), headers, &fault), fault));
-                }
-            },
+            }
         }
     }
-    Ok((
-        chunked(ahead.into_iter().map(Frame::data), body, headers, &fault),
-        fault,
-    ))
+    Ok((chunked(ahead.freeze(), body, headers, &fault), fault))
 }
 
-/// `first`, then the rest of `body`, sent chunked.
-fn chunked(
-    first: impl Iterator<Item = Frame<Bytes>> + Send + 'static,
-    body: Body,
-    headers: &mut HeaderMap,
-    fault: &ClientFault,
-) -> Body {
+/// `first`, then the rest of `body` (its data: trailers are dropped), sent
+/// chunked.
+fn chunked(first: Bytes, body: Body, headers: &mut HeaderMap, fault: &ClientFault) -> Body {
     headers.remove(header::CONTENT_LENGTH);
     headers.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
-    let head = futures_util::stream::iter(first.map(Ok::<_, axum::Error>));
-    let rest = http_body_util::BodyStream::new(Watched::new(body, fault));
-    let stream = futures_util::StreamExt::chain(head, rest);
-    Body::new(http_body_util::StreamBody::new(stream))
+    let head = futures_util::stream::once(std::future::ready(Ok::<_, axum::Error>(first)));
+    let rest = http_body_util::BodyDataStream::new(Body::new(Watched::new(body, fault)));
+    let data = futures_util::StreamExt::chain(head, rest);
+    Body::from_stream(data)
 }
 
 /// Set when the client's body failed while it was being sent upstream.
@@ -183,6 +176,7 @@ impl hyper::body::Body for Watched {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::HeaderName;
 
     fn te(values: &[&'static str]) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -236,6 +230,25 @@ mod tests {
         let mut h = te(&["chunked"]);
         let got = prepare(stream_of(vec![Ok("ab"), Err("bad chunk size")]), &mut h, 16).await;
         assert_eq!(got.err(), Some(MALFORMED));
+    }
+
+    #[tokio::test]
+    async fn tiny_frames_are_held_as_their_bytes_and_trailers_dropped() {
+        let mut h = te(&["chunked"]);
+        let frames = (0..10_000)
+            .map(|_| Ok::<_, std::io::Error>(Frame::data(Bytes::from_static(b"A"))))
+            .chain(std::iter::once(Ok(Frame::trailers(HeaderMap::from_iter([(
+                HeaderName::from_static("x-auth-subject"),
+                HeaderValue::from_static("victim"),
+            )])))));
+        let body = Body::new(http_body_util::StreamBody::new(futures_util::stream::iter(
+            frames,
+        )));
+        let (body, _) = prepare(body, &mut h, 65_536).await.unwrap();
+        assert_eq!(h[header::CONTENT_LENGTH], "10000");
+        let collected = body.collect().await.unwrap();
+        assert!(collected.trailers().is_none());
+        assert_eq!(collected.to_bytes().len(), 10_000);
     }
 
     #[tokio::test]

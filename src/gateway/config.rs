@@ -76,8 +76,9 @@ pub struct RouteConfig {
     /// take the public route), a public one in its own; `case_sensitive`
     /// in the file sets it either way.
     pub case_sensitive: bool,
-    /// Client headers of [`super::headers::Reserved::UpstreamMeta`]'s kind
-    /// that this route lets through (`allow_client_headers`), on purpose.
+    /// Headers a proxy in front asserts ([`super::headers::Reserved::ProxyAssertion`])
+    /// that this route takes from a `trusted_proxies` peer
+    /// (`allow_client_headers`), on purpose.
     pub allow_client_headers: Vec<HeaderName>,
     pub auth: bool,
     /// Only tokens of a session that passed a second factor (`mfa` in
@@ -535,7 +536,7 @@ impl GatewayConfig {
             let table = item
                 .as_table()
                 .ok_or_else(|| ConfigError::new(&path, "expected a table ([[routes]])"))?;
-            parsed.push(route(i, path, table, &audiences, &upstream)?);
+            parsed.push(route(i, path, table, &audiences, &upstream, &identity)?);
         }
         let mut names = HashSet::new();
         let mut matchers = HashSet::new();
@@ -658,6 +659,7 @@ fn route(
     t: &toml::Table,
     default_audiences: &[String],
     upstream: &UpstreamSettings,
+    identity: &IdentityHeaders,
 ) -> Result<RouteConfig> {
     let f = Fields::new(path, t, ROUTE_KEYS)?;
     let name = match f.string("name")? {
@@ -762,7 +764,7 @@ fn route(
         strip_prefix: f.boolean("strip_prefix", false)?,
         preserve_host: f.boolean("preserve_host", false)?,
         case_sensitive: f.boolean("case_sensitive", !auth)?,
-        allow_client_headers: allowed_client_headers(&f)?,
+        allow_client_headers: allowed_client_headers(&f, identity)?,
         auth,
         require_mfa,
         audiences,
@@ -772,34 +774,37 @@ fn route(
     })
 }
 
-/// `allow_client_headers`: names of headers the gateway would remove as
-/// upstream meta-data ([`super::headers::Reserved::UpstreamMeta`]) that the
-/// route passes on from the client. Identity and forwarding headers cannot
-/// be allowed (the gateway writes them), and a name the gateway does not
-/// remove needs no allowing: both are mistakes worth a line at start.
-fn allowed_client_headers(f: &Fields) -> Result<Vec<HeaderName>> {
+/// `allow_client_headers`: names of headers a proxy in front asserts to
+/// upstreams ([`super::headers::Reserved::ProxyAssertion`]: a client
+/// certificate from a TLS terminator, an identity from an authenticating
+/// proxy) that the route takes from its `trusted_proxies`. Identity and
+/// forwarding headers cannot be allowed (the gateway writes them), nor
+/// facts about the request such as `SCRIPT_NAME` (they reroute it), and a
+/// name the gateway does not remove needs no allowing: each is a mistake
+/// worth a line at start.
+fn allowed_client_headers(f: &Fields, identity: &IdentityHeaders) -> Result<Vec<HeaderName>> {
     use super::headers::{reserved, Reserved};
     let Some(names) = f.strings("allow_client_headers")? else {
         return Ok(Vec::new());
     };
+    let err = |n: &str, why: &str| f.err("allow_client_headers", format!("{n:?} {why}"));
     names
         .into_iter()
         .map(|n| {
-            let h = HeaderName::from_bytes(n.as_bytes()).map_err(|_| {
-                f.err(
-                    "allow_client_headers",
-                    format!("{n:?} is not a valid header name"),
-                )
-            })?;
-            match reserved(&h, &IdentityHeaders::default().all()) {
-                Some(Reserved::UpstreamMeta) => Ok(h),
-                Some(_) => Err(f.err(
-                    "allow_client_headers",
-                    format!("{n:?} is an identity or forwarding header, which only the gateway writes"),
+            let h = HeaderName::from_bytes(n.as_bytes()).map_err(|_| err(n, "is not a valid header name"))?;
+            match reserved(&h, &identity.all()) {
+                Some(Reserved::ProxyAssertion) => Ok(h),
+                Some(Reserved::Identity | Reserved::Forwarding) => Err(err(
+                    n,
+                    "is an identity or forwarding header, which only the gateway writes",
                 )),
-                None => Err(f.err(
-                    "allow_client_headers",
-                    format!("{n:?} is not a header the gateway removes; it reaches the upstream already"),
+                Some(Reserved::RequestMeta) => Err(err(
+                    n,
+                    "is a fact about the request (a CGI variable, or a header that reroutes it), never taken from a client",
+                )),
+                None => Err(err(
+                    n,
+                    "is not a header the gateway removes; it reaches the upstream already",
                 )),
             }
         })
@@ -928,9 +933,9 @@ case_sensitive = false
     }
 
     #[test]
-    fn a_route_may_let_named_upstream_meta_headers_through() {
+    fn a_route_may_take_named_proxy_assertions() {
         let c = parse(
-            "[[routes]]\nupstream = \"http://x\"\nallow_client_headers = [\"X-Scheme\", \"remote_user\"]",
+            "[[routes]]\nupstream = \"http://x\"\nallow_client_headers = [\"X-SSL-Client-Cert\", \"cf_access_jwt_assertion\"]",
         )
         .unwrap();
         let allowed: Vec<&str> = c.routes[0]
@@ -938,7 +943,7 @@ case_sensitive = false
             .iter()
             .map(|h| h.as_str())
             .collect();
-        assert_eq!(allowed, ["x-scheme", "remote_user"]);
+        assert_eq!(allowed, ["x-ssl-client-cert", "cf_access_jwt_assertion"]);
         assert_eq!(c.read_ahead, 65_536);
     }
 
@@ -1042,6 +1047,9 @@ on_redis_failure = "open"
             ("[[routes]]\nupstream = \"http://x\"\nallow_client_headers = [\"x_forwarded_for\"]", "routes[0].allow_client_headers"),
             ("[[routes]]\nupstream = \"http://x\"\nallow_client_headers = [\"x-custom\"]", "routes[0].allow_client_headers"),
             ("[[routes]]\nupstream = \"http://x\"\nallow_client_headers = [\"bad name\"]", "routes[0].allow_client_headers"),
+            ("[[routes]]\nupstream = \"http://x\"\nallow_client_headers = [\"SCRIPT_NAME\"]", "routes[0].allow_client_headers"),
+            ("[[routes]]\nupstream = \"http://x\"\nallow_client_headers = [\"x-scheme\"]", "routes[0].allow_client_headers"),
+            ("[identity_headers]\nsubject = \"x-remote-user\"\n[[routes]]\nupstream = \"http://x\"\nallow_client_headers = [\"x-remote-user\"]", "routes[0].allow_client_headers"),
         ];
         for (extra, field) in cases {
             let line = error(extra);

@@ -15,14 +15,15 @@
 //!   from the client's request; the gateway then sets the identity headers
 //!   (authenticated routes) and the forwarding headers it is configured to
 //!   write, so an upstream sees only the gateway's values;
-//! - so is every header an upstream server or framework may take for
-//!   request meta-data rather than a header ([`UPSTREAM_META`]): the CGI
-//!   meta-variables (`SCRIPT_NAME`, which gunicorn cuts off the path before
-//!   the application routes; `PATH_INFO`, `REMOTE_USER`, ...), the headers
-//!   middleware rewrites the request by (`X-Script-Name`, `X-Scheme`), and
-//!   those an authenticating proxy or a service mesh sets for its upstream
-//!   (`Remote-User`, `X-Remote-*`, `X-Envoy-*`, `X-Goog-Authenticated-*`,
-//!   ...). A route may let named ones through (`allow_client_headers`);
+//! - so is every header an upstream server or framework may take for a fact
+//!   about the request ([`REQUEST_META`]: the CGI meta-variables such as
+//!   `SCRIPT_NAME`, which gunicorn cuts off the path before the application
+//!   routes, `PATH_INFO`, `REMOTE_USER`; the headers middleware rewrites
+//!   the request by, `X-Script-Name`, `X-Scheme`), and every header an
+//!   authenticating proxy, a mesh or a TLS terminator asserts to its
+//!   upstream ([`PROXY_ASSERTIONS`]: `X-Remote-*`, `X-Goog-Authenticated-*`,
+//!   `X-SSL-Client-*`, ...); a route may take named ones of the latter from
+//!   a trusted proxy (`allow_client_headers`);
 //! - a request with more than one `Host` or `Authorization` is refused: an
 //!   upstream could read the other one than the gateway did; `Host` and the
 //!   target's authority are parsed strictly ([`HostPort`]) and must agree,
@@ -79,7 +80,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 /// Headers that say where a request came from or where it was going, or
 /// that some framework routes or authorises by: only the gateway writes them.
-pub const FORWARDING: [&str; 28] = [
+pub const FORWARDING: [&str; 29] = [
     "forwarded",
     "forwarded-for",
     "x-forwarded",
@@ -99,6 +100,7 @@ pub const FORWARDING: [&str; 28] = [
     "x-cluster-client-ip",
     "true-client-ip",
     "cf-connecting-ip",
+    "cf-connecting-ipv6",
     "fastly-client-ip",
     "x-proxyuser-ip",
     "x-rewrite-url",
@@ -118,10 +120,9 @@ const IDENTITY_PREFIX: &str = "x-auth-";
 /// `auth_request` report the request by.
 const FORWARDING_PREFIXES: [&str; 2] = ["x-forwarded-", "x-original-"];
 
-/// Request headers an upstream server or framework may read as request
-/// meta-data, or as an identity some proxy in front vouched for: a client
-/// never sends them through the gateway (unless a route allows one by name,
-/// `allow_client_headers`). Where the names come from:
+/// Request headers an upstream server or framework may read as facts
+/// about the request rather than as headers: never taken from a client.
+/// Where the names come from:
 /// - the CGI meta-variables of RFC 3875 §4.1, and the ones Apache, nginx
 ///   and lighttpd add to that environment (`REQUEST_URI`, `SCRIPT_FILENAME`,
 ///   `DOCUMENT_ROOT`, `REMOTE_PORT`, `SERVER_ADDR`, `HTTPS`, ...): WSGI
@@ -129,24 +130,12 @@ const FORWARDING_PREFIXES: [&str; 2] = ["x-forwarded-", "x-original-"];
 ///   mount point and cuts it off the path it routes by), PHP-FPM, Rack and
 ///   CGI put headers and these variables in one namespace. `CONTENT_TYPE`
 ///   and `CONTENT_LENGTH` are not here: they are real headers;
-/// - headers that rewrite the request in widely copied middleware: Flask's
-///   "ReverseProxied" snippet (`X-Script-Name`, `X-Scheme`), Tornado's
-///   `xheaders` (`X-Scheme`);
-/// - headers an authenticating proxy or mesh sets for its upstream, which
-///   the upstream therefore believes: Authelia (`Remote-User`, `-Groups`,
-///   `-Name`, `-Email`), Kubernetes' front proxy (`X-Remote-User`,
-///   `-Group`, `-Extra-*`), Microsoft's `X-Originating-IP`, Grafana's auth
-///   proxy (`X-WEBAUTH-USER`), Envoy and Istio (`X-Envoy-*`,
-///   `X-Istio-*`), AWS ALB (`X-Amzn-Oidc-*`, `X-Amzn-Mtls-*`), Google IAP
-///   (`X-Goog-Authenticated-User-*`, `X-Goog-IAP-*`), Azure App Service
-///   (`X-MS-Client-Principal*`, `X-MS-Token-*`), Cloudflare Access
-///   (`Cf-Access-*`), Pomerium (`X-Pomerium-*`), Kong (`X-Consumer-*`,
-///   `X-Credential-Identifier`, `X-Authenticated-*`, `X-Anonymous-Consumer`,
-///   `X-Userinfo`), authentik (`X-authentik-*`), Vouch (`X-Vouch-*`),
-///   oauth2-proxy (`GAP-Auth`, besides its `X-Forwarded-*` and
-///   `X-Auth-Request-*`, reserved above), and client certificates passed on
-///   by TLS terminators (`X-SSL-*`, `SSL-Client-*`, `X-Client-Cert*`).
-pub const UPSTREAM_META: [&str; 34] = [
+/// - headers that widely copied middleware or a mesh reroutes the request
+///   by: Flask's "ReverseProxied" snippet (`X-Script-Name`, `X-Scheme`),
+///   Tornado's `xheaders` (`X-Scheme`), Envoy's `X-Envoy-Original-Path`,
+///   Linkerd's `l5d-dst-override` (the destination service of a meshed
+///   proxy).
+pub const REQUEST_META: [&str; 29] = [
     // RFC 3875 §4.1, less the two that are real headers.
     "auth-type",
     "gateway-interface",
@@ -174,10 +163,23 @@ pub const UPSTREAM_META: [&str; 34] = [
     "remote-port",
     "server-addr",
     "https",
-    // Middleware that rewrites the request by a header.
+    // Middleware and meshes that reroute by a header.
     "x-script-name",
     "x-scheme",
-    // Authenticating proxies.
+    "x-envoy-original-path",
+    "l5d-dst-override",
+];
+
+/// Headers that an authenticating proxy, a mesh or a TLS terminator sets
+/// for its upstream, which the upstream therefore believes: never taken
+/// from a client, unless a route names one in `allow_client_headers` and
+/// the request comes from a `trusted_proxies` address (the terminator in
+/// front that sets it). Exact names: Authelia's `Remote-Groups`, `-Name`,
+/// `-Email` (its `Remote-User` is a CGI variable above), Microsoft's
+/// `X-Originating-IP`, Kong's `X-Credential-Identifier`,
+/// `X-Anonymous-Consumer` and `X-Userinfo`, ASP.NET's `X-ARR-ClientCert`,
+/// Fly.io's `Fly-Client-IP`.
+pub const PROXY_ASSERTIONS: [&str; 9] = [
     "remote-groups",
     "remote-name",
     "remote-email",
@@ -185,10 +187,24 @@ pub const UPSTREAM_META: [&str; 34] = [
     "x-credential-identifier",
     "x-anonymous-consumer",
     "x-userinfo",
+    "x-arr-clientcert",
+    "fly-client-ip",
 ];
 
-/// Name prefixes of [`UPSTREAM_META`]'s kind (sources listed there).
-pub const UPSTREAM_META_PREFIXES: [&str; 20] = [
+/// Name prefixes of [`PROXY_ASSERTIONS`]' kind: Kubernetes' front proxy
+/// (`X-Remote-User`, `-Group`, `-Extra-*`), Grafana's auth proxy
+/// (`X-WEBAUTH-USER`), Envoy and Istio (`X-Envoy-*`, `X-Istio-*`), AWS ALB
+/// (`X-Amzn-Oidc-*`, `X-Amzn-Mtls-*`), Google IAP
+/// (`X-Goog-Authenticated-User-*`, `X-Goog-IAP-*`), App Engine
+/// (`X-AppEngine-*`), Azure App Service (`X-MS-Client-Principal*`,
+/// `X-MS-Token-*`), Cloudflare Access (`Cf-Access-*`), Pomerium
+/// (`X-Pomerium-*`), Kong (`X-Consumer-*`, `X-Authenticated-*`), authentik
+/// (`X-authentik-*`), Vouch (`X-Vouch-*`), Tailscale (`Tailscale-User-*`),
+/// oauth2-proxy (`GAP-Auth`, besides its `X-Forwarded-*` and
+/// `X-Auth-Request-*`, reserved as forwarding and identity headers), and
+/// client certificates passed on by TLS terminators (`X-SSL-*`,
+/// `SSL-Client-*`, `X-Client-Cert*`).
+pub const PROXY_ASSERTION_PREFIXES: [&str; 22] = [
     "x-remote-",
     "x-webauth-",
     "x-envoy-",
@@ -197,6 +213,7 @@ pub const UPSTREAM_META_PREFIXES: [&str; 20] = [
     "x-amzn-mtls-",
     "x-goog-authenticated-",
     "x-goog-iap-",
+    "x-appengine-",
     "x-ms-client-principal",
     "x-ms-token-",
     "cf-access-",
@@ -205,6 +222,7 @@ pub const UPSTREAM_META_PREFIXES: [&str; 20] = [
     "x-authenticated-",
     "x-authentik-",
     "x-vouch-",
+    "tailscale-user-",
     "gap-auth",
     "x-ssl-",
     "ssl-client-",
@@ -238,9 +256,11 @@ pub enum Reserved {
     Identity,
     /// Where the request came from or was going ([`FORWARDING`]).
     Forwarding,
-    /// Request meta-data or a proxy's identity to some upstream
-    /// ([`UPSTREAM_META`]); a route may allow it by name.
-    UpstreamMeta,
+    /// Facts about the request to some upstream ([`REQUEST_META`]).
+    RequestMeta,
+    /// What a proxy in front asserts to some upstream
+    /// ([`PROXY_ASSERTIONS`]); a route may take it from a trusted proxy.
+    ProxyAssertion,
 }
 
 /// Whether, and why, the gateway alone may write a header of this name,
@@ -255,10 +275,13 @@ pub fn reserved(name: &HeaderName, identity: &[&HeaderName]) -> Option<Reserved>
     {
         return Some(Reserved::Forwarding);
     }
-    if UPSTREAM_META.iter().any(|m| folded_eq(n, m))
-        || UPSTREAM_META_PREFIXES.iter().any(|p| folded_starts_with(n, p))
+    if REQUEST_META.iter().any(|m| folded_eq(n, m)) {
+        return Some(Reserved::RequestMeta);
+    }
+    if PROXY_ASSERTIONS.iter().any(|m| folded_eq(n, m))
+        || PROXY_ASSERTION_PREFIXES.iter().any(|p| folded_starts_with(n, p))
     {
-        return Some(Reserved::UpstreamMeta);
+        return Some(Reserved::ProxyAssertion);
     }
     None
 }
@@ -269,14 +292,15 @@ pub fn is_reserved(name: &HeaderName, identity: &[&HeaderName]) -> bool {
 }
 
 /// Removes every header the gateway alone may write, but the
-/// [`Reserved::UpstreamMeta`] ones the route allows (`allowed`, compared
-/// folded as well).
+/// [`Reserved::ProxyAssertion`] ones in `allowed` (compared folded as
+/// well): the route's `allow_client_headers` when a trusted proxy sent the
+/// request, else none.
 pub fn strip_reserved(headers: &mut HeaderMap, identity: &[&HeaderName], allowed: &[HeaderName]) {
     let removed: Vec<HeaderName> = headers
         .keys()
         .filter(|k| match reserved(k, identity) {
             None => false,
-            Some(Reserved::UpstreamMeta) => !allowed.iter().any(|a| folded_eq(k.as_str(), a.as_str())),
+            Some(Reserved::ProxyAssertion) => !allowed.iter().any(|a| folded_eq(k.as_str(), a.as_str())),
             Some(_) => true,
         })
         .cloned()
@@ -483,6 +507,12 @@ mod tests {
             "x-envoy-original-path",
             "x-webauth-user",
             "x-ms-client-principal-name",
+            "l5d-dst-override",
+            "x-arr-clientcert",
+            "tailscale-user-login",
+            "x-appengine-user-email",
+            "fly-client-ip",
+            "cf-connecting-ipv6",
         ] {
             assert!(
                 is_reserved(&HeaderName::from_bytes(name.as_bytes()).unwrap(), &identity),
@@ -523,16 +553,21 @@ mod tests {
         ] {
             h.append(HeaderName::from_static(k), HeaderValue::from_static(v));
         }
+        // Allowing a request fact has no effect; a proxy's assertion does.
         let allowed = [
             HeaderName::from_static("x-scheme"),
-            HeaderName::from_static("remote-user"),
+            HeaderName::from_static("x-goog-authenticated-user-email"),
         ];
         strip_reserved(&mut h, &[], &allowed);
         let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
         left.sort_unstable();
         assert_eq!(
             left,
-            ["content-type", "content_length", "remote-user", "x-scheme"]
+            [
+                "content-type",
+                "content_length",
+                "x-goog-authenticated-user-email"
+            ]
         );
         assert_eq!(
             reserved(&HeaderName::from_static("x_auth_subject"), &[]),

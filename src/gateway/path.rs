@@ -215,16 +215,24 @@ pub struct PrefixRule {
     /// with [`CASE_TO_ASCII`]'s characters read as their ASCII letters (the
     /// key must then be [`case_key`]'s).
     pub case_sensitive: bool,
-    /// A format suffix on the prefix's last segment (`/admin.json` for
-    /// `/admin`) matches too: Rails routes `(.:format)` and Spring's
-    /// suffix pattern matching serve it as `/admin`.
-    pub format_suffix: bool,
+    /// Every spelling an upstream may serve as the prefix matches too (a
+    /// protected route's default): a format suffix on its last segment
+    /// (`/admin.json` for `/admin`: Rails routes `(.:format)` and Spring's
+    /// suffix pattern matching serve it as `/admin`), and the prefix
+    /// without its trailing slash (`/admin` for `/admin/`: routers mount
+    /// `/admin/` at `/admin`).
+    pub fail_closed: bool,
 }
 
 /// Whether route prefix `prefix` serves the match key `key`: `/api` serves
 /// `/api` and `/api/...` but not `/apiary` (nor `/api.json` unless the rule
-/// takes format suffixes); `/api/` serves `/api/...`.
+/// fails closed); `/api/` serves `/api/...` (and `/api`, failing closed).
 pub fn prefix_matches(prefix: &str, key: &str, rule: PrefixRule) -> bool {
+    if rule.fail_closed && prefix.len() > 1 {
+        if let Some(bare) = prefix.strip_suffix('/') {
+            return prefix_matches(bare, key, rule);
+        }
+    }
     if key.len() < prefix.len() || !key.is_char_boundary(prefix.len()) {
         return false;
     }
@@ -237,7 +245,7 @@ pub fn prefix_matches(prefix: &str, key: &str, rule: PrefixRule) -> bool {
     same && (prefix.ends_with('/')
         || rest.is_empty()
         || rest.starts_with('/')
-        || (rule.format_suffix && rest.starts_with('.') && prefix != "/"))
+        || (rule.fail_closed && rest.starts_with('.') && prefix != "/"))
 }
 
 /// The characters beyond ASCII that some case mapping turns into ASCII
@@ -424,11 +432,11 @@ mod tests {
 
     const EXACT: PrefixRule = PrefixRule {
         case_sensitive: true,
-        format_suffix: false,
+        fail_closed: false,
     };
     const PROTECTED: PrefixRule = PrefixRule {
         case_sensitive: false,
-        format_suffix: true,
+        fail_closed: true,
     };
 
     #[test]
@@ -451,6 +459,22 @@ mod tests {
         assert!(prefix_matches("/admin", "/Admin.XML", PROTECTED));
         assert!(prefix_matches("/api/users", "/api/users.json", PROTECTED));
         assert!(!prefix_matches("/admin", "/adminx.json", PROTECTED));
+    }
+
+    #[test]
+    fn a_protected_prefix_with_a_trailing_slash_also_serves_its_bare_spellings() {
+        for key in [
+            "/api/admin",
+            "/API/ADMIN",
+            "/api/admin.json",
+            "/api/admin/",
+            "/api/admin/users",
+        ] {
+            assert!(prefix_matches("/api/admin/", key, PROTECTED), "{key}");
+        }
+        assert!(!prefix_matches("/api/admin/", "/api/administrator", PROTECTED));
+        assert!(!prefix_matches("/api/admin/", "/api/admin", EXACT));
+        assert!(prefix_matches("/", "/anything", PROTECTED));
     }
 
     #[test]

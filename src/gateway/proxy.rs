@@ -126,8 +126,10 @@ pub async fn handle(
 /// Why the gateway answers a request itself: every refusal, mapped to its
 /// answer (and counted) in one place, [`Refusal::into_response`].
 enum Refusal {
-    /// 400: the request is ambiguous or its path or target is refused.
+    /// 400: the request is ambiguous or its path, target or body is refused.
     BadRequest(&'static str),
+    /// 408: a body without a length did not arrive within the route's timeout.
+    BodyTimeout,
     /// 404: no route for this host and path.
     NoRoute,
     /// 429: a route's limit.
@@ -167,6 +169,9 @@ impl Refusal {
         };
         match self {
             Refusal::BadRequest(why) => error_response(StatusCode::BAD_REQUEST, "INVALID_REQUEST", why),
+            Refusal::BodyTimeout => {
+                error_response(StatusCode::REQUEST_TIMEOUT, "REQUEST_TIMEOUT", body::TOO_SLOW)
+            }
             Refusal::NoRoute => error_response(
                 StatusCode::NOT_FOUND,
                 "NOT_FOUND",
@@ -265,13 +270,22 @@ async fn forward<'t>(
     if let Err(why) = rewrite(table, peer, admitted, uri.query(), &mut parts, id) {
         return Outcome::refused(Some(route), why.into_response(Some(route)));
     }
-    let (body, fault) = match body::prepare(body, &mut parts.headers, table.read_ahead).await {
-        Ok(prepared) => prepared,
-        Err(why) => {
-            return Outcome::refused(Some(route), Refusal::BadRequest(why).into_response(Some(route)))
-        }
+    // The slot first: a body still arriving holds one, read ahead or sent.
+    let Some(slot) = w.upstream.take() else {
+        return Outcome::refused(Some(route), Refusal::UpstreamBusy.into_response(Some(route)));
     };
-    let (response, took) = send(w, route, Request::from_parts(parts, body), &fault).await;
+    let prepared = tokio::time::timeout(
+        route.config.timeout,
+        body::prepare(body, &mut parts.headers, table.read_ahead),
+    )
+    .await;
+    let refuse = |why: Refusal| Outcome::refused(Some(route), why.into_response(Some(route)));
+    let (body, fault) = match prepared {
+        Ok(Ok(prepared)) => prepared,
+        Ok(Err(why)) => return refuse(Refusal::BadRequest(why)),
+        Err(_) => return refuse(Refusal::BodyTimeout),
+    };
+    let (response, took) = send(w, route, Request::from_parts(parts, body), &fault, slot).await;
     Outcome {
         response: response.unwrap_or_else(|why| why.into_response(Some(route))),
         route: Some(route),
@@ -308,7 +322,13 @@ async fn admit<'t, 'r>(
     let from_proxy = Forwarded::from_trusted(headers, peer, &table.trusted_proxies);
     strip_hop_by_hop(headers);
     headers.remove(header::EXPECT); // answered by our server already
-    strip_reserved(headers, &table.identity.all(), &rc.allow_client_headers);
+                                    // A proxy's assertions only from a trusted proxy, and only those the route names.
+    let allowed: &[HeaderName] = if table.trusted_proxies.contains(&peer) {
+        &rc.allow_client_headers
+    } else {
+        &[]
+    };
+    strip_reserved(headers, &table.identity.all(), allowed);
     let limiter = w.limiter();
     // Limits by address come first: a flood of forged tokens costs no signature check.
     let limit = rc.rate_limit.as_ref().zip(route.limit_metrics.as_ref());
@@ -406,11 +426,9 @@ async fn send(
     route: &Route,
     req: Request,
     fault: &body::ClientFault,
+    slot: Arc<UpstreamSlot>,
 ) -> (Result<Response, Refusal>, Duration) {
     let rc = &route.config;
-    let Some(slot) = w.upstream.take() else {
-        return (Err(Refusal::UpstreamBusy), Duration::ZERO);
-    };
     // A request body still to come holds the slot too: an upstream may
     // answer early and go on reading it.
     let req = if hyper::body::Body::is_end_stream(req.body()) {

@@ -138,9 +138,10 @@ impl RouteTable {
 
     /// The route serving `host` (if known) and the match key of a
     /// normalised path (`path::Normal::key`). A protected route matches in
-    /// any case and with a format suffix ([`PrefixRule`]) unless its file
-    /// says `case_sensitive = true`, so that no spelling an upstream may
-    /// take for a protected path reaches it through a public route.
+    /// any case, with a format suffix and without its prefix's trailing
+    /// slash ([`PrefixRule`]) unless its file says `case_sensitive = true`,
+    /// so that no spelling an upstream may take for a protected path
+    /// reaches it through a public route.
     pub fn find(&self, host: Option<&str>, key: &str) -> Option<&Route> {
         let mut folded = None;
         self.routes.iter().find(|r| {
@@ -150,9 +151,10 @@ impl RouteTable {
                 (Some(m), Some(h)) => m.matches(h),
                 (Some(_), None) => false,
             };
+            // A protected route fails closed unless told to match exactly.
             let rule = PrefixRule {
                 case_sensitive: c.case_sensitive,
-                format_suffix: c.auth,
+                fail_closed: c.auth && !c.case_sensitive,
             };
             let key = if c.case_sensitive {
                 key
@@ -237,8 +239,8 @@ upstream = "http://u4"
         assert_eq!(name(None, "/api/admin/users"), Some("api-admin"));
         assert_eq!(
             name(None, "/api/admin"),
-            Some("api"),
-            "/api/admin/ needs the slash"
+            Some("api-admin"),
+            "a protected /api/admin/ serves /api/admin too (routers mount it there)"
         );
         assert_eq!(name(Some("shop.example.com"), "/api/x"), Some("host"));
         assert_eq!(name(Some("eu.example.com"), "/api/x"), Some("wild"));

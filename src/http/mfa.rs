@@ -195,7 +195,7 @@ pub async fn passkey_login(
 }
 
 #[utoipa::path(post, path = "/auth/passkeys/login/finish", tag = "second factors", request_body = LoginFinish,
-    responses((status = 200, body = TokenPair, description = "Logged in: amr [hwk or swk, mfa]"),
+    responses((status = 200, body = TokenPair, description = "Logged in: amr [swk, mfa]"),
               (status = 400, body = ErrorBody),
               (status = 401, body = ErrorBody, description = "INVALID_FACTOR (no passwordless passkey, or the assertion failed), INVALID_TOKEN (the ceremony is unknown, used or expired), VERIFICATION_PENDING"),
               (status = 403, body = ErrorBody, description = "ACCOUNT_DISABLED")))]

@@ -174,7 +174,8 @@ impl Store {
     }
 
     /// Counts a wrong try against the code issued at `created_at`, if it is
-    /// still that code and below `max` failures. Returns whether it counted.
+    /// still that code and below `max` failures (a used code too: it is
+    /// judged as a decoy, `domain::codes`). Returns whether it counted.
     pub async fn record_code_failure(
         &self,
         email: &str,
@@ -184,8 +185,7 @@ impl Store {
     ) -> StoreResult<bool> {
         let n = db_op!(self, "record_code_failure", conn => Ok(sqlx::query(
             "UPDATE codes SET failed_attempts = failed_attempts + 1 \
-             WHERE email = $1 AND purpose = $2 AND created_at = $3 AND consumed_at IS NULL \
-             AND failed_attempts < $4",
+             WHERE email = $1 AND purpose = $2 AND created_at = $3 AND failed_attempts < $4",
         )
         .bind(email)
         .bind(purpose.as_str())

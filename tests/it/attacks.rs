@@ -596,6 +596,35 @@ async fn code_endpoints_answer_unknown_emails_like_known_ones(app: &TestApp) {
     app.register_verified(&fresh, PASSWORD).await;
     let b = six_wrong(app, "192.0.2.15", path, &fresh).await;
     assert_eq!(a, b);
+    // Within a minute of a verification (or a reset), a resend leaves the
+    // used code in place (the resend pause): it answers as the unknown
+    // email's decoy does, not with INVALID_OTP for ever.
+    for (path, reset) in [
+        ("/auth/verify-otp", false),
+        ("/auth/password-reset/confirm", true),
+    ] {
+        let just = unique_email("justdone");
+        app.register_verified(&just, PASSWORD).await;
+        if reset {
+            app.post("/auth/password-reset", json!({"email": just})).await;
+            let code = app.wait_for_code(&just, 2).await;
+            let body = json!({"email": just, "code": code, "new_password": "a reset password"});
+            assert_eq!(app.post("/auth/password-reset/confirm", body).await.status(), 204);
+        }
+        let unknown = unique_email("unknown");
+        let resend = if reset {
+            "/auth/password-reset"
+        } else {
+            "/auth/resend-otp"
+        };
+        for e in [&just, &unknown] {
+            post_from(app, "192.0.2.3", resend, json!({"email": e})).await;
+        }
+        let a = six_wrong(app, "192.0.2.16", path, &just).await;
+        let b = six_wrong(app, "192.0.2.17", path, &unknown).await;
+        assert_eq!(a, b, "{path} tells a used code from a decoy");
+        assert_eq!(a[5], (429, "TOO_MANY_ATTEMPTS".into()), "{path}");
+    }
 }
 
 /// One address guessing codes across many accounts is stopped after a few

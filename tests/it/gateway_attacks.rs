@@ -102,6 +102,85 @@ async fn raw(addr: &str, request: &[u8]) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// A chunked body that stops arriving during the read-ahead is answered
+/// `408` within the route's timeout, and nothing reaches the upstream
+/// (the read-ahead had no deadline: such a request held its connection
+/// for ever, outside the route's timeout and the upstream cap).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_stalls_during_the_read_ahead_is_answered_408_and_reaches_nothing() {
+    let (app, dir) = (TestApp::embedded(&[]).await, tempfile::tempdir().unwrap());
+    let log = dir.path().join("hits.jsonl");
+    let upstream = Stack::Wsgi.start(&log);
+    let (addr, stop) = small_gateway(&app, &upstream, "timeout_ms = 500").await;
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    s.write_all(b"POST /x HTTP/1.1\r\nHost: gw.test\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+        .await
+        .unwrap();
+    let mut out = vec![0u8; 512];
+    let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut out))
+        .await
+        .expect("answered within the route's timeout")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&out[..n]).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(hits(&log).is_empty(), "nothing reached the upstream");
+    stop.await;
+    app.stop().await;
+}
+
+/// A gateway with one public route to `upstream` (`extra` added to the
+/// route), its JWKS at `app`: its address, and a future that stops it.
+async fn small_gateway(
+    app: &TestApp,
+    upstream: &SupportServer,
+    extra: &str,
+) -> (String, impl std::future::Future<Output = ()>) {
+    let toml = format!(
+        "listen = \"127.0.0.1:0\"\njwks_url = \"{}\"\nissuer = \"http://latchkey.test\"\nlog = \"warn\"\n\
+         trusted_proxies = [\"127.0.0.1\"]\n\
+         [[routes]]\nupstream = \"http://127.0.0.1:{}\"\nauth = false\n{extra}\n",
+        app.url("/.well-known/jwks.json"),
+        upstream.ready
+    );
+    let gw = Gateway::build(GatewayConfig::from_toml(&toml).unwrap())
+        .await
+        .unwrap();
+    let addr = gw.local_addr().to_string();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let running = tokio::spawn(gw.run_until(async move {
+        let _ = stopped.await;
+    }));
+    (addr, async move {
+        let _ = stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(15), running).await;
+    })
+}
+
+/// A proxy's assertion that a route takes on purpose
+/// (`allow_client_headers`) arrives from a trusted proxy only, and only
+/// that one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_takes_a_named_proxy_assertion_from_a_trusted_proxy_only() {
+    let (app, dir) = (TestApp::embedded(&[]).await, tempfile::tempdir().unwrap());
+    let log = dir.path().join("hits.jsonl");
+    let upstream = Stack::Wsgi.start(&log);
+    let (addr, stop) = small_gateway(&app, &upstream, "allow_client_headers = [\"x-ssl-client-cert\"]").await;
+    let r = raw(
+        &addr,
+        b"GET /x HTTP/1.1\r\nHost: gw.test\r\nX-SSL-Client-Cert: CN=alice\r\nX-Remote-User: admin\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    let hit = hits(&log).pop().unwrap();
+    assert_eq!(
+        hit["meta"],
+        serde_json::json!({"x-ssl-client-cert": "CN=alice"}),
+        "{hit}"
+    );
+    stop.await;
+    app.stop().await;
+}
+
 /// One HTTP/2 (prior knowledge) GET with one extra header; its status.
 async fn h2_get(addr: &str, path: &str, name: &'static str, value: &'static str) -> u16 {
     use http_body_util::Empty;
@@ -201,6 +280,9 @@ fn corpus(token: &str) -> Vec<Case> {
         "/ADMIN.json",
         "/Admin/users.json",
         "/admin.json/users",
+        "/admin",
+        "/ADMIN",
+        "/admin.",
     ] {
         out.push((format!("GET {path}"), get(path, ""), false));
     }
@@ -380,6 +462,8 @@ fn corpus(token: &str) -> Vec<Case> {
         ("/public", "X-Envoy-Original-Path: /admin/users"),
         ("/public", "X-Original-Method: DELETE"),
         ("/public", "X-Originating-IP: 10.0.0.1"),
+        ("/certs", "X-SSL-Client-Cert: CN=admin"),
+        ("/x/admin", "SCRIPT_NAME: /x"),
     ];
     for (path, h) in meta {
         for (with_token, auth) in [
@@ -462,10 +546,21 @@ host = "admin.gw.test"
 upstream = "http://127.0.0.1:{port}"
 forward_authorization = false
 
+# With its trailing slash: the upstreams serve /admin, /ADMIN and
+# /admin.json as the admin area too, so the route must take them.
 [[routes]]
 name = "admin"
-path_prefix = "/admin"
+path_prefix = "/admin/"
 upstream = "http://127.0.0.1:{port}"
+
+# A proxy's assertion taken on purpose, but only from a trusted proxy:
+# the corpus's client is none.
+[[routes]]
+name = "certs"
+path_prefix = "/certs"
+upstream = "http://127.0.0.1:{port}"
+auth = false
+allow_client_headers = ["x-ssl-client-cert"]
 
 [[routes]]
 name = "docs"

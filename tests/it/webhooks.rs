@@ -220,6 +220,14 @@ async fn ssrf(app: &TestApp) {
         format!("http://[::ffff:127.0.0.1]:{port}/in"),
         "http://169.254.169.254/latest/meta-data/".to_string(),
         "http://10.0.0.1/in".to_string(),
+        // Special-purpose ranges a review found accepted (and delivered
+        // to): benchmarking, the 6to4 relay, and IPv6 blocks that embed an
+        // IPv4 address (6to4 of 10.0.0.1, Teredo). Refused at registration:
+        // nothing is sent to them.
+        "http://198.18.0.1/in".to_string(),
+        "http://192.88.99.1/in".to_string(),
+        "http://[2002:a00:1::1]/in".to_string(),
+        "http://[2001:0:4136:e378:8000:63bf:3fff:fdd2]/in".to_string(),
     ] {
         let r = add(url.clone()).await;
         assert_eq!(r.status(), 400, "{url}");

@@ -10,6 +10,7 @@ usage: flask_upstream.py LOG   (prints "READY <port>"; one JSON line per
 request, as lenient_upstream.py writes them, is appended to LOG)
 """
 import json
+import logging
 import sys
 
 from flask import Flask, request
@@ -64,6 +65,7 @@ def public(rest):
 app.wsgi_app = ReverseProxied(app.wsgi_app)
 
 if __name__ == "__main__":
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = make_server("127.0.0.1", 0, app, threaded=True)
     print(f"READY {server.server_port}", flush=True)
     server.serve_forever()

@@ -43,7 +43,7 @@ const META = new Set([
   'script-name', 'path-info', 'remote-user', 'remote-addr', 'auth-type', 'request-uri',
   'server-name', 'x-script-name', 'x-scheme', 'remote-groups', 'x-remote-user',
   'x-remote-addr', 'x-originating-ip', 'x-envoy-original-path', 'x-original-method',
-  'x-webauth-user',
+  'x-webauth-user', 'x-ssl-client-cert',
 ]);
 
 const log = process.argv[2];

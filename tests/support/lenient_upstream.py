@@ -44,7 +44,7 @@ META = {
     "script-name", "path-info", "remote-user", "remote-addr", "auth-type",
     "request-uri", "server-name", "x-script-name", "x-scheme", "remote-groups",
     "x-remote-user", "x-remote-addr", "x-originating-ip", "x-envoy-original-path",
-    "x-original-method", "x-webauth-user",
+    "x-original-method", "x-webauth-user", "x-ssl-client-cert",
 }
 
 

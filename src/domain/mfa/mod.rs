@@ -8,11 +8,11 @@
 //!     account with a factor --> 401 MFA_REQUIRED {mfa_token, factors, webauthn?}
 //!                                   |
 //!  POST /auth/mfa/verify {mfa_token, code | recovery_code | webauthn}
-//!     right factor ------------------------------------> session, amr [pwd otp|hwk|swk mfa]
+//!     right factor ------------------------------------> session, amr [pwd otp|swk mfa]
 //!     wrong factor --> 401 INVALID_FACTOR (the token dies after 5; docs/mfa.md)
 //!
 //!  POST /auth/passkeys/login + /finish (a passkey the user let log in alone,
-//!     user verification required) -----------------------> session, amr [hwk|swk mfa]
+//!     user verification required) -----------------------> session, amr [swk mfa]
 //! ```
 //!
 //! The rules of the `mfa_token` are `challenge.rs`, TOTP's `totp.rs` (both
@@ -40,7 +40,7 @@ use super::tokens::{Authn, Verified};
 use super::AuthError;
 use crate::clock::now_ms;
 use crate::crypto::{b64url, random_bytes, random_token, sha256, Sealer};
-use crate::limits::PolicyName;
+use crate::limits::{BruteForceRules, PolicyName};
 use crate::settings::{secs, switch, url_text, ConfigError, Source};
 use crate::store::{ChallengeRecord, Event, FactorChange, FactorRecord, UserRecord};
 
@@ -295,15 +295,13 @@ fn passkey_of(f: &FactorRecord) -> Option<Passkey> {
     serde_json::from_str(f.credential.as_deref()?).ok()
 }
 
-/// A factor's name: at most 64 characters, no control characters; trimmed,
-/// and `default` when nothing is left.
+/// A factor's name: at most 64 characters, none that a display name may
+/// not hold either (`input::refused_in_name`); trimmed, and `default` when
+/// nothing is left.
 pub fn check_name(name: &str, default: &str) -> Result<String, AuthError> {
-    // Also the invisible and direction-changing format characters, with
-    // which a name could pass for another.
-    let invisible = |c: char| matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}');
-    if name.chars().count() > MAX_NAME || name.chars().any(|c| c.is_control() || invisible(c)) {
+    if name.chars().count() > MAX_NAME || name.chars().any(super::input::refused_in_name) {
         return Err(AuthError::BadRequest(format!(
-            "name: at most {MAX_NAME} characters, no control characters"
+            "name: at most {MAX_NAME} characters, no control, invisible or direction-changing ones"
         )));
     }
     let n = name.trim();
@@ -327,15 +325,14 @@ fn new_recovery_code() -> String {
     format!("{}-{}", &s[..5], &s[5..])
 }
 
-/// The RFC 8176 method of a passkey: `hwk` for one bound to its device,
-/// `swk` for one that may be synchronised to others (backup eligible).
-fn passkey_method(backup_eligible: bool) -> &'static str {
-    if backup_eligible {
-        "swk"
-    } else {
-        "hwk"
-    }
-}
+/// The RFC 8176 method of a passkey: `swk`, proof of possession of a key.
+/// `hwk` means a *hardware-secured* key, which only a verified attestation
+/// can show (the authenticator's certificate chain to a vendor's root, as
+/// the FIDO Metadata Service publishes them). latchkey registers passkeys
+/// with `none` attestation, and a key that is not backup eligible may still
+/// live in software (a browser's virtual authenticator, a password manager
+/// that does not sync), so it never claims `hwk`.
+const PASSKEY_METHOD: &str = "swk";
 
 impl Accounts {
     fn recovery_hash(&self, user_id: &str, code: &str) -> [u8; 32] {
@@ -445,13 +442,18 @@ impl Accounts {
         let user_id = c.user_id.clone().ok_or(AuthError::InvalidToken)?;
         let client = self.limiter.ip_key(origin.ip);
         let key = mfa_key(&user_id);
-        let attempt = self
-            .brute_force
-            .begin(&key, client.as_str())
-            .await
-            .map_err(|retry| AuthError::TooManyAttempts {
-                retry_after: Some(retry),
-            })?;
+        // The address's wrong second factors over every account first, so
+        // that guesses it refuses spend none of the account's allowance.
+        let guess = self.factor_guess(origin.ip).await?;
+        let attempt = match self.brute_force.begin(&key, client.as_str()).await {
+            Ok(a) => a,
+            Err(retry) => {
+                self.factor_guess_taken_back(&guess).await;
+                return Err(AuthError::TooManyAttempts {
+                    retry_after: Some(retry),
+                });
+            }
+        };
         let label = proof.label();
         let method = match self.judge(&user_id, &c, proof, now).await {
             Ok(Some(m)) => m,
@@ -473,9 +475,12 @@ impl Accounts {
             }
             Err(e) => {
                 self.brute_force.abandon(&key, client.as_str(), attempt).await;
+                self.factor_guess_taken_back(&guess).await;
                 return Err(e);
             }
         };
+        // A right factor was no guess.
+        self.factor_guess_taken_back(&guess).await;
         // Single use: of two right answers, one session.
         if !self.store.consume_challenge(&hash).await? {
             return Err(AuthError::InvalidToken);
@@ -494,6 +499,30 @@ impl Accounts {
         let amr = format!("{} {method} mfa", c.amr);
         self.start_session(&user, None, origin, Authn::new(amr.trim(), now), true)
             .await
+    }
+
+    /// Admits a second factor from `ip` under the rule of wrong second
+    /// factors per client address over every account
+    /// (`Rules::CODE_GUESSES`, as for emailed codes: ten free, then delays,
+    /// a lock at thirty): a list of stolen passwords of accounts with
+    /// factors cannot be worked through by guessing a TOTP code on each.
+    /// The attempt counts as wrong until [`Self::factor_guess_taken_back`].
+    async fn factor_guess(&self, ip: IpAddr) -> Result<String, AuthError> {
+        let key = format!("factors:{}", self.limiter.ip_key(ip).as_str());
+        self.code_guesses
+            .begin(&key, &BruteForceRules::CODE_GUESSES)
+            .await
+            .map_err(|ms| AuthError::TooManyAttempts {
+                retry_after: Some((ms.max(0) as u64).div_ceil(1000).max(1)),
+            })?;
+        Ok(key)
+    }
+
+    /// A factor that was right, or never judged: not a wrong guess.
+    async fn factor_guess_taken_back(&self, key: &str) {
+        self.code_guesses
+            .abandon(key, &BruteForceRules::CODE_GUESSES)
+            .await;
     }
 
     /// A login's live challenge of `purpose` under `token`, after the
@@ -571,7 +600,7 @@ impl Accounts {
                     return Ok(None);
                 }
                 self.passkey_used(&f, &result, now).await?;
-                Ok(Some(passkey_method(result.backup_eligible())))
+                Ok(Some(PASSKEY_METHOD))
             }
         }
     }
@@ -986,7 +1015,7 @@ impl Accounts {
         if user.email_verified_at.is_none() {
             return Err(AuthError::VerificationPending);
         }
-        let amr = format!("{} mfa", passkey_method(result.backup_eligible()));
+        let amr = format!("{PASSKEY_METHOD} mfa");
         self.start_session(&user, None, origin, Authn::new(&amr, now), true)
             .await
     }

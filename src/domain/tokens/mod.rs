@@ -53,7 +53,7 @@ pub struct AccessClaims {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<String>,
     /// How the user authenticated for this session (RFC 8176 values: `pwd`,
-    /// `otp`, `hwk`, `swk`, `mfa`; `email` for a code sent by mail); user
+    /// `otp`, `swk`, `mfa`; `email` for a code sent by mail); user
     /// tokens only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub amr: Option<Vec<String>>,
