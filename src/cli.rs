@@ -201,7 +201,7 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
                     Ok(())
                 }
                 ClientsCommand::Remove { id } => {
-                    if st.store.remove_client(&id).await? {
+                    if crate::domain::clients::remove(&st.store, &st.revocations, &id).await? {
                         println!("removed {id}");
                         Ok(())
                     } else {

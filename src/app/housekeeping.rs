@@ -16,11 +16,11 @@ pub(super) async fn run(st: Arc<Services>, shutdown: Shutdown) {
     let mut keys = Every::new(st.config.tokens.key_refresh_interval);
     // Revocations are reloaded from the database every 5 s while Redis
     // carries them (a safety net), every half second while it cannot: then
-    // a logout on one instance reaches every other within a second. Not on
-    // SQLite: its file has one process.
+    // a logout on one instance reaches every other within a second. On
+    // SQLite too: its file has one server, but the command line writes to
+    // it as well (a client removed there is refused within a second).
     let mut resync = Every::new(Duration::from_secs(5));
     let mut fast_resync = Every::new(Duration::from_millis(500));
-    let shared_database = st.store.backend_name() != "sqlite";
     let mut resync_failing = false;
     let mut purge = Every::new(Duration::from_secs(60));
     let mut resync_from = now_ms() - 10_000;
@@ -32,7 +32,7 @@ pub(super) async fn run(st: Arc<Services>, shutdown: Shutdown) {
             }
         }
         let upkeep = resync.due();
-        if upkeep || (shared_database && fast_resync.due() && !st.revocations.hears_other_instances()) {
+        if upkeep || (fast_resync.due() && !st.revocations.hears_other_instances()) {
             let now = now_ms();
             match st.revocations.load_from_store(&st.store, resync_from).await {
                 Ok(()) => {

@@ -1,11 +1,13 @@
 //! OAuth clients: confidential clients with a generated 256-bit secret, stored
 //! as a SHA-256 digest (a slow hash adds nothing for a random 256-bit secret).
 
+use crate::cache::Revocations;
 use crate::clock::now_ms;
 use crate::crypto::{ct_eq, random_token, sha256};
 pub use crate::store::ClientRecord;
 use crate::store::Store;
 
+use super::tokens::CLIENT_SID_PREFIX;
 use super::AuthError;
 
 /// The scope of the admin API (`/admin/*`).
@@ -18,6 +20,21 @@ fn valid_scope(s: &str) -> bool {
         && s.len() <= 64
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b":._-".contains(&b))
+}
+
+/// Removes a client, ends the sessions it holds for users and revokes its
+/// own tokens, on every instance within the revocations' usual second (by
+/// Redis at once, and through the database's `revoked_sids` for instances
+/// that cannot hear this process). `false`: no such client.
+pub async fn remove(store: &Store, revocations: &Revocations, id: &str) -> anyhow::Result<bool> {
+    let client_sid = format!("{CLIENT_SID_PREFIX}{id}");
+    match store.remove_client(id, &client_sid, now_ms()).await? {
+        Some(sids) => {
+            revocations.revoke(&sids).await;
+            Ok(true)
+        }
+        None => Ok(false),
+    }
 }
 
 /// Creates a client that may ask for `scopes`; returns its secret, shown once.

@@ -1,5 +1,7 @@
 //! OAuth clients, managed from the command line.
 
+use sqlx::Connection;
+
 use super::{db_op, Store, StoreResult};
 
 #[derive(Clone, Debug)]
@@ -61,14 +63,51 @@ impl Store {
         Ok(rows.into_iter().map(client).collect())
     }
 
-    pub async fn remove_client(&self, id: &str) -> StoreResult<bool> {
-        let n = db_op!(self, "remove_client", conn => {
-            Ok(sqlx::query("DELETE FROM clients WHERE id = $1")
+    /// Removes a client and, in the same transaction, ends every session
+    /// it holds for users and revokes its own tokens' `sid` (`client_sid`,
+    /// kept in `revoked_sids` for the other instances' resync). Returns the
+    /// revoked sids (the sessions' and `client_sid`), or `None` when there
+    /// is no such client.
+    pub async fn remove_client(
+        &self,
+        id: &str,
+        client_sid: &str,
+        now: i64,
+    ) -> StoreResult<Option<Vec<String>>> {
+        db_op!(self, "remove_client", conn => {
+            let mut tx = conn.begin().await?;
+            let n = sqlx::query("DELETE FROM clients WHERE id = $1")
                 .bind(id)
-                .execute(&mut *conn)
+                .execute(&mut *tx)
                 .await?
-                .rows_affected())
-        })?;
-        Ok(n == 1)
+                .rows_affected();
+            if n != 1 {
+                return Ok(None);
+            }
+            let ended: Vec<(String, String)> = sqlx::query_as(
+                "UPDATE sessions SET revoked_at = $2, revoked_reason = 'client_removed' \
+                 WHERE client_id = $1 AND revoked_at IS NULL RETURNING id, user_id",
+            )
+            .bind(id)
+            .bind(now)
+            .fetch_all(&mut *tx)
+            .await?;
+            for (sid, user) in &ended {
+                let e = super::Event::new("session.ended", now).user(user).session(sid).reason("client_removed");
+                super::events::record_event!(tx, &e);
+            }
+            sqlx::query(
+                "INSERT INTO revoked_sids (sid, revoked_at) VALUES ($1, $2) \
+                 ON CONFLICT (sid) DO UPDATE SET revoked_at = excluded.revoked_at",
+            )
+            .bind(client_sid)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            let mut sids: Vec<String> = ended.into_iter().map(|(sid, _)| sid).collect();
+            sids.push(client_sid.to_string());
+            Ok(Some(sids))
+        })
     }
 }

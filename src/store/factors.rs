@@ -504,6 +504,29 @@ impl Store {
     }
 
     /// Deletes a challenge; `true` for the one caller that did (single use).
+    /// Stores a spent ceremony's token hash until it expires (a sealed
+    /// ceremony that had no row): `false` when it was spent already.
+    pub async fn claim_challenge(
+        &self,
+        token_hash: &[u8],
+        purpose: &str,
+        now: i64,
+        expires_at: i64,
+    ) -> StoreResult<bool> {
+        let n = db_op!(self, "claim_challenge", conn => Ok(sqlx::query(
+            "INSERT INTO mfa_challenges (token_hash, purpose, created_at, expires_at) \
+             VALUES ($1, $2, $3, $4) ON CONFLICT (token_hash) DO NOTHING",
+        )
+        .bind(token_hash)
+        .bind(format!("{purpose}_spent"))
+        .bind(now)
+        .bind(expires_at)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected()))?;
+        Ok(n == 1)
+    }
+
     pub async fn consume_challenge(&self, token_hash: &[u8]) -> StoreResult<bool> {
         let n = db_op!(self, "consume_challenge", conn => Ok(sqlx::query(
             "DELETE FROM mfa_challenges WHERE token_hash = $1",

@@ -555,7 +555,8 @@ impl Store {
     /// Sessions revoked after `since`, to rebuild the revocation set at start.
     pub async fn revoked_sessions_since(&self, since: i64) -> StoreResult<Vec<(String, i64)>> {
         db_op!(self, "revoked_sessions_since", conn => Ok(sqlx::query_as(
-            "SELECT id, revoked_at FROM sessions WHERE revoked_at IS NOT NULL AND revoked_at > $1",
+            "SELECT id, revoked_at FROM sessions WHERE revoked_at IS NOT NULL AND revoked_at > $1 \
+             UNION ALL SELECT sid, revoked_at FROM revoked_sids WHERE revoked_at > $1",
         )
         .bind(since)
         .fetch_all(&mut *conn)
@@ -575,12 +576,18 @@ impl Store {
 
     /// Deletes sessions (and, by cascade, their tokens) that ended before `before`.
     pub async fn purge_sessions(&self, before: i64) -> StoreResult<u64> {
-        db_op!(self, "purge_sessions", conn => Ok(sqlx::query(
-            "DELETE FROM sessions WHERE expires_at < $1 OR (revoked_at IS NOT NULL AND revoked_at < $1)",
-        )
-        .bind(before)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected()))
+        db_op!(self, "purge_sessions", conn => {
+            sqlx::query("DELETE FROM revoked_sids WHERE revoked_at < $1")
+                .bind(before)
+                .execute(&mut *conn)
+                .await?;
+            Ok(sqlx::query(
+                "DELETE FROM sessions WHERE expires_at < $1 OR (revoked_at IS NOT NULL AND revoked_at < $1)",
+            )
+            .bind(before)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected())
+        })
     }
 }

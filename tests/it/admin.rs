@@ -228,7 +228,11 @@ async fn every_admin_route_refuses_users_scopeless_clients_and_no_token(app: &Te
     .await;
     let gone_token: Value = r.json().await.unwrap();
     let gone_token = gone_token["access_token"].as_str().unwrap().to_string();
-    assert!(app.services.store.remove_client(&gone).await.unwrap());
+    assert!(
+        latchkey::domain::clients::remove(&app.services.store, &app.services.revocations, &gone)
+            .await
+            .unwrap()
+    );
     for (method, path, body) in admin_routes(&id, &hook) {
         let r = call(app, method.clone(), &path, Some(&gone_token), body).await;
         assert_eq!(r.status(), 401, "a removed client: {method} {path}");

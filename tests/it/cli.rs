@@ -16,6 +16,68 @@ fn latchkey(dir: &std::path::Path) -> Command {
     c
 }
 
+/// A client removed from the command line (another process than the
+/// server, on the embedded default) loses every token on the server within
+/// the revocations' second: its own, and those of the sessions it holds for
+/// users, as the admin API refuses them. Before, `/auth/validate` accepted
+/// them until they expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_removed_from_the_command_line_loses_its_tokens_at_once() {
+    use crate::common::{unique_email, TestApp, PASSWORD};
+    let app = TestApp::embedded(&[]).await;
+    let id = "an-app-to-remove";
+    let secret = latchkey::domain::clients::add(&app.services.store, id, None, &["svc:read".into()])
+        .await
+        .unwrap()
+        .unwrap();
+    let r = crate::oauth::form(
+        &app,
+        "/oauth/token",
+        Some((id, &secret)),
+        &[("grant_type", "client_credentials")],
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let own: serde_json::Value = r.json().await.unwrap();
+    let own = own["access_token"].as_str().unwrap().to_string();
+    let email = unique_email("removed-app");
+    let first_party = app.register_verified(&email, PASSWORD).await;
+    let pair = crate::oauth::password_grant(&app, id, &secret, &email).await;
+    let users = pair["access_token"].as_str().unwrap().to_string();
+    assert_eq!((app.validate(&own).await, app.validate(&users).await), (200, 200));
+    let db = app
+        .settings
+        .iter()
+        .find(|(k, _)| k == "database_url")
+        .map(|(_, v)| v.clone())
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = latchkey(dir.path())
+        .env("LATCHKEY_DATABASE_URL", &db)
+        .args(["clients", "remove", id])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let removed = Instant::now();
+    while (app.validate(&own).await, app.validate(&users).await) != (401, 401) {
+        assert!(removed.elapsed() < Duration::from_secs(5), "still accepted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("refused {:?} after the command", removed.elapsed());
+    // The resync runs every half second: refused within the second.
+    assert!(
+        removed.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        removed.elapsed()
+    );
+    // The user's own session is not the client's: it goes on.
+    assert_eq!(
+        app.validate(first_party["access_token"].as_str().unwrap()).await,
+        200
+    );
+    app.stop().await;
+}
+
 #[test]
 fn an_invalid_setting_stops_start_up_with_one_line_naming_it() {
     let dir = tempfile::tempdir().unwrap();

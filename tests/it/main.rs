@@ -20,5 +20,6 @@ mod oauth;
 mod observability;
 mod ops;
 mod sessions;
+mod timing;
 mod tokens;
 mod webhooks;

@@ -743,6 +743,38 @@ async fn passkeys_of_a_software_authenticator_step_up_and_sign_in_alone(app: &Te
     // One assertion per ceremony.
     let (status, _) = post(app, "/auth/passkeys/login/finish", None, finish).await;
     assert_eq!(status, 401);
+    // Starting a sign-in stores nothing (each call wrote a row, and nobody
+    // needs to finish one): the ceremony travels sealed in its token, which
+    // nothing else opens.
+    let before = app.count("SELECT count(*) FROM mfa_challenges").await;
+    let mut tokens = Vec::new();
+    for _ in 0..20 {
+        let (status, start) = post(app, "/auth/passkeys/login", None, json!({})).await;
+        assert_eq!(status, 200);
+        tokens.push(start["ceremony_token"].as_str().unwrap().to_string());
+    }
+    assert_eq!(app.count("SELECT count(*) FROM mfa_challenges").await, before);
+    let mut forged = tokens[0].clone();
+    forged.replace_range(10..11, if &forged[10..11] == "A" { "B" } else { "A" });
+    for token in [
+        forged,
+        "not-a-ceremony".to_string(),
+        up["mfa_token"].as_str().unwrap().to_string(),
+    ] {
+        let assertion = device.ask("get", &start["options"], &origin);
+        let (status, body) = post(
+            app,
+            "/auth/passkeys/login/finish",
+            None,
+            json!({"ceremony_token": token, "credential": assertion}),
+        )
+        .await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (401, Some("INVALID_TOKEN")),
+            "{token}"
+        );
+    }
 
     // A passkey registered as a second factor only does not sign in alone.
     let second = app

@@ -39,7 +39,7 @@ use super::input::Password;
 use super::tokens::{Authn, Verified};
 use super::AuthError;
 use crate::clock::now_ms;
-use crate::crypto::{b64url, random_bytes, random_token, sha256, Sealer};
+use crate::crypto::{b64url, b64url_decode, random_bytes, random_token, sha256, Sealer};
 use crate::limits::{BruteForceRules, PolicyName};
 use crate::settings::{secs, switch, url_text, ConfigError, Source};
 use crate::store::{ChallengeRecord, Event, FactorChange, FactorRecord, UserRecord};
@@ -285,6 +285,17 @@ fn json<T: Serialize>(v: &T) -> Result<String, AuthError> {
 fn options<T: Serialize>(v: &T) -> Result<serde_json::Value, AuthError> {
     serde_json::to_value(v).map_err(|e| AuthError::Internal(e.into()))
 }
+
+/// A passwordless login's ceremony, sealed into its token.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct LoginCeremony {
+    expires_at: i64,
+    state: DiscoverableAuthentication,
+}
+
+/// The associated data of a sealed [`LoginCeremony`]: a token sealed for
+/// anything else does not open as one.
+const LOGIN_CEREMONY_AAD: &[u8] = b"latchkey passkey login ceremony v1";
 
 fn state<T: serde::de::DeserializeOwned>(c: &ChallengeRecord) -> Result<T, AuthError> {
     let s = c.state.as_deref().ok_or(AuthError::InvalidToken)?;
@@ -951,7 +962,11 @@ impl Accounts {
     }
 
     /// Starts a passwordless login: options for `navigator.credentials.get()`
-    /// naming no account (the authenticator offers its passkeys).
+    /// naming no account (the authenticator offers its passkeys). Nothing
+    /// is stored: the ceremony's state travels sealed in its token (AES-GCM
+    /// under the master secret, with its expiry), so that calls nobody
+    /// finishes cost no row; the token becomes single-use only once an
+    /// assertion succeeds ([`Self::finish_passkey_login`]).
     pub async fn start_passkey_login(&self, origin: &Origin) -> Result<Ceremony, AuthError> {
         self.limiter
             .check(PolicyName::LoginIp, self.limiter.ip_key(origin.ip).as_str())
@@ -963,26 +978,35 @@ impl Accounts {
             .map_err(|e| AuthError::Internal(anyhow::anyhow!("webauthn: {e}")))?;
         // A login button, not the autofill of a username field.
         rcr.mediation = None;
-        self.ceremony("passkey_login", None, json(&st)?, None, options(&rcr)?)
-            .await
+        let sealed = LoginCeremony {
+            expires_at: now_ms() + challenge::CEREMONY_TTL_MS,
+            state: st,
+        };
+        let bytes = serde_json::to_vec(&sealed).map_err(|e| AuthError::Internal(e.into()))?;
+        Ok(Ceremony {
+            ceremony_token: b64url(&self.mfa.sealer.seal(&bytes, LOGIN_CEREMONY_AAD)),
+            options: options(&rcr)?,
+            expires_in: (challenge::CEREMONY_TTL_MS / 1000) as u64,
+        })
     }
 
     /// Finishes a passwordless login: a passkey its user let log in alone,
-    /// with user verification, of an enabled and verified account.
+    /// with user verification, of an enabled and verified account. A wrong
+    /// assertion counts as a wrong second factor of the client's address
+    /// ([`Self::factor_guess`]); a right one spends the ceremony (its token's
+    /// hash is stored until it expires), so that it signs in once.
     pub async fn finish_passkey_login(
         &self,
         origin: &Origin,
         ceremony_token: &str,
         credential: &PublicKeyCredential,
     ) -> Result<TokenPair, AuthError> {
-        let (hash, c, now) = self
-            .live_challenge(origin, ceremony_token, "passkey_login")
+        self.limiter
+            .check(PolicyName::LoginIp, self.limiter.ip_key(origin.ip).as_str())
             .await?;
-        // One assertion per challenge, right or wrong.
-        if !self.store.consume_challenge(&hash).await? {
-            return Err(AuthError::InvalidToken);
-        }
-        let st: DiscoverableAuthentication = state(&c)?;
+        let now = now_ms();
+        let ceremony = self.open_login_ceremony(ceremony_token, now)?;
+        let guess = self.factor_guess(origin.ip).await?;
         let refused = AuthError::InvalidFactor { tries_left: 0 };
         let Ok((uid, cred_id)) = self.mfa.webauthn.identify_discoverable_authentication(credential) else {
             return Err(refused);
@@ -997,7 +1021,7 @@ impl Accounts {
             .ok_or_else(|| AuthError::Internal(anyhow::anyhow!("unreadable passkey {}", f.id)))?;
         let Ok(result) = self.mfa.webauthn.finish_discoverable_authentication(
             credential,
-            st,
+            ceremony.state,
             &[DiscoverableKey::from(&passkey)],
         ) else {
             let address = origin.ip.to_string();
@@ -1010,6 +1034,16 @@ impl Accounts {
             }
             return Err(refused);
         };
+        self.factor_guess_taken_back(&guess).await;
+        // One sign-in per ceremony: the first right assertion claims it.
+        let hash = sha256(ceremony_token.as_bytes());
+        if !self
+            .store
+            .claim_challenge(&hash, "passkey_login", now, ceremony.expires_at)
+            .await?
+        {
+            return Err(AuthError::InvalidToken);
+        }
         self.passkey_used(&f, &result, now).await?;
         let user = self.store.user_by_id(&f.user_id).await?.ok_or(refused)?;
         if user.email_verified_at.is_none() {
@@ -1018,6 +1052,22 @@ impl Accounts {
         let amr = format!("{PASSKEY_METHOD} mfa");
         self.start_session(&user, None, origin, Authn::new(&amr, now), true)
             .await
+    }
+
+    /// The state of a passwordless login's ceremony from its token, if the
+    /// token is one this service sealed and has not expired.
+    fn open_login_ceremony(&self, token: &str, now: i64) -> Result<LoginCeremony, AuthError> {
+        let sealed = b64url_decode(token).ok_or(AuthError::InvalidToken)?;
+        let bytes = self
+            .mfa
+            .sealer
+            .open(&sealed, LOGIN_CEREMONY_AAD)
+            .ok_or(AuthError::InvalidToken)?;
+        let ceremony: LoginCeremony = serde_json::from_slice(&bytes).map_err(|_| AuthError::InvalidToken)?;
+        if ceremony.expires_at <= now {
+            return Err(AuthError::InvalidToken);
+        }
+        Ok(ceremony)
     }
 
     /// An administrator's reset of an account's factors (a user who lost
