@@ -21,7 +21,7 @@ use crate::cache::{Revocations, UserCache};
 use crate::clock::now_ms;
 pub use crate::clock::{parse_rfc3339, rfc3339};
 use crate::crypto::{ct_eq, random_bytes, random_code, sha256, MacKey, Sealer};
-use crate::limits::{BruteForce, BruteForceRules, Limiter, PolicyName, Softlocks};
+use crate::limits::{Attempt, BruteForce, BruteForceRules, Limiter, PolicyName, Softlocks};
 use crate::mail::Message;
 use crate::settings::{secs, ConfigError, Source};
 use crate::store::{
@@ -518,13 +518,7 @@ impl Accounts {
     ) -> Result<Arc<UserRecord>, AuthError> {
         let client = self.limiter.ip_key(ip);
         let (account, client) = (email.as_str(), client.as_str());
-        let attempt =
-            self.brute_force
-                .begin(account, client)
-                .await
-                .map_err(|retry| AuthError::TooManyAttempts {
-                    retry_after: Some(retry),
-                })?;
+        let attempt = self.begin_attempt(account, client).await?;
         // The per-account limit comes after the brute-force rules admitted
         // the attempt, so that attempts they refuse cannot drain it, and an
         // address the account logged in from does not spend it.
@@ -544,16 +538,33 @@ impl Accounts {
                 // The same records (and work) whether or not the account
                 // exists: only the user id differs, and only admins see it.
                 let id = user.as_ref().map(|u| u.id.as_str());
-                self.login_failed(id, ip, "invalid_credentials").await;
-                if attempt.locks() {
-                    self.login_failed(id, ip, "locked_for_address").await;
-                }
+                self.attempt_failed(id, ip, "invalid_credentials", &attempt).await;
                 Err(AuthError::InvalidCredentials)
             }
             Err(e) => {
                 self.brute_force.abandon(account, client, attempt).await;
                 Err(e)
             }
+        }
+    }
+
+    /// Admits a password attempt of `account` from `client` under the
+    /// brute-force rules, counted as a failure until it proves otherwise.
+    async fn begin_attempt(&self, account: &str, client: &str) -> Result<Attempt, AuthError> {
+        self.brute_force
+            .begin(account, client)
+            .await
+            .map_err(|retry| AuthError::TooManyAttempts {
+                retry_after: Some(retry),
+            })
+    }
+
+    /// Records a wrong password (`reason`), and the lock it set for the
+    /// address if it did.
+    async fn attempt_failed(&self, user_id: Option<&str>, ip: IpAddr, reason: &str, attempt: &Attempt) {
+        self.login_failed(user_id, ip, reason).await;
+        if attempt.locks() {
+            self.login_failed(user_id, ip, "locked_for_address").await;
         }
     }
 
@@ -965,24 +976,19 @@ impl Accounts {
         let Some(user) = self.store.user_by_id(&token.claims.sub).await? else {
             return Err(AuthError::InvalidToken);
         };
+        // No password given: right only for an account that has none (a
+        // missing one proves nothing, as a wrong one; it guesses nothing
+        // either, so it is not counted).
         let Some(current) = current else {
             return if user.password_hash == UNUSABLE_PASSWORD {
                 Ok(user)
             } else {
-                Err(AuthError::BadRequest(
-                    "current_password: required (the account has a password)".into(),
-                ))
+                Err(AuthError::InvalidCredentials)
             };
         };
         let client = self.limiter.ip_key(ip);
         let (account, client) = (user.email.as_str(), client.as_str());
-        let attempt =
-            self.brute_force
-                .begin(account, client)
-                .await
-                .map_err(|retry| AuthError::TooManyAttempts {
-                    retry_after: Some(retry),
-                })?;
+        let attempt = self.begin_attempt(account, client).await?;
         let ok = if user.password_hash == UNUSABLE_PASSWORD {
             self.dummy_verify(&current).await.map(|()| false)
         } else {
@@ -997,10 +1003,8 @@ impl Accounts {
                 Ok(user)
             }
             Ok(false) => {
-                self.login_failed(Some(&user.id), ip, "current_password").await;
-                if attempt.locks() {
-                    self.login_failed(Some(&user.id), ip, "locked_for_address").await;
-                }
+                self.attempt_failed(Some(&user.id), ip, "current_password", &attempt)
+                    .await;
                 Err(AuthError::InvalidCredentials)
             }
             Err(e) => {

@@ -279,8 +279,8 @@ async fn a_registration_racing_the_owners_activates_no_password(app: &TestApp) {
     assert_eq!(app.login(&email, "the owner's password").await.status(), 200);
     let r = set(json!({"new_password": "a second go at it"})).await;
     assert_eq!(
-        answer(r).await.0,
-        400,
+        answer(r).await,
+        (401, "INVALID_CREDENTIALS".into()),
         "once a password is set, changing it needs the current one"
     );
     assert_eq!(app.login(&email, "the owner's password").await.status(), 200);
@@ -311,7 +311,7 @@ async fn a_session_cannot_change_a_password_without_the_current_one(app: &TestAp
         .send()
         .await
         .unwrap();
-    assert_eq!(answer(r).await.0, 400);
+    assert_eq!(answer(r).await, (401, "INVALID_CREDENTIALS".into()));
     assert_eq!(app.login(&email, PASSWORD).await.status(), 200);
     assert_eq!(app.login(&email, "a stolen session's choice").await.status(), 401);
 }

@@ -7,41 +7,14 @@
 // usage: node express/upstream.js LOG   (prints "READY <port>"; one JSON
 // line per request, as lenient_upstream.js writes them, is appended to LOG)
 'use strict';
-const fs = require('fs');
 const express = require('express');
-
-const META = new Set([
-  'script-name', 'path-info', 'remote-user', 'remote-addr', 'auth-type', 'request-uri',
-  'server-name', 'x-script-name', 'x-scheme', 'remote-groups', 'x-remote-user',
-  'x-remote-addr', 'x-originating-ip', 'x-envoy-original-path', 'x-original-method',
-  'x-webauth-user', 'x-ssl-client-cert',
-]);
+const { record } = require('../record');
 
 const log = process.argv[2];
 
 function answer(handler) {
   return (req, res) => {
-    const identity = {};
-    const forwarding = {};
-    const meta = {};
-    for (const [k, v] of Object.entries(req.headers)) {
-      const name = k.replace(/[^a-z0-9]/g, '-');
-      if (name.startsWith('x-auth-')) {
-        identity[name] = String(v);
-      } else if (name.startsWith('x-forwarded') ||
-                 ['forwarded', 'x-real-ip', 'x-original-url', 'x-rewrite-url', 'x-http-method-override'].includes(name)) {
-        forwarding[name] = String(v);
-      } else if (META.has(name)) {
-        meta[name] = String(v);
-      }
-    }
-    let body = 0;
-    req.on('data', (c) => { body += c.length; });
-    req.on('end', () => {
-      const line = JSON.stringify({
-        stack: 'express', handler, method: req.method, path: req.originalUrl, identity, forwarding, meta, body,
-      });
-      fs.appendFileSync(log, line + '\n');
+    record(log, req, 'express', handler, req.originalUrl, (line) => {
       res.type('application/json').send(line);
     });
   };
