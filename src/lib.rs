@@ -27,6 +27,7 @@ pub mod http;
 pub mod lifecycle;
 pub mod limits;
 pub mod mail;
+pub mod server;
 pub mod settings;
 pub mod store;
 pub mod telemetry;

@@ -17,9 +17,9 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::net::TcpListener;
 
-use crate::http::connections::{serve, Connections};
 use crate::lifecycle::{drain, Tasks, Trigger};
 use crate::mail::{MailSink, OutboxWorker};
+use crate::server::connections::{serve, Connections};
 use config::Config;
 
 /// Bound listeners (the public one, and the operators' one for `/metrics`)

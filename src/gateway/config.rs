@@ -16,8 +16,8 @@ use std::time::Duration;
 use axum::http::{HeaderName, Uri};
 
 use crate::cache::RedisConfig;
-use crate::http::connections::ConnectionSettings;
 use crate::limits::{Fallback, Policy};
+use crate::server::connections::ConnectionSettings;
 use crate::settings::{ip, socket_addr, ConfigError, Source};
 use crate::telemetry::LogSettings;
 

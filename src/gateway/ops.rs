@@ -18,7 +18,7 @@ use crate::lifecycle::{answers, Every, Readiness, Shutdown, Ticks};
 
 pub(super) fn ops_routes() -> Router<Arc<Worker>> {
     Router::new()
-        .route("/health/live", get(crate::http::ops::live))
+        .route("/health/live", get(crate::server::health::live))
         .route("/health/ready", get(ready))
         .route("/metrics", get(metrics))
 }

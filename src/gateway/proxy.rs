@@ -43,9 +43,8 @@ use super::routes::{upstream_path_and_query, Route, RouteTable};
 use super::{body, path};
 use super::{GatewayState, Worker};
 use crate::domain::tokens::{bearer_token, Verified};
-use crate::http::error::{error_response, invalid_token, rate_limited};
-use crate::http::extract::client_ip;
-use crate::http::extract::ProxyHeader;
+use crate::server::answers::{error_response, invalid_token, rate_limited};
+use crate::server::client_address::{client_ip, ProxyHeader};
 
 const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");

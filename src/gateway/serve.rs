@@ -19,9 +19,9 @@ use super::ops::ops_routes;
 use super::proxy;
 use super::state::GatewayState;
 use crate::cache::RedisHandle;
-use crate::http::connections::{self, Connections};
 use crate::lifecycle::Shutdown;
 use crate::limits::Limiter;
+use crate::server::connections::{self, Connections};
 
 type UpstreamClient = Client<HttpConnector, Body>;
 

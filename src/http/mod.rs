@@ -6,7 +6,7 @@
 
 pub mod accounts;
 pub mod admin;
-pub mod connections;
+
 pub mod error;
 pub mod extract;
 pub mod mfa;

@@ -8,15 +8,7 @@ use utoipa::OpenApi;
 
 use super::AppState;
 
-#[utoipa::path(get, path = "/health/live", tag = "operations",
-    responses((status = 200, description = "{\"status\":\"ok\"} while the process serves")))]
-pub async fn live() -> Response {
-    (
-        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
-        "{\"status\":\"ok\"}",
-    )
-        .into_response()
-}
+pub use crate::server::health::{__path_live, live};
 
 #[utoipa::path(get, path = "/health/ready", tag = "operations",
     responses((status = 200, description = "The database (and Redis, if configured) answer"),

@@ -4,8 +4,8 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use super::connections::ConnectionSettings;
 use super::extract::ProxyHeader;
+use crate::server::connections::ConnectionSettings;
 use crate::settings::{ip, millis, number, socket_addr, ConfigError, Source};
 
 #[derive(Clone, Debug)]

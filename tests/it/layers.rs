@@ -125,21 +125,7 @@ fn every_module_imports_only_from_the_layers_below_it() {
         }
     }
     let src = Path::new(ROOT).join("src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
-    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for file in &files {
-        let Some(module) = module_of(&src, file) else {
-            continue;
-        };
-        let code = without_comments(&std::fs::read_to_string(file).unwrap());
-        graph.entry(module.clone()).or_default().extend(
-            imports(&code)
-                .into_iter()
-                .filter(|m| *m != module)
-                .map(|m| format!("{m} ({})", file.strip_prefix(ROOT).unwrap().display())),
-        );
-    }
+    let graph = import_graph(&src);
     let mut wrong = Vec::new();
     for (module, uses) in &graph {
         let Some(&mine) = layer_of.get(module) else {
@@ -168,6 +154,42 @@ fn every_module_imports_only_from_the_layers_below_it() {
         }
     }
     assert!(wrong.is_empty(), "the layers are broken:\n{}", wrong.join("\n"));
+}
+
+/// Each top-level module of `src/` and what it imports: `"name (file)"`.
+fn import_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in &files {
+        let Some(module) = module_of(src, file) else {
+            continue;
+        };
+        let code = without_comments(&std::fs::read_to_string(file).unwrap());
+        graph.entry(module.clone()).or_default().extend(
+            imports(&code)
+                .into_iter()
+                .filter(|m| *m != module)
+                .map(|m| format!("{m} ({})", file.strip_prefix(ROOT).unwrap().display())),
+        );
+    }
+    graph
+}
+
+/// The gateway is a program of its own over the shared server layer: it
+/// never leans on the service's HTTP edge (its extractors, its error
+/// mapping, its handlers), which the layers alone would allow.
+#[test]
+fn the_gateway_imports_nothing_from_the_services_http_edge() {
+    let graph = import_graph(&Path::new(ROOT).join("src"));
+    let leaning: Vec<&String> = graph["gateway"]
+        .iter()
+        .filter(|used| used.split(' ').next() == Some("http"))
+        .collect();
+    assert!(
+        leaning.is_empty(),
+        "the gateway imports the service's edge: {leaning:?}"
+    );
 }
 
 #[test]
