@@ -39,13 +39,6 @@ use crate::store::Store;
 /// changes and heartbeats, under the key prefix.
 const SET: &str = "{revocations}";
 const CHANNEL: &str = "{revocations}:events";
-/// The names before Redis Cluster support. On one Redis server (never on a
-/// cluster, which that version could not use) revocations and user changes
-/// are also written and heard there, so that instances of either version
-/// hear each other during a rolling upgrade. To be dropped in a later
-/// release.
-const LEGACY_SET: &str = "revoked";
-const LEGACY_CHANNEL: &str = "events";
 /// A listener publishes a heartbeat this often and trusts its subscription
 /// while its own heartbeats come back within `HEARD_WITHIN_MS`.
 const HEARTBEAT: Duration = Duration::from_millis(250);
@@ -175,12 +168,10 @@ impl Revocations {
         metrics::counter!("latchkey_revocations_total").increment(session_ids.len() as u64);
         if let Some(r) = &self.redis {
             let mut pipe = redis::pipe();
-            for (set, channel) in names(r) {
-                let (zset, channel) = (r.key(set), r.key(channel));
-                for sid in session_ids {
-                    pipe.zadd(&zset, sid, forget_at).ignore();
-                    pipe.publish(&channel, format!("s:{sid}")).ignore();
-                }
+            let (zset, channel) = (r.key(SET), r.key(CHANNEL));
+            for sid in session_ids {
+                pipe.zadd(&zset, sid, forget_at).ignore();
+                pipe.publish(&channel, format!("s:{sid}")).ignore();
             }
             if let Err(e) = r
                 .run(
@@ -216,9 +207,7 @@ impl Revocations {
         self.tell_user_listeners(email);
         if let Some(r) = &self.redis {
             let mut pipe = redis::pipe();
-            for (_, channel) in names(r) {
-                pipe.publish(r.key(channel), format!("u:{email}")).ignore();
-            }
+            pipe.publish(r.key(CHANNEL), format!("u:{email}")).ignore();
             if let Err(e) = r
                 .run(
                     "publish",
@@ -262,10 +251,7 @@ impl Revocations {
     }
 
     async fn resync_from_redis(&self, r: &RedisHandle) -> Result<(), super::redis::RedisFailure> {
-        for (set, _) in names(r) {
-            self.resync_set(r, r.key(set)).await?;
-        }
-        Ok(())
+        self.resync_set(r, r.key(SET)).await
     }
 
     async fn resync_set(&self, r: &RedisHandle, zset: String) -> Result<(), super::redis::RedisFailure> {
@@ -304,7 +290,7 @@ impl Revocations {
         let Some(r) = self.redis.clone() else {
             return;
         };
-        let channels: Vec<String> = names(&r).iter().map(|(_, c)| r.key(c)).collect();
+        let channels = [r.key(CHANNEL)];
         let heartbeat = format!("h:{}", self.instance);
         let mut backoff = Duration::from_millis(100);
         let mut attempt = 0;
@@ -396,14 +382,4 @@ impl Revocations {
 pub struct PolledRevocations {
     /// (session id, revoked at, ms).
     pub revoked: Vec<(String, i64)>,
-}
-
-/// The (sorted set, channel) pairs written and heard: the current names,
-/// and on one Redis server the names of the previous version too.
-fn names(r: &RedisHandle) -> &'static [(&'static str, &'static str)] {
-    if r.is_cluster() {
-        &[(SET, CHANNEL)]
-    } else {
-        &[(SET, CHANNEL), (LEGACY_SET, LEGACY_CHANNEL)]
-    }
 }

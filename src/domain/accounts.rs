@@ -759,11 +759,12 @@ impl Accounts {
             // only at /oauth/token with that client's authentication. The
             // tag names the client too, so a token presented by another
             // client takes the lookup below and spends no limit.
-            Some(session_id) => {
+            Some(session) => {
+                let session_id = session.to_string();
                 self.limiter
                     .check(PolicyName::RefreshSession, &session_id)
                     .await?;
-                let next = self.refresh_tokens.mint(&session_id, client_id);
+                let next = self.refresh_tokens.mint(&session, client_id);
                 let successor = Sealer::from_token(token, "successor").seal(next.as_bytes(), &hash);
                 let asked = LiveRotation {
                     old: hash,
@@ -784,27 +785,14 @@ impl Accounts {
                 }
                 rec
             }
-            // A token of another form (issued before tokens named their
-            // session): the lookup tells its session.
-            None => {
-                let Some(rec) = self.store.refresh_token(&hash).await? else {
-                    return Err(AuthError::InvalidToken);
-                };
-                if rec.client_id.as_deref() != client_id {
-                    return Err(AuthError::InvalidToken);
-                }
-                self.limiter
-                    .check(PolicyName::RefreshSession, &rec.session_id)
-                    .await?;
-                rec
-            }
+            // Not a token this service minted for this client.
+            None => return Err(AuthError::InvalidToken),
         };
         let mut decision = refresh::decide(state(&rec), now, grace);
         let mut rec = rec;
         if decision == RefreshDecision::Rotate {
-            let next = self
-                .refresh_tokens
-                .mint(&rec.session_id, rec.client_id.as_deref());
+            let session = uuid::Uuid::parse_str(&rec.session_id).map_err(|_| AuthError::InvalidToken)?;
+            let next = self.refresh_tokens.mint(&session, rec.client_id.as_deref());
             let successor = Sealer::from_token(token, "successor").seal(next.as_bytes(), &hash);
             if self
                 .store
@@ -1104,8 +1092,9 @@ impl Accounts {
         authn: Authn,
         second_factor: bool,
     ) -> (SessionDraft, String) {
-        let id = uuid::Uuid::new_v4().to_string();
-        let token = self.refresh_tokens.mint(&id, client_id);
+        let session = uuid::Uuid::new_v4();
+        let token = self.refresh_tokens.mint(&session, client_id);
+        let id = session.to_string();
         let now = now_ms();
         let draft = SessionDraft {
             id,

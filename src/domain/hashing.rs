@@ -89,12 +89,7 @@ impl HashSettings {
             threads: src.get("hash_threads", cores, number(1, 256))?,
             ordinary_threads: src.get("hash_ordinary_threads", 0, number(0, 256))?,
             queue: src.get("hash_queue", 1024, number(0, 100_000))?,
-            // `hash_budget_ms`, its name before it became an objective, is still read.
-            objective: src.get(
-                "hash_latency_objective_ms",
-                src.get("hash_budget_ms", DEFAULT_OBJECTIVE, millis(1, 60_000))?,
-                millis(1, 60_000),
-            )?,
+            objective: src.get("hash_latency_objective_ms", DEFAULT_OBJECTIVE, millis(1, 60_000))?,
         })
     }
 }

@@ -14,7 +14,7 @@
 //! is checked before the database is asked anything, and the lookup and the
 //! rotation can be one statement.
 
-use crate::crypto::{b64url, b64url_decode, ct_eq, random_bytes, random_token, MacKey};
+use crate::crypto::{b64url, b64url_decode, ct_eq, random_bytes, MacKey};
 
 #[derive(Clone, Copy, Debug)]
 pub struct RefreshState {
@@ -73,8 +73,7 @@ pub fn decide(s: RefreshState, now: i64, grace_ms: i64) -> RefreshDecision {
 /// session id (an access token's `sid`) nor a real token presented where
 /// its client does not refresh (an OAuth client's at `/auth/refresh`) can
 /// spend that session's refresh limit: both are refused as unknown tokens
-/// are. Tokens of another form (issued before this form, or for a session
-/// whose id is not a UUID) still refresh, through a lookup first.
+/// are. Every session id is a UUID; no token of another form refreshes.
 #[derive(Clone)]
 pub struct RefreshTokens {
     key: MacKey,
@@ -100,10 +99,8 @@ impl RefreshTokens {
     }
 
     /// A new refresh token of session `session_id` of client `client_id`.
-    pub fn mint(&self, session_id: &str, client_id: Option<&str>) -> String {
-        let Some(sid) = uuid_bytes(session_id) else {
-            return random_token();
-        };
+    pub fn mint(&self, session_id: &uuid::Uuid, client_id: Option<&str>) -> String {
+        let sid = *session_id.as_bytes();
         let random = random_bytes::<RANDOM>();
         let mut raw = [0u8; SID + RANDOM + TAG];
         raw[..SID].copy_from_slice(&sid);
@@ -114,7 +111,7 @@ impl RefreshTokens {
 
     /// The session a token of this service's form names, if its tag checks
     /// out for `client_id`; `None` for any other string.
-    pub fn session_of(&self, token: &str, client_id: Option<&str>) -> Option<String> {
+    pub fn session_of(&self, token: &str, client_id: Option<&str>) -> Option<uuid::Uuid> {
         if token.len() != 86 {
             return None;
         }
@@ -127,20 +124,14 @@ impl RefreshTokens {
         if !ct_eq(&self.tag(sid, client_id, random), tag) {
             return None;
         }
-        Some(uuid::Uuid::from_slice(sid).ok()?.to_string())
+        uuid::Uuid::from_slice(sid).ok()
     }
-}
-
-/// The 16 bytes of a session id written as `Uuid::to_string` writes them
-/// (only then does the id read back the same).
-fn uuid_bytes(id: &str) -> Option<[u8; 16]> {
-    let u = uuid::Uuid::parse_str(id).ok()?;
-    (u.to_string() == id).then(|| *u.as_bytes())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::crypto::random_token;
 
     #[test]
     fn exhaustive() {
@@ -193,19 +184,19 @@ mod tests {
     #[test]
     fn a_token_names_its_session_and_nothing_else_passes() {
         let t = tokens();
-        let sid = uuid::Uuid::new_v4().to_string();
+        let sid = uuid::Uuid::new_v4();
         let token = t.mint(&sid, None);
         assert_eq!(token.len(), 86);
-        assert_eq!(t.session_of(&token, None).as_deref(), Some(sid.as_str()));
+        assert_eq!(t.session_of(&token, None), Some(sid));
         assert_ne!(t.mint(&sid, None), token, "the random part differs");
-        // Another key, another client, any changed byte, a legacy token,
+        // Another key, another client, any changed byte, a random token,
         // garbage: no session.
         let other = RefreshTokens::new(MacKey::new(b"another key of thirty-two bytes!"));
         assert_eq!(other.session_of(&token, None), None);
         assert_eq!(t.session_of(&token, Some("")), None);
         assert_eq!(t.session_of(&token, Some("app")), None);
         let of_app = t.mint(&sid, Some("app"));
-        assert_eq!(t.session_of(&of_app, Some("app")).as_deref(), Some(sid.as_str()));
+        assert_eq!(t.session_of(&of_app, Some("app")), Some(sid));
         assert_eq!(t.session_of(&of_app, None), None);
         assert_eq!(t.session_of(&of_app, Some("ap")), None);
         let raw = b64url_decode(&token).unwrap();
@@ -216,17 +207,6 @@ mod tests {
         }
         for s in [random_token(), String::new(), "x".repeat(86), format!("{token}=")] {
             assert_eq!(t.session_of(&s, None), None, "{s}");
-        }
-    }
-
-    #[test]
-    fn a_session_id_that_is_not_a_canonical_uuid_gets_a_random_token() {
-        let t = tokens();
-        let upper = uuid::Uuid::new_v4().to_string().to_uppercase();
-        for id in ["not-a-uuid", upper.as_str()] {
-            let token = t.mint(id, None);
-            assert_eq!(token.len(), 43, "{id}");
-            assert_eq!(t.session_of(&token, None), None, "{id}");
         }
     }
 }

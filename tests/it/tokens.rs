@@ -363,42 +363,6 @@ async fn pyjwt_verify(jwks_url: String, token: String) -> std::process::Output {
     .unwrap()
 }
 
-/// A rolling upgrade on one Redis server: an instance of the previous
-/// version publishes revocations on `<prefix>events`; this one hears them.
-#[sqlx::test(migrations = false)]
-async fn a_revocation_published_under_the_previous_names_is_heard(
-    _: sqlx::postgres::PgPoolOptions,
-    opts: sqlx::postgres::PgConnectOptions,
-) {
-    let app = TestApp::postgres(opts, &[]).await;
-    let email = unique_email("legacy");
-    app.register_verified(&email, PASSWORD).await;
-    let pair: Value = app.login(&email, PASSWORD).await.json().await.unwrap();
-    let at = pair["access_token"].as_str().unwrap();
-    assert_eq!(app.validate(at).await, 200);
-    let sid = parts(at).1["sid"].as_str().unwrap().to_string();
-    let prefix = app
-        .settings
-        .iter()
-        .find(|(k, _)| k == "redis_key_prefix")
-        .map(|(_, v)| v.clone())
-        .unwrap();
-    let client = redis::Client::open(crate::common::redis_url()).unwrap();
-    let mut c = client.get_multiplexed_async_connection().await.unwrap();
-    let _: () = redis::cmd("PUBLISH")
-        .arg(format!("{prefix}events"))
-        .arg(format!("s:{sid}"))
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    let start = Instant::now();
-    while app.validate(at).await != 401 {
-        assert!(start.elapsed() < Duration::from_secs(1), "not heard");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    app.stop().await;
-}
-
 /// Redis frozen or gone: the subscription falls silent (its heartbeats stop
 /// coming back), and each instance reloads revocations from the database
 /// every half second instead of every 5 s.
