@@ -145,6 +145,9 @@ pub struct ServerKeys {
     pub signing_keys: Sealer,
     /// Sealing of TOTP secrets at rest.
     pub factors: Sealer,
+    /// Sealing of the state of a passwordless sign-in's ceremony into its
+    /// token (anyone may ask for one: a key of its own).
+    pub ceremonies: Sealer,
     /// The tag of the session id a refresh token carries.
     pub refresh_tokens: MacKey,
     /// A value that names the master secret without revealing it: stored in
@@ -160,6 +163,7 @@ impl ServerKeys {
             outbox: Sealer::new(&root.mac(&[b"latchkey/outbox/v1"])),
             signing_keys: Sealer::new(&root.mac(&[b"latchkey/signing-keys/v1"])),
             factors: Sealer::new(&root.mac(&[b"latchkey/factors/v1"])),
+            ceremonies: Sealer::new(&root.mac(&[b"latchkey/passkey-ceremony/v1"])),
             refresh_tokens: MacKey::new(&root.mac(&[b"latchkey/refresh-tokens/v1"])),
             secret_check: root.mac(&[b"latchkey/secret-check/v1"]),
         }

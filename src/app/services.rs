@@ -67,6 +67,7 @@ impl Services {
             outbox,
             signing_keys,
             factors,
+            ceremonies,
             refresh_tokens,
             secret_check,
         } = ServerKeys::derive(&master);
@@ -120,7 +121,7 @@ impl Services {
             refresh_grace: config.accounts.refresh_grace,
             refresh_tokens: RefreshTokens::new(refresh_tokens),
             webhook_allow_private: config.webhooks.allow_private,
-            mfa: Mfa::new(config.mfa.clone(), factors)?,
+            mfa: Mfa::new(config.mfa.clone(), factors, ceremonies)?,
         });
         let ops = Arc::new(Operations {
             store: store.clone(),

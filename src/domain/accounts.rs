@@ -921,7 +921,9 @@ impl Accounts {
         requested: Option<&str>,
     ) -> Result<ClientToken, AuthError> {
         let scope = super::clients::granted_scope(client, requested).ok_or(AuthError::InvalidScope)?;
-        let access_token = self.tokens.issue_for_client(&client.id, &scope)?;
+        let access_token = self
+            .tokens
+            .issue_for_client(&client.id, client.created_at, &scope)?;
         Ok(ClientToken {
             access_token,
             token_type: "Bearer",

@@ -7,7 +7,7 @@ use crate::crypto::{ct_eq, random_token, sha256};
 pub use crate::store::ClientRecord;
 use crate::store::Store;
 
-use super::tokens::CLIENT_SID_PREFIX;
+use super::tokens::client_sid;
 use super::AuthError;
 
 /// The scope of the admin API (`/admin/*`).
@@ -27,8 +27,11 @@ fn valid_scope(s: &str) -> bool {
 /// Redis at once, and through the database's `revoked_sids` for instances
 /// that cannot hear this process). `false`: no such client.
 pub async fn remove(store: &Store, revocations: &Revocations, id: &str) -> anyhow::Result<bool> {
-    let client_sid = format!("{CLIENT_SID_PREFIX}{id}");
-    match store.remove_client(id, &client_sid, now_ms()).await? {
+    let Some(client) = store.client(id).await? else {
+        return Ok(false);
+    };
+    let sid = client_sid(id, client.created_at);
+    match store.remove_client(id, client.created_at, &sid, now_ms()).await? {
         Some(sids) => {
             revocations.revoke(&sids).await;
             Ok(true)

@@ -114,7 +114,7 @@ pub struct HashPool {
     /// Threads hashes of other systems may hold at once.
     foreign_lane: Arc<Semaphore>,
     /// Accounts whose hash of another system is being verified.
-    foreign_accounts: Mutex<HashSet<String>>,
+    foreign_accounts: Arc<Mutex<HashSet<String>>>,
 }
 
 impl HashPool {
@@ -153,7 +153,7 @@ impl HashPool {
             )),
             argon2: Arc::new(Passwords::new(cfg)?),
             foreign_lane: Arc::new(Semaphore::new((threads / 2).max(1))),
-            foreign_accounts: Mutex::new(HashSet::new()),
+            foreign_accounts: Arc::new(Mutex::new(HashSet::new())),
         })
     }
 
@@ -162,7 +162,7 @@ impl HashPool {
     /// in its lane (see the module notes).
     pub async fn verify(&self, account: &str, password: &Password, phc: &str) -> Result<bool, Overloaded> {
         let (pw, phc) = (password.clone(), phc.to_string());
-        if !self.argon2.needs_rehash(&phc) {
+        if self.argon2.costs_no_more_than_own(&phc) {
             return self.run("verify", move |p| p.verify(pw.expose(), &phc)).await;
         }
         let span = tracing::debug_span!(
@@ -173,17 +173,23 @@ impl HashPool {
             shed = Empty
         );
         async {
-            let Some(_turn) = ForeignTurn::take(&self.foreign_accounts, account) else {
+            let Some(turn) = ForeignTurn::take(&self.foreign_accounts, account) else {
                 return Err(self.refuse("account_busy").await);
             };
             let objective = self.admission().objective();
-            let Ok(Ok(_lane)) =
+            let Ok(Ok(lane)) =
                 tokio::time::timeout(objective, self.foreign_lane.clone().acquire_owned()).await
             else {
                 return Err(self.refuse("foreign_lane").await);
             };
-            self.admit_and_run(false, move |p| p.verify(pw.expose(), &phc))
-                .await
+            // The turn and the lane go with the job: they are held until the
+            // hash is done on its thread, not until the request is (a client
+            // that hangs up must not free them while the hash still runs).
+            self.admit_and_run(false, move |p| {
+                let _held = (turn, lane);
+                p.verify(pw.expose(), &phc)
+            })
+            .await
         }
         .instrument(span)
         .await
@@ -293,22 +299,22 @@ impl HashPool {
 
 /// An account's turn at verifying a hash of another system: at most one at
 /// a time per account, until dropped.
-struct ForeignTurn<'a> {
-    accounts: &'a Mutex<HashSet<String>>,
+struct ForeignTurn {
+    accounts: Arc<Mutex<HashSet<String>>>,
     account: String,
 }
 
-impl<'a> ForeignTurn<'a> {
-    fn take(accounts: &'a Mutex<HashSet<String>>, account: &str) -> Option<ForeignTurn<'a>> {
+impl ForeignTurn {
+    fn take(accounts: &Arc<Mutex<HashSet<String>>>, account: &str) -> Option<ForeignTurn> {
         let mut set = accounts.lock().unwrap_or_else(|e| e.into_inner());
         set.insert(account.to_string()).then(|| ForeignTurn {
-            accounts,
+            accounts: accounts.clone(),
             account: account.to_string(),
         })
     }
 }
 
-impl Drop for ForeignTurn<'_> {
+impl Drop for ForeignTurn {
     fn drop(&mut self) {
         self.accounts
             .lock()
@@ -495,7 +501,13 @@ impl Passwords {
         match Legacy::parse(phc) {
             Ok(Legacy::Argon2 { .. }) => self.try_verify(password, phc, false).unwrap_or(false),
             Ok(h) => h.verify(password),
-            Err(_) => false,
+            Err(why) => {
+                // Over the budget (stored before it existed), or no hash at
+                // all: the account can only reset its password. Said once per
+                // attempt, without the hash.
+                tracing::warn!(reason = %why, "a stored password hash cannot be verified");
+                false
+            }
         }
     }
 
@@ -538,6 +550,26 @@ impl Passwords {
         false
     }
 
+    /// Whether `phc` is an argon2 hash that costs no more to verify than
+    /// this service's own (its memory, and its memory times its passes, at
+    /// most ours): such a hash, the service's own made with earlier
+    /// parameters included, is verified like the service's own. Every other
+    /// hash goes to the lane of hashes of other systems ([`HashPool::verify`]).
+    pub fn costs_no_more_than_own(&self, phc: &str) -> bool {
+        let Ok(h) = PasswordHash::new(phc) else {
+            return false;
+        };
+        if Algorithm::try_from(h.algorithm).is_err() {
+            return false;
+        }
+        let Ok(p) = Params::try_from(&h) else {
+            return false;
+        };
+        let (m, t) = (u64::from(p.m_cost()), u64::from(p.t_cost()));
+        let (own_m, own_t) = (u64::from(self.params.m_cost()), u64::from(self.params.t_cost()));
+        m <= own_m && m * t <= own_m * own_t
+    }
+
     /// True if `phc` was made with other parameters or another algorithm.
     pub fn needs_rehash(&self, phc: &str) -> bool {
         let Ok(h) = PasswordHash::new(phc) else {
@@ -569,6 +601,42 @@ mod tests {
             ordinary_threads: 0,
             queue,
             objective: Duration::from_millis(objective_ms),
+        }
+    }
+
+    /// A hash of another system that takes a while (PBKDF2 at a million
+    /// iterations: some 150 ms here) and that no password matches.
+    const SLOW_FOREIGN: &str =
+        "$pbkdf2-sha256$i=1000000$c2FsdHNhbHQ$AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA";
+
+    /// A client that hangs up while its foreign hash runs frees neither the
+    /// lane nor its account's turn: both go with the job, until the hash is
+    /// done on its thread. (They were the request's, and every hang-up let
+    /// another foreign hash start: all the threads could be taken.)
+    #[tokio::test]
+    async fn a_foreign_hash_holds_its_lane_and_turn_until_it_is_done_not_until_its_request_is() {
+        let mut settings = pool_of(16, 5_000);
+        settings.threads = 2;
+        let pool = Arc::new(HashPool::new(&settings).unwrap());
+        let pw = Password::parse("password", "a wrong password").unwrap();
+        let p2 = pool.clone();
+        let request = tokio::spawn(async move { p2.verify("acct", &pw, SLOW_FOREIGN).await });
+        // Until the hash runs (its turn taken, the lane's one permit gone).
+        while pool.foreign_lane.available_permits() == 1 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        request.abort();
+        let _ = request.await;
+        let held = |pool: &HashPool| {
+            let turn = pool.foreign_accounts.lock().unwrap().contains("acct");
+            (turn, pool.foreign_lane.available_permits())
+        };
+        assert_eq!(held(&pool), (true, 0), "released with the request, not the hash");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while held(&pool) != (false, 1) {
+            assert!(Instant::now() < deadline, "never released");
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 

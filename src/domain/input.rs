@@ -140,29 +140,53 @@ impl fmt::Debug for Code {
 
 /// What [`parse_name`] accepts, as a pattern for the OpenAPI document
 /// (with at most 200 characters): none of [`refused_in_name`]'s characters.
-pub const NAME_PATTERN: &str =
-    r"^[^\x00-\x1f\x7f-\x9f\u061c\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]*$";
+pub const NAME_PATTERN: &str = concat!(
+    r"^[^\x00-\x1f\x7f-\x9f\xad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2",
+    r"\u115f\u1160\u17b4\u17b5\u180e\u200b\u200e\u200f\u2028-\u202e\u2060-\u206f\u3164",
+    r"\ufeff\uffa0\ufff0-\ufffb]*$"
+);
+
+/// Invisible characters beyond the controls: every format character (Cf)
+/// and line or paragraph separator (Zl, Zp) of the Basic Multilingual
+/// Plane, and its other default-ignorable code points (fillers such as
+/// U+3164, U+115F and U+034F), per Unicode 14's UnicodeData.txt and
+/// DerivedCoreProperties.txt. The zero-width joiner and non-joiner
+/// (U+200C, U+200D) are left out: Persian and the Indic scripts, and emoji
+/// sequences, need them.
+const INVISIBLE: [(char, char); 19] = [
+    ('\u{00AD}', '\u{00AD}'),
+    ('\u{034F}', '\u{034F}'),
+    ('\u{0600}', '\u{0605}'),
+    ('\u{061C}', '\u{061C}'),
+    ('\u{06DD}', '\u{06DD}'),
+    ('\u{070F}', '\u{070F}'),
+    ('\u{0890}', '\u{0891}'),
+    ('\u{08E2}', '\u{08E2}'),
+    ('\u{115F}', '\u{1160}'),
+    ('\u{17B4}', '\u{17B5}'),
+    ('\u{180E}', '\u{180E}'),
+    ('\u{200B}', '\u{200B}'),
+    ('\u{200E}', '\u{200F}'),
+    ('\u{2028}', '\u{202E}'),
+    ('\u{2060}', '\u{206F}'),
+    ('\u{3164}', '\u{3164}'),
+    ('\u{FEFF}', '\u{FEFF}'),
+    ('\u{FFA0}', '\u{FFA0}'),
+    ('\u{FFF0}', '\u{FFFB}'),
+];
 
 /// The characters no name may hold, display names and factor names alike:
-/// control characters, and the invisible and direction-changing ones with
-/// which a name could pass for another or reorder the text shown around it
-/// (the bidirectional marks, embeddings, overrides and isolates, the
-/// zero-width space, the word joiner and invisible operators, the byte
-/// order mark). The zero-width joiner and non-joiner stay: scripts such as
-/// Persian and the Indic ones, and emoji sequences, need them.
+/// control characters, and the invisible ones ([`INVISIBLE`]: format
+/// characters such as the bidirectional marks, embeddings, overrides and
+/// isolates, the zero-width space, the soft hyphen and the word joiner;
+/// line and paragraph separators; fillers), with which a name could pass
+/// for another or reorder the text shown around it. The OpenAPI document's
+/// pattern states the same rule ([`NAME_PATTERN`]). Not beyond the Basic
+/// Multilingual Plane: the tag characters (U+E0000 to U+E007F) pass, since
+/// a JSON Schema pattern cannot name them portably and the document must
+/// say what the service does (docs/security.md, 3.16).
 pub fn refused_in_name(c: char) -> bool {
-    c.is_control()
-        || matches!(
-            c,
-            '\u{061C}'
-                | '\u{200B}'
-                | '\u{200E}'
-                | '\u{200F}'
-                | '\u{202A}'..='\u{202E}'
-                | '\u{2060}'..='\u{2064}'
-                | '\u{2066}'..='\u{2069}'
-                | '\u{FEFF}'
-        )
+    c.is_control() || INVISIBLE.iter().any(|&(a, b)| (a..=b).contains(&c))
 }
 
 /// An optional display name: at most 200 characters, none that
@@ -293,6 +317,10 @@ mod tests {
             "x\u{2066}y\u{2069}",
             "a\u{200F}",
             "\u{061C}z",
+            "ad\u{00AD}min",
+            "a\u{2028}b",
+            "\u{3164}",
+            "x\u{FFF9}",
         ] {
             assert!(parse_name("name", Some(bad)).is_err(), "{bad:?}");
         }

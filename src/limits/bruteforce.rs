@@ -585,7 +585,7 @@ impl BruteForce {
         }
     }
 
-    async fn is_known(&self, account: &str, client: &str) -> bool {
+    pub async fn is_known(&self, account: &str, client: &str) -> bool {
         let now = now_ms();
         if let Some(r) = &self.states.redis {
             let key = r.key(&Self::known_key(account));

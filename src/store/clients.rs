@@ -63,21 +63,23 @@ impl Store {
         Ok(rows.into_iter().map(client).collect())
     }
 
-    /// Removes a client and, in the same transaction, ends every session
-    /// it holds for users and revokes its own tokens' `sid` (`client_sid`,
-    /// kept in `revoked_sids` for the other instances' resync). Returns the
-    /// revoked sids (the sessions' and `client_sid`), or `None` when there
-    /// is no such client.
+    /// Removes the client `id` added at `created_at` and, in the same
+    /// transaction, ends every session it holds for users and revokes its
+    /// own tokens' `sid` (`client_sid`, kept in `revoked_sids` for the other
+    /// instances' resync). Returns the revoked sids (the sessions' and
+    /// `client_sid`), or `None` when there is no such client.
     pub async fn remove_client(
         &self,
         id: &str,
+        created_at: i64,
         client_sid: &str,
         now: i64,
     ) -> StoreResult<Option<Vec<String>>> {
         db_op!(self, "remove_client", conn => {
             let mut tx = conn.begin().await?;
-            let n = sqlx::query("DELETE FROM clients WHERE id = $1")
+            let n = sqlx::query("DELETE FROM clients WHERE id = $1 AND created_at = $2")
                 .bind(id)
+                .bind(created_at)
                 .execute(&mut *tx)
                 .await?
                 .rows_affected();

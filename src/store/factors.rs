@@ -503,7 +503,6 @@ impl Store {
         })
     }
 
-    /// Deletes a challenge; `true` for the one caller that did (single use).
     /// Stores a spent ceremony's token hash until it expires (a sealed
     /// ceremony that had no row): `false` when it was spent already.
     pub async fn claim_challenge(
@@ -527,6 +526,7 @@ impl Store {
         Ok(n == 1)
     }
 
+    /// Deletes a challenge; `true` for the one caller that did (single use).
     pub async fn consume_challenge(&self, token_hash: &[u8]) -> StoreResult<bool> {
         let n = db_op!(self, "consume_challenge", conn => Ok(sqlx::query(
             "DELETE FROM mfa_challenges WHERE token_hash = $1",

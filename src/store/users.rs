@@ -312,8 +312,12 @@ impl Store {
             .bind(now)
             .execute(&mut *tx)
             .await?;
-            sqlx::query("DELETE FROM codes WHERE email = $1")
+            // The codes of both addresses: the old one's are no longer the
+            // account's, and a code left at the new one (an earlier sign-up's,
+            // with its pending password) must not activate anything on it.
+            sqlx::query("DELETE FROM codes WHERE email = $1 OR email = $2")
                 .bind(&old)
+                .bind(new_email)
                 .execute(&mut *tx)
                 .await?;
             let ended = revoke_user_sessions!(tx, id, None, "email_changed", now);
@@ -518,15 +522,30 @@ impl Store {
     }
 
     /// Deletes accounts never verified whose last registration is older than
-    /// `before` (their sessions and codes go with them).
+    /// `before`, with their verification codes (their sessions go by cascade).
     pub async fn purge_unverified_users(&self, before: i64) -> StoreResult<u64> {
-        db_op!(self, "purge_unverified_users", conn => Ok(sqlx::query(
-            "DELETE FROM users WHERE email_verified_at IS NULL AND email_changed_at IS NULL AND updated_at < $1",
-        )
-        .bind(before)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected()))
+        db_op!(self, "purge_unverified_users", conn => {
+            let mut tx = conn.begin().await?;
+            // Their verification codes first (codes are keyed by email, with
+            // no reference to the account): a code left with its pending
+            // password would wait for the next account at that address.
+            sqlx::query(
+                "DELETE FROM codes WHERE purpose = 'verify_email' AND email IN (SELECT email FROM users \
+                 WHERE email_verified_at IS NULL AND email_changed_at IS NULL AND updated_at < $1)",
+            )
+            .bind(before)
+            .execute(&mut *tx)
+            .await?;
+            let n = sqlx::query(
+                "DELETE FROM users WHERE email_verified_at IS NULL AND email_changed_at IS NULL AND updated_at < $1",
+            )
+            .bind(before)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            tx.commit().await?;
+            Ok(n)
+        })
     }
 
     /// Emails of accounts changed at or after `since` (ms): the safety net
@@ -658,7 +677,13 @@ impl Store {
                 .await?
                 .rows_affected()
                     == 1;
+                // A code left at the address (an earlier sign-up's, with its
+                // pending password) must not activate anything on the
+                // account that is now the import's.
+                let drop_codes = sqlx::query("DELETE FROM codes WHERE email = $1 AND purpose = 'verify_email'")
+                    .bind(&u.email);
                 if created {
+                    drop_codes.execute(&mut *tx).await?;
                     let e = Event::new("user.imported", now).user(&u.id).actor(actor).reason("created");
                     record_event!(tx, &e);
                     outcomes.push(ImportOutcome::Created);
@@ -679,6 +704,7 @@ impl Store {
                 .bind(now)
                 .fetch_one(&mut *tx)
                 .await?;
+                drop_codes.execute(&mut *tx).await?;
                 ended.extend(revoke_user_sessions!(tx, &id.0, None, "imported", now));
                 let e = Event::new("user.imported", now).user(&id.0).actor(actor).reason("updated");
                 record_event!(tx, &e);

@@ -19,6 +19,7 @@ crate::on_every_backend!(
     a_new_email_must_be_verified_and_ends_every_session,
     a_registration_of_the_address_an_admin_gave_an_account_takes_nothing_over,
     a_registration_of_an_address_an_admin_created_unverified_takes_nothing_over,
+    a_code_left_by_a_purged_sign_up_activates_nothing_at_the_address,
     a_login_or_refresh_that_raced_a_disable_gets_no_session,
     a_refused_change_changes_nothing,
 );
@@ -657,6 +658,38 @@ async fn a_registration_of_the_address_an_admin_gave_an_account_takes_nothing_ov
         "a notice, not a code: {subject}"
     );
     let me = the_owner_keeps_the_account(app, &new).await;
+    assert_eq!(me["id"], id.as_str(), "{me}");
+}
+
+/// Somebody registers an address and never verifies; the unfinished
+/// sign-up is purged, but its code (keyed by the address, with the
+/// intruder's pending password) was left; an admin then moves an account
+/// to the address, and its owner verifies it with a fresh code. The left
+/// code's pending password must activate nothing: codes go with a purged
+/// sign-up, and an address an account is moved or imported to starts with
+/// none.
+async fn a_code_left_by_a_purged_sign_up_activates_nothing_at_the_address(app: &TestApp) {
+    let admin = admin_token(app).await;
+    let address = unique_email("purged-left");
+    intruder_registers(app, &address).await;
+    app.wait_for_mail(&address, 1).await;
+    // As the purge of unfinished sign-ups does it, a day later.
+    let later = latchkey::clock::now_ms() + 1;
+    app.services.store.purge_unverified_users(later).await.unwrap();
+    let old = unique_email("purged-old");
+    let pair = app.register_verified(&old, PASSWORD).await;
+    let id = user_id(app, &pair).await;
+    let r = call(
+        app,
+        reqwest::Method::PATCH,
+        &format!("/admin/users/{id}"),
+        Some(&admin),
+        Some(json!({"email": address})),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    app.wait_for_mail(&address, 2).await; // the code for the owner
+    let me = the_owner_keeps_the_account(app, &address).await;
     assert_eq!(me["id"], id.as_str(), "{me}");
 }
 

@@ -75,6 +75,26 @@ async fn a_client_removed_from_the_command_line_loses_its_tokens_at_once() {
         app.validate(first_party["access_token"].as_str().unwrap()).await,
         200
     );
+    // A client added again under the same id (a new secret, say) is another:
+    // its tokens are not the removed one's, and they pass.
+    let secret = latchkey::domain::clients::add(&app.services.store, id, None, &["svc:read".into()])
+        .await
+        .unwrap()
+        .unwrap();
+    let r = crate::oauth::form(
+        &app,
+        "/oauth/token",
+        Some((id, &secret)),
+        &[("grant_type", "client_credentials")],
+    )
+    .await;
+    let again: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(app.validate(again["access_token"].as_str().unwrap()).await, 200);
+    assert_eq!(
+        app.validate(&own).await,
+        401,
+        "the removed client's token stays refused"
+    );
     app.stop().await;
 }
 

@@ -127,15 +127,18 @@ pub struct Mfa {
     settings: MfaSettings,
     /// Seals TOTP secrets at rest (a key of its own from the master secret).
     sealer: Sealer,
+    /// Seals passwordless sign-ins' ceremonies into their tokens (another).
+    ceremonies: Sealer,
 }
 
 impl Mfa {
-    pub fn new(settings: MfaSettings, sealer: Sealer) -> anyhow::Result<Mfa> {
+    pub fn new(settings: MfaSettings, sealer: Sealer, ceremonies: Sealer) -> anyhow::Result<Mfa> {
         let webauthn = settings.relying_party().map_err(anyhow::Error::msg)?;
         Ok(Mfa {
             webauthn,
             settings,
             sealer,
+            ceremonies,
         })
     }
 }
@@ -292,6 +295,10 @@ struct LoginCeremony {
     expires_at: i64,
     state: DiscoverableAuthentication,
 }
+
+/// How much longer than its ceremony a spent one is remembered: instances
+/// whose clocks disagree by less cannot both take it for unspent.
+const CLAIM_MARGIN_MS: i64 = 5 * 60_000;
 
 /// The associated data of a sealed [`LoginCeremony`]: a token sealed for
 /// anything else does not open as one.
@@ -454,12 +461,19 @@ impl Accounts {
         let client = self.limiter.ip_key(origin.ip);
         let key = mfa_key(&user_id);
         // The address's wrong second factors over every account first, so
-        // that guesses it refuses spend none of the account's allowance.
-        let guess = self.factor_guess(origin.ip).await?;
+        // that guesses it refuses spend none of the account's allowance; not
+        // for an address the account passed its second factor from before
+        // (anyone with an account of their own can fill the address's count,
+        // and so hold up everybody behind the same NAT or proxy but those).
+        let guess = if self.brute_force.is_known(&key, client.as_str()).await {
+            None
+        } else {
+            Some(self.factor_guess(origin.ip).await?)
+        };
         let attempt = match self.brute_force.begin(&key, client.as_str()).await {
             Ok(a) => a,
             Err(retry) => {
-                self.factor_guess_taken_back(&guess).await;
+                self.factor_guess_taken_back(guess.as_deref()).await;
                 return Err(AuthError::TooManyAttempts {
                     retry_after: Some(retry),
                 });
@@ -486,12 +500,12 @@ impl Accounts {
             }
             Err(e) => {
                 self.brute_force.abandon(&key, client.as_str(), attempt).await;
-                self.factor_guess_taken_back(&guess).await;
+                self.factor_guess_taken_back(guess.as_deref()).await;
                 return Err(e);
             }
         };
         // A right factor was no guess.
-        self.factor_guess_taken_back(&guess).await;
+        self.factor_guess_taken_back(guess.as_deref()).await;
         // Single use: of two right answers, one session.
         if !self.store.consume_challenge(&hash).await? {
             return Err(AuthError::InvalidToken);
@@ -530,10 +544,12 @@ impl Accounts {
     }
 
     /// A factor that was right, or never judged: not a wrong guess.
-    async fn factor_guess_taken_back(&self, key: &str) {
-        self.code_guesses
-            .abandon(key, &BruteForceRules::CODE_GUESSES)
-            .await;
+    async fn factor_guess_taken_back(&self, key: Option<&str>) {
+        if let Some(key) = key {
+            self.code_guesses
+                .abandon(key, &BruteForceRules::CODE_GUESSES)
+                .await;
+        }
     }
 
     /// A login's live challenge of `purpose` under `token`, after the
@@ -984,17 +1000,19 @@ impl Accounts {
         };
         let bytes = serde_json::to_vec(&sealed).map_err(|e| AuthError::Internal(e.into()))?;
         Ok(Ceremony {
-            ceremony_token: b64url(&self.mfa.sealer.seal(&bytes, LOGIN_CEREMONY_AAD)),
+            ceremony_token: b64url(&self.mfa.ceremonies.seal(&bytes, LOGIN_CEREMONY_AAD)),
             options: options(&rcr)?,
             expires_in: (challenge::CEREMONY_TTL_MS / 1000) as u64,
         })
     }
 
     /// Finishes a passwordless login: a passkey its user let log in alone,
-    /// with user verification, of an enabled and verified account. A wrong
-    /// assertion counts as a wrong second factor of the client's address
-    /// ([`Self::factor_guess`]); a right one spends the ceremony (its token's
-    /// hash is stored until it expires), so that it signs in once.
+    /// with user verification, of an enabled and verified account. A right
+    /// assertion spends the ceremony (its token's hash is stored until a
+    /// while after it expires), so that it signs in once. Wrong assertions
+    /// are not counted per address: forging one is not a guess anyone can
+    /// make, and counting them would let anyone, with no account at all,
+    /// hold up the second factors of everybody behind an address.
     pub async fn finish_passkey_login(
         &self,
         origin: &Origin,
@@ -1006,7 +1024,6 @@ impl Accounts {
             .await?;
         let now = now_ms();
         let ceremony = self.open_login_ceremony(ceremony_token, now)?;
-        let guess = self.factor_guess(origin.ip).await?;
         let refused = AuthError::InvalidFactor { tries_left: 0 };
         let Ok((uid, cred_id)) = self.mfa.webauthn.identify_discoverable_authentication(credential) else {
             return Err(refused);
@@ -1034,12 +1051,11 @@ impl Accounts {
             }
             return Err(refused);
         };
-        self.factor_guess_taken_back(&guess).await;
         // One sign-in per ceremony: the first right assertion claims it.
         let hash = sha256(ceremony_token.as_bytes());
         if !self
             .store
-            .claim_challenge(&hash, "passkey_login", now, ceremony.expires_at)
+            .claim_challenge(&hash, "passkey_login", now, ceremony.expires_at + CLAIM_MARGIN_MS)
             .await?
         {
             return Err(AuthError::InvalidToken);
@@ -1060,7 +1076,7 @@ impl Accounts {
         let sealed = b64url_decode(token).ok_or(AuthError::InvalidToken)?;
         let bytes = self
             .mfa
-            .sealer
+            .ceremonies
             .open(&sealed, LOGIN_CEREMONY_AAD)
             .ok_or(AuthError::InvalidToken)?;
         let ceremony: LoginCeremony = serde_json::from_slice(&bytes).map_err(|_| AuthError::InvalidToken)?;

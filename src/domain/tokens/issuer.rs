@@ -133,10 +133,16 @@ impl Issuer {
     }
 
     /// A client's own access token (the client_credentials grant): the
-    /// client is its subject, its `sid` is [`CLIENT_SID_PREFIX`] and the
-    /// client id, and it carries the granted `scope`.
-    pub fn issue_for_client(&self, client_id: &str, scope: &str) -> anyhow::Result<String> {
-        let sid = format!("{}{client_id}", super::CLIENT_SID_PREFIX);
+    /// client is its subject, its `sid` names the client as added at
+    /// `client_created_at` ([`super::client_sid`]), and it carries the
+    /// granted `scope`.
+    pub fn issue_for_client(
+        &self,
+        client_id: &str,
+        client_created_at: i64,
+        scope: &str,
+    ) -> anyhow::Result<String> {
+        let sid = super::client_sid(client_id, client_created_at);
         self.sign(client_id, "", &sid, client_id, Some(scope.to_string()), None)
     }
 

@@ -102,10 +102,16 @@ impl Authn {
     }
 }
 
-/// The `sid` of a client's own token: this prefix and the client id. User
-/// sessions are UUIDs, so the two never meet; revoking this `sid` refuses
-/// every token the client holds.
+/// The `sid` of a client's own token: this prefix, the client id and the
+/// time the client was added ([`client_sid`]). User sessions are UUIDs, so
+/// the two never meet; revoking this `sid` refuses every token the client
+/// holds, and a client added again under the same id gets another.
 pub const CLIENT_SID_PREFIX: &str = "client:";
+
+/// The `sid` of the own tokens of client `id` added at `created_at` (ms).
+pub fn client_sid(id: &str, created_at: i64) -> String {
+    format!("{CLIENT_SID_PREFIX}{id}@{created_at}")
+}
 
 impl AccessClaims {
     /// Whether the token is a client's own (client_credentials), not a user's.
