@@ -15,6 +15,7 @@ use super::credcache::{CredentialCache, CredentialCacheSettings};
 use super::hashing::HashPool;
 use super::input::{Code, Email, Password};
 use super::refresh::{self, RefreshDecision, RefreshState, RefreshTokens};
+use super::registration::{self, AccountState, Plan, RegistrationState};
 use super::tokens::{Authn, Issuer, Subject, Verified};
 use super::AuthError;
 use crate::cache::{Revocations, UserCache};
@@ -26,7 +27,7 @@ use crate::mail::Message;
 use crate::settings::{secs, ConfigError, Source};
 use crate::store::{
     ClientRecord, Event, KeepSessions, LiveRotation, NewCode, NewSession, Purpose, RefreshRecord,
-    RegisterOutcome, SessionRecord, SessionStart, Store, UserRecord, UNUSABLE_PASSWORD,
+    RegistrationWrite, SessionRecord, SessionStart, Store, UserRecord, UNUSABLE_PASSWORD,
 };
 
 /// The `client_id` claim of tokens issued through the first-party endpoints.
@@ -193,6 +194,16 @@ pub struct Accounts {
     pub mfa: super::mfa::Mfa,
 }
 
+/// The pending hash of the email's live registration, which a new
+/// registration's password is hashed like (an unfinished sign-up's
+/// uncontested code with pending credentials).
+fn live_registration(state: &RegistrationState) -> Option<String> {
+    match (&state.account, &state.live) {
+        (AccountState::Unfinished { .. }, Some(c)) if !c.contested => c.pending.clone(),
+        _ => None,
+    }
+}
+
 impl Accounts {
     fn code_hash(&self, purpose: Purpose, email: &Email, code: &str) -> [u8; 32] {
         self.code_key.mac(&[
@@ -224,79 +235,109 @@ impl Accounts {
         let id = uuid::Uuid::now_v7().to_string();
         let address = ip.to_string();
         let verification = self.seal(&Message::verification(email.as_str(), &code));
-        let contested = self.seal(&Message::verification_contested(email.as_str(), &code));
+        let contested_mail = self.seal(&Message::verification_contested(email.as_str(), &code));
         let notice = self.seal(&Message::already_registered(email.as_str()));
-        // Hash even when the email is taken, so timing does not tell. Like
-        // the registration the email's live code would activate, if there
-        // is one (the same cost): a repeat of it then has the same hash, and
-        // `Store::register` does not take it for another party's. Should
-        // another registration of the email commit while this one hashes
-        // (two clicks at once), hash again like that one; the last try
-        // writes whatever it finds (a contest, if it is another password).
-        const TRIES: usize = 3;
-        let mut tries = 0;
-        let (hash, outcome) = loop {
-            tries += 1;
-            let pending = self
-                .store
-                .pending_registration_hash(email.as_str(), now_ms())
-                .await?;
-            let (pw, like) = (password.clone(), pending.clone());
-            let hash = self
-                .hashing
-                .run("hash", move |p| p.hash_like(pw.expose(), like.as_deref()))
-                .await?;
+        let shadow_hash = random_bytes::<32>();
+        // Read, decide (`registration::decide`), apply if the state is still
+        // the one read; else read and decide again. The password is hashed
+        // once, even when the email is taken (timing does not tell), and like
+        // the registration the email's live code would activate, if there is
+        // one (the same salt: a repeat of it then has the same hash, and is
+        // not taken for another party's); again only if another registration
+        // committed meanwhile (two clicks at once).
+        const TRIES: usize = 5;
+        let mut hashed: Option<(Option<String>, String)> = None;
+        let mut done = None;
+        for tries in 1..=TRIES {
             let now = now_ms();
-            let outcome = self
-                .store
-                .register(
-                    crate::store::NewUser {
-                        id: &id,
-                        email: email.as_str(),
-                        name: name.as_deref(),
-                        password_hash: &hash,
-                        now,
-                        ip: Some(&address),
-                    },
-                    crate::store::CodeMail {
-                        code_hash: &code_hash,
-                        expires_at: now + CODE_TTL_MS,
-                        message: &verification,
-                        contested_message: &contested,
-                    },
-                    &random_bytes::<32>(),
-                    &notice,
-                    crate::store::Repeat {
-                        hashed_like: pending.as_deref(),
-                        quiet_since: now - RESEND_QUIET_MS,
-                        max_failures: MAX_FAILURES,
-                        last_try: tries == TRIES,
-                    },
-                )
-                .await?;
-            if !matches!(outcome, RegisterOutcome::Stale) {
-                break (hash, outcome);
+            let state = self.store.registration_state(email.as_str(), now).await?;
+            let like = live_registration(&state);
+            let stale = hashed.as_ref().is_none_or(|(l, _)| *l != like);
+            if stale {
+                let (pw, l) = (password.clone(), like.clone());
+                let hash = self
+                    .hashing
+                    .run("hash", move |p| p.hash_like(pw.expose(), l.as_deref()))
+                    .await?;
+                hashed = Some((like, hash));
             }
+            let (like, hash) = hashed.as_ref().expect("hashed above");
+            let attempt = registration::Attempt {
+                hash,
+                hashed_like: like.as_deref(),
+                now,
+                last_try: tries == TRIES,
+            };
+            let plan = registration::decide(&state, attempt);
+            let code = |contested: bool| crate::store::CodeWrite {
+                code_hash: &code_hash,
+                expires_at: now + CODE_TTL_MS,
+                pending: Some((hash.as_str(), name.as_deref())),
+                contested,
+                message: if contested { &contested_mail } else { &verification },
+            };
+            let write = match &plan {
+                Plan::Rehash { .. } => continue,
+                Plan::Repeat { .. } => {
+                    done = Some(plan);
+                    break;
+                }
+                Plan::Create { contested } => RegistrationWrite::Create {
+                    id: &id,
+                    password_hash: hash,
+                    name: name.as_deref(),
+                    ip: Some(&address),
+                    code: code(*contested),
+                },
+                Plan::Replace { id, contested } => RegistrationWrite::Replace {
+                    id,
+                    password_hash: hash,
+                    name: name.as_deref(),
+                    code: code(*contested),
+                },
+                Plan::Notice { shadow } => RegistrationWrite::Notice {
+                    message: &notice,
+                    shadow: shadow.then(|| crate::store::CodeWrite {
+                        code_hash: &shadow_hash,
+                        expires_at: now + CODE_TTL_MS,
+                        pending: None,
+                        contested: false,
+                        message: &notice,
+                    }),
+                },
+            };
+            if self
+                .store
+                .apply_registration(email.as_str(), now, &state, &write)
+                .await?
+            {
+                done = Some(plan);
+                break;
+            }
+        }
+        // Registrations of this email raced this one at every try.
+        let Some(plan) = done else {
+            return Err(super::hashing::Overloaded.into());
         };
-        if matches!(outcome, RegisterOutcome::ResentCode(_)) {
-            // The unverified account now holds this registration's password.
+        if matches!(plan, Plan::Replace { .. }) {
+            // The unfinished sign-up now holds this registration's password.
             self.revocations.user_changed(email.as_str()).await;
         }
-        // The account now holds `hash` of `password`, just computed here:
+        // The account now holds this hash of `password`, just computed here:
         // what a verification would have established. The login that
         // usually follows a sign-up skips argon2, which halves the hashing
-        // a sign-up costs. (An unverified account taken over by this
+        // a sign-up costs. (An unfinished sign-up taken over by this
         // registration is remembered too, so that the two cases answer that
         // login alike.)
-        let holder = match &outcome {
-            RegisterOutcome::Created => Some(&id),
-            RegisterOutcome::ResentCode(id) | RegisterOutcome::Repeated(id) => Some(id),
-            RegisterOutcome::NoticeSent | RegisterOutcome::Stale => None,
+        let holder = match &plan {
+            Plan::Create { .. } => Some(&id),
+            Plan::Replace { id, .. } | Plan::Repeat { id } => Some(id),
+            Plan::Notice { .. } | Plan::Rehash { .. } => None,
         };
-        if let (Some(c), Some(holder)) = (&self.credentials, holder) {
-            c.remember(holder, &hash, password.expose());
+        if let (Some(c), Some(holder), Some((_, hash))) = (&self.credentials, holder, &hashed) {
+            c.remember(holder, hash, password.expose());
         }
-        tracing::debug!(?outcome, "register");
+        tracing::debug!(?plan, "register");
         self.mail_wake.notify_one();
         Ok(())
     }

@@ -15,6 +15,7 @@ pub mod legacy;
 pub mod mfa;
 pub mod ops;
 pub mod refresh;
+pub mod registration;
 pub mod tokens;
 pub mod webhooks;
 

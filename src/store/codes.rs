@@ -51,30 +51,6 @@ pub struct NewCode<'a> {
     pub event: Option<super::Event<'a>>,
 }
 
-/// Insert or replace the code of (email, purpose) with its pending
-/// credentials; parameters `$1 email, $2 purpose, $3 code_hash, $4 now,
-/// $5 expires_at, $6 pending hash, $7 pending name`. A registration that
-/// replaces the live code of another registration makes the email
-/// *contested*: two parties claimed it within one code's life, and
-/// whichever code is used then verifies the mailbox but activates neither
-/// password (the owner sets one with a reset). A registration with the
-/// pending hash itself (the same password, hashed like it: a repeat) does
-/// not contest a code, nor end a contest. Returns the code's `contested`.
-pub(super) const REPLACE_CODE: &str = "INSERT INTO codes \
-     (email, purpose, code_hash, created_at, expires_at, failed_attempts, consumed_at, \
-      pending_password_hash, pending_name, contested) \
-     VALUES ($1, $2, $3, $4, $5, 0, NULL, $6, $7, 0) \
-     ON CONFLICT (email, purpose) DO UPDATE SET code_hash = excluded.code_hash, \
-     created_at = excluded.created_at, expires_at = excluded.expires_at, \
-     failed_attempts = 0, consumed_at = NULL, \
-     pending_password_hash = excluded.pending_password_hash, pending_name = excluded.pending_name, \
-     contested = CASE WHEN excluded.pending_password_hash IS NOT NULL \
-       AND codes.pending_password_hash IS NOT NULL AND codes.consumed_at IS NULL \
-       AND codes.expires_at > excluded.created_at \
-       AND (codes.contested = 1 OR codes.pending_password_hash <> excluded.pending_password_hash) \
-       THEN 1 ELSE 0 END \
-     RETURNING contested";
-
 /// The password hash of an account verified while contested: no password
 /// matches it (it is no PHC string), and login pays a dummy hash for it.
 pub const UNUSABLE_PASSWORD: &str = "!contested";

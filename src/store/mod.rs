@@ -22,6 +22,7 @@ mod group_commit;
 mod keys;
 mod outbox;
 mod pool;
+mod registration;
 mod sessions;
 mod settings;
 mod users;
@@ -33,14 +34,12 @@ pub use events::{family, Event, EventFilter, EventRecord, KINDS};
 pub use factors::{ChallengeRecord, FactorAdded, FactorChange, FactorRecord};
 pub use keys::KeyRecord;
 pub use outbox::OutboxRow;
+pub use registration::{AccountState, CodeWrite, LiveCode, RegistrationState, RegistrationWrite};
 pub use sessions::{
     KeepSessions, LiveRotation, NewSession, RefreshRecord, SessionRecord, SessionStart, MAX_LISTED_SESSIONS,
 };
 pub use settings::{DatabaseConfig, DatabaseUrl};
-pub use users::{
-    CodeMail, EmailChange, ImportOutcome, ImportedUser, NewUser, RegisterOutcome, Repeat, UserFilter,
-    UserRecord,
-};
+pub use users::{EmailChange, ImportOutcome, ImportedUser, UserFilter, UserRecord};
 pub use webhooks::{Attempted, DeliveryRecord, DeliveryRow, WebhookRecord};
 
 use std::future::Future;

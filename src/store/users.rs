@@ -6,7 +6,7 @@ use sqlx::Connection;
 use super::events::record_event;
 use super::sessions::revoke_user_sessions;
 use super::Event;
-use super::{codes::Purpose, db_op, outbox::INSERT_OUTBOX, Store, StoreResult};
+use super::{db_op, outbox::INSERT_OUTBOX, Store, StoreResult};
 
 #[derive(Clone, Debug)]
 pub struct UserRecord {
@@ -77,77 +77,6 @@ pub struct UserFilter {
     pub after: Option<String>,
 }
 
-/// What registering did; the HTTP answer is the same in every case.
-#[derive(Debug, PartialEq, Eq)]
-pub enum RegisterOutcome {
-    Created,
-    /// The email belongs to an unverified account (this id): it got a fresh
-    /// code, and now holds this registration's password.
-    ResentCode(String),
-    /// The email belongs to a verified account: it got a notice.
-    NoticeSent,
-    /// The email belongs to an unverified account (this id) whose live code
-    /// was issued for this very password less than the resend pause ago: a
-    /// repeat of that registration (a request a proxy sent again after its
-    /// instance died, a second click). Nothing changed and nothing was
-    /// sent: the code already mailed stands.
-    Repeated(String),
-    /// Another registration of the email committed while this one was
-    /// hashed like the registration before it: nothing was written; hash
-    /// again like the new one (`Store::pending_registration_hash`).
-    Stale,
-}
-
-/// How a registration tells a repeat of the live one (see
-/// [`Store::register`]).
-pub struct Repeat<'a> {
-    /// The pending hash the password was hashed like, as read before
-    /// hashing ([`Store::pending_registration_hash`]).
-    pub hashed_like: Option<&'a str>,
-    /// A repeat of a code issued after this (ms) mails nothing: the resend
-    /// pause.
-    pub quiet_since: i64,
-    /// A code failed this often is dead: a repeat gets a fresh one.
-    pub max_failures: i32,
-    /// Write whatever the live registration is, never
-    /// [`RegisterOutcome::Stale`]: a contest if it is another password's.
-    pub last_try: bool,
-}
-
-/// The rest of a `SELECT ... FROM codes c` of the email's live
-/// registration (`$1` the email, `$2` now): an unverified account, its
-/// verification code unused, unexpired, not contested, with pending
-/// credentials.
-macro_rules! live_registration {
-    () => {
-        "JOIN users u ON u.email = c.email \
-         WHERE c.email = $1 AND c.purpose = 'verify_email' AND c.consumed_at IS NULL \
-         AND c.expires_at > $2 AND c.contested = 0 AND c.pending_password_hash IS NOT NULL \
-         AND u.email_verified_at IS NULL"
-    };
-}
-
-/// A new account as the domain prepared it.
-pub struct NewUser<'a> {
-    pub id: &'a str,
-    pub email: &'a str,
-    pub name: Option<&'a str>,
-    pub password_hash: &'a str,
-    pub now: i64,
-    /// The client address, for the `user.registered` event.
-    pub ip: Option<&'a str>,
-}
-
-/// A code and the sealed message that carries it.
-pub struct CodeMail<'a> {
-    pub code_hash: &'a [u8],
-    pub expires_at: i64,
-    pub message: &'a [u8],
-    /// The message instead, when this registration contests the address
-    /// (another registration's code was live): it says so.
-    pub contested_message: &'a [u8],
-}
-
 impl Store {
     pub async fn user_by_email(&self, email: &str) -> StoreResult<Option<UserRecord>> {
         let sql = select_user!("WHERE email = $1");
@@ -155,25 +84,6 @@ impl Store {
             Ok(sqlx::query_as::<_, UserRow>(sql).bind(email).fetch_optional(&mut *conn).await?)
         })?;
         Ok(row.map(user))
-    }
-
-    /// The password hash that `email`'s live verification code would
-    /// activate: an unverified account's registration, its code unused,
-    /// unexpired and not contested (a code dead of wrong tries counts: a
-    /// repeat of its registration gets a fresh code, not a contest). A new
-    /// registration of the email is hashed like it, so that
-    /// [`Store::register`] recognises a repeat by an equal hash.
-    pub async fn pending_registration_hash(&self, email: &str, now: i64) -> StoreResult<Option<String>> {
-        db_op!(self, "pending_registration_hash", conn => {
-            Ok(sqlx::query_scalar::<_, String>(concat!(
-                "SELECT c.pending_password_hash FROM codes c ",
-                live_registration!()
-            ))
-            .bind(email)
-            .bind(now)
-            .fetch_optional(&mut *conn)
-            .await?)
-        })
     }
 
     pub async fn user_by_id(&self, id: &str) -> StoreResult<Option<UserRecord>> {
@@ -376,148 +286,6 @@ impl Store {
             record_event!(tx, &Event::new("user.deleted", now).user(id).actor(actor));
             tx.commit().await?;
             Ok(Some(live.into_iter().map(|r| r.0).collect()))
-        })
-    }
-
-    /// Creates the account with its verification code and email, or, when the
-    /// email is taken by an unverified account, gives it this registration's
-    /// credentials (on the account and, to be activated by verification, on
-    /// a new code that replaces the old one) with a fresh code, or, when the
-    /// email is verified, sends a notice and leaves a shadow code (so that
-    /// the code endpoints answer as for any email). One transaction.
-    ///
-    /// A registration whose password hash equals the one the live code
-    /// would activate (`new.password_hash` made like
-    /// [`Store::pending_registration_hash`], by `Passwords::hash_like`) is
-    /// a repeat, not a second party, and never contests the email (which
-    /// would leave the account without a usable password). Within the
-    /// resend pause (see [`Repeat`]) it changes nothing but the account's
-    /// `updated_at` and mails nothing, as a resend would; after it, or when
-    /// its code is dead, it gets a fresh code as a resend would.
-    ///
-    /// The live code's hash is read again here, with the account's row
-    /// locked (by the first update): if it is not the one the password was
-    /// hashed like (a registration of the same email committed while this
-    /// one hashed, two clicks at once), the answer is
-    /// [`RegisterOutcome::Stale`] and nothing is written, so that the
-    /// caller hashes again like the new one instead of contesting it.
-    pub async fn register(
-        &self,
-        new: NewUser<'_>,
-        verification: CodeMail<'_>,
-        shadow_code_hash: &[u8],
-        notice: &[u8],
-        repeat: Repeat<'_>,
-    ) -> StoreResult<RegisterOutcome> {
-        db_op!(self, "register", conn => {
-            let mut tx = conn.begin().await?;
-            let inserted = sqlx::query(
-                "INSERT INTO users (id, email, name, password_hash, created_at, updated_at) \
-                 VALUES ($1, $2, $3, $4, $5, $5) ON CONFLICT (email) DO NOTHING",
-            )
-            .bind(new.id)
-            .bind(new.email)
-            .bind(new.name)
-            .bind(new.password_hash)
-            .bind(new.now)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected()
-                == 1;
-            // An account an admin moved to this address, or created or
-            // imported with it, not yet verified: it is somebody's, with its
-            // own password (and factors), and any code of it is the address
-            // owner's. A registration takes it over no more than a verified
-            // account: it mails a notice and leaves the account and its code
-            // as they are.
-            let mut held = false;
-            if !inserted {
-                // Locks an unverified account's row (every registration and
-                // verification of the email updates it) before its code is read.
-                let unverified: Option<(String, Option<i64>, Option<i64>)> = sqlx::query_as(
-                    "UPDATE users SET updated_at = $2 WHERE email = $1 AND email_verified_at IS NULL \
-                     RETURNING id, email_changed_at, imported_at",
-                )
-                .bind(new.email)
-                .bind(new.now)
-                .fetch_optional(&mut *tx)
-                .await?;
-                held = matches!(unverified, Some((_, changed, imported)) if changed.is_some() || imported.is_some());
-                if let Some((id, None, None)) = unverified {
-                    let live: Option<(String, i64, i32)> = sqlx::query_as(concat!(
-                        "SELECT c.pending_password_hash, c.created_at, c.failed_attempts FROM codes c ",
-                        live_registration!()
-                    ))
-                    .bind(new.email)
-                    .bind(new.now)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                    if let Some((pending, created_at, failed)) = live {
-                        if repeat.hashed_like != Some(pending.as_str()) && !repeat.last_try {
-                            tx.rollback().await?;
-                            return Ok(RegisterOutcome::Stale);
-                        }
-                        if pending == new.password_hash
-                            && created_at > repeat.quiet_since
-                            && failed < repeat.max_failures
-                        {
-                            tx.commit().await?;
-                            return Ok(RegisterOutcome::Repeated(id));
-                        }
-                    }
-                }
-            }
-            let taken_over: Option<(String,)> = if inserted || held {
-                None
-            } else {
-                sqlx::query_as(
-                    "UPDATE users SET password_hash = $2, name = $3, updated_at = $4 \
-                     WHERE email = $1 AND email_verified_at IS NULL AND email_changed_at IS NULL \
-                     AND imported_at IS NULL RETURNING id",
-                )
-                .bind(new.email)
-                .bind(new.password_hash)
-                .bind(new.name)
-                .bind(new.now)
-                .fetch_optional(&mut *tx)
-                .await?
-            };
-            let verified = !inserted && taken_over.is_none();
-            let (code_hash, pending, mut message) = if verified {
-                (shadow_code_hash, None, notice)
-            } else {
-                (verification.code_hash, Some(new.password_hash), verification.message)
-            };
-            if !held {
-                let (contested,): (i32,) = sqlx::query_as(super::codes::REPLACE_CODE)
-                    .bind(new.email)
-                    .bind(Purpose::VerifyEmail.as_str())
-                    .bind(code_hash)
-                    .bind(new.now)
-                    .bind(verification.expires_at)
-                    .bind(pending)
-                    .bind(pending.and(new.name))
-                    .fetch_one(&mut *tx)
-                    .await?;
-                if contested == 1 && !verified {
-                    message = verification.contested_message;
-                }
-            }
-            sqlx::query(INSERT_OUTBOX)
-                .bind(message)
-                .bind(new.now)
-                .bind(&super::outbox::recipient(new.email)[..])
-                .execute(&mut *tx)
-                .await?;
-            if inserted {
-                record_event!(tx, &Event::new("user.registered", new.now).user(new.id).ip(new.ip));
-            }
-            tx.commit().await?;
-            Ok(match (inserted, taken_over) {
-                (true, _) => RegisterOutcome::Created,
-                (false, Some((id,))) => RegisterOutcome::ResentCode(id),
-                (false, None) => RegisterOutcome::NoticeSent,
-            })
         })
     }
 
