@@ -15,7 +15,7 @@ use super::credcache::{CredentialCache, CredentialCacheSettings};
 use super::hashing::HashPool;
 use super::input::{Code, Email, Password};
 use super::refresh::{self, RefreshDecision, RefreshState, RefreshTokens};
-use super::registration::{self, AccountState, Plan, RegistrationState};
+use super::registration::{self, Plan};
 use super::tokens::{Authn, Issuer, Subject, Verified};
 use super::AuthError;
 use crate::cache::{Revocations, UserCache};
@@ -194,16 +194,6 @@ pub struct Accounts {
     pub mfa: super::mfa::Mfa,
 }
 
-/// The pending hash of the email's live registration, which a new
-/// registration's password is hashed like (an unfinished sign-up's
-/// uncontested code with pending credentials).
-fn live_registration(state: &RegistrationState) -> Option<String> {
-    match (&state.account, &state.live) {
-        (AccountState::Unfinished { .. }, Some(c)) if !c.contested => c.pending.clone(),
-        _ => None,
-    }
-}
-
 impl Accounts {
     fn code_hash(&self, purpose: Purpose, email: &Email, code: &str) -> [u8; 32] {
         self.code_key.mac(&[
@@ -251,7 +241,7 @@ impl Accounts {
         for tries in 1..=TRIES {
             let now = now_ms();
             let state = self.store.registration_state(email.as_str(), now).await?;
-            let like = live_registration(&state);
+            let like = registration::live_registration(&state, now).map(str::to_string);
             let stale = hashed.as_ref().is_none_or(|(l, _)| *l != like);
             if stale {
                 let (pw, l) = (password.clone(), like.clone());

@@ -5,29 +5,35 @@
 //! a race is detected and decided again here, never decided in SQL).
 //!
 //! ```text
-//!   account of the email        live code                      plan
+//!   account of the email        unused code                    plan
 //!   ─────────────────────       ─────────────────────────────  ──────────────────────────────
-//!   none                        any                            Create (contested if a live
-//!                                                              code of another password)
+//!   none                        any                            Create (contested if a code of
+//!                                                              another password)
 //!   owned (verified)            any                            Notice, the code a shadow
 //!   owned (held: an admin       any                            Notice, its owner's code kept
 //!     moved, created or
 //!     imported it unverified)
-//!   unfinished                  a registration's, uncontested,
-//!                                 not the one hashed like   ─► Rehash like it (unless the last try)
+//!   unfinished                  a live registration's (unexpired,
+//!                                 uncontested), not the one
+//!                                 hashed like               ─► Rehash like it (unless the last try)
 //!                                 same password, younger than
 //!                                 the resend pause, alive  ─► Repeat: nothing written or sent
 //!                               otherwise                   ─► Replace: this registration's
 //!                                                              credentials on a fresh code;
-//!                                                              contested if a live code of
-//!                                                              another password
+//!                                                              contested if a code of another
+//!                                                              password, expired or not
 //! ```
 //!
 //! A *contested* code verifies the mailbox but activates no password
-//! (`Store::verify_email`): two parties claimed the address within one
-//! code's life, and the one who proves the mailbox sets a password after.
-//! A registration with the same password (hashed like the live one: the
-//! same salt, so the same hash) contests nothing. The invariants these
+//! (`Store::verify_email`): two parties claimed the address before it was
+//! verified, and the one who proves the mailbox sets a password after. An
+//! expired code contests as a live one does: otherwise, once the owner's
+//! sign-up code had expired, someone without the mailbox could register
+//! the address again, and the owner's next resend would carry that
+//! registration's password to the owner, whose verification would then
+//! activate it (found by the property tests). A registration with the same
+//! password (hashed like the live one: the same salt, so the same hash)
+//! contests nothing. The invariants these
 //! rules keep are checked as properties over sequences of requests from
 //! the mailbox's owner and from someone without it
 //! (`tests/it/registration_properties.rs`).
@@ -68,9 +74,22 @@ pub enum Plan {
     Notice { shadow: bool },
 }
 
-/// Whether a fresh code with pending hash `hash` contests the live one:
-/// another registration's code (of another password, or contested already)
-/// was live.
+/// The pending hash of the email's live registration (an unfinished
+/// sign-up's unexpired, uncontested code with pending credentials), which a
+/// new registration's password is hashed like, so that a repeat has the
+/// same hash.
+pub fn live_registration(state: &RegistrationState, now: i64) -> Option<&str> {
+    match (&state.account, &state.live) {
+        (AccountState::Unfinished { .. }, Some(c)) if !c.contested && c.expires_at > now => {
+            c.pending.as_deref()
+        }
+        _ => None,
+    }
+}
+
+/// Whether a fresh code with pending hash `hash` contests the unused one:
+/// it is another registration's (of another password, or contested
+/// already), expired or not.
 fn contests(live: Option<&LiveCode>, hash: &str) -> bool {
     live.is_some_and(|c| c.pending.as_deref().is_some_and(|p| c.contested || p != hash))
 }
@@ -84,12 +103,7 @@ pub fn decide(state: &RegistrationState, a: Attempt<'_>) -> Plan {
         },
         AccountState::Owned { verified, .. } => Plan::Notice { shadow: *verified },
         AccountState::Unfinished { id } => {
-            // The live registration: a code with pending credentials that no
-            // contest has spoilt.
-            let registration = live
-                .filter(|c| !c.contested)
-                .and_then(|c| c.pending.as_deref().map(|p| (c, p)));
-            if let Some((code, pending)) = registration {
+            if let (Some(code), Some(pending)) = (live, live_registration(state, a.now)) {
                 if a.hashed_like != Some(pending) && !a.last_try {
                     return Plan::Rehash {
                         like: pending.to_string(),
@@ -114,12 +128,15 @@ pub fn decide(state: &RegistrationState, a: Attempt<'_>) -> Plan {
 mod tests {
     use super::*;
 
+    use crate::domain::codes::CODE_TTL_MS;
+
     const NOW: i64 = 1_000_000;
 
     fn code(pending: Option<&str>, age: i64, failures: i32, contested: bool) -> LiveCode {
         LiveCode {
             pending: pending.map(str::to_string),
             created_at: NOW - age,
+            expires_at: NOW - age + CODE_TTL_MS,
             failures,
             contested,
         }
@@ -160,7 +177,7 @@ mod tests {
         ];
         let mut codes = vec![None];
         for pending in [None, Some("h1"), Some("h2")] {
-            for age in [0, RESEND_QUIET_MS - 1, RESEND_QUIET_MS] {
+            for age in [0, RESEND_QUIET_MS - 1, RESEND_QUIET_MS, CODE_TTL_MS] {
                 for failures in [0, MAX_FAILURES - 1, MAX_FAILURES] {
                     for contested in [false, true] {
                         codes.push(Some(code(pending, age, failures, contested)));
@@ -181,7 +198,9 @@ mod tests {
                             AccountState::None => Plan::Create { contested },
                             AccountState::Owned { verified, .. } => Plan::Notice { shadow: *verified },
                             AccountState::Unfinished { id } => {
-                                let reg = live.as_ref().filter(|c| c.pending.is_some() && !c.contested);
+                                let reg = live
+                                    .as_ref()
+                                    .filter(|c| c.pending.is_some() && !c.contested && c.expires_at > NOW);
                                 match reg {
                                     Some(c) if like != c.pending.as_deref() && !last_try => Plan::Rehash {
                                         like: c.pending.clone().unwrap(),
@@ -241,6 +260,21 @@ mod tests {
             Plan::Replace {
                 id: "u1".into(),
                 contested: false
+            }
+        );
+    }
+
+    #[test]
+    fn an_expired_registration_of_another_password_is_contested_too() {
+        let s = state(
+            unfinished(),
+            Some(code(Some("theirs"), CODE_TTL_MS + 1, 0, false)),
+        );
+        assert_eq!(
+            decide(&s, attempt("mine", None, false)),
+            Plan::Replace {
+                id: "u1".into(),
+                contested: true
             }
         );
     }

@@ -35,13 +35,14 @@ impl AccountState {
     }
 }
 
-/// The email's verification code while it is live (unused, unexpired).
+/// The email's verification code while it is unused (expired or not).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LiveCode {
     /// The password hash of the registration it would activate (none: a
     /// shadow, or the code of an account that keeps its own password).
     pub pending: Option<String>,
     pub created_at: i64,
+    pub expires_at: i64,
     pub failures: i32,
     /// Another registration's code was live when this one was issued.
     pub contested: bool,
@@ -94,9 +95,10 @@ pub enum RegistrationWrite<'a> {
 /// The columns of a user row a registration reads.
 const ACCOUNT: &str = "SELECT id, email_verified_at IS NOT NULL, \
      (email_changed_at IS NOT NULL OR imported_at IS NOT NULL) FROM users WHERE email = $1";
-/// The email's verification code if live at `$2`.
-const LIVE_CODE: &str = "SELECT pending_password_hash, created_at, failed_attempts, contested FROM codes \
-     WHERE email = $1 AND purpose = 'verify_email' AND consumed_at IS NULL AND expires_at > $2";
+/// The email's verification code if unused (`$2`, the time, is unused: the
+/// decision judges expiry).
+const LIVE_CODE: &str = "SELECT pending_password_hash, created_at, expires_at, failed_attempts, contested \
+     FROM codes WHERE email = $1 AND purpose = 'verify_email' AND consumed_at IS NULL AND $2 = $2";
 /// Inserts or replaces the email's verification code: `$1 email, $2 code
 /// hash, $3 created at, $4 expires at, $5 pending hash, $6 pending name,
 /// $7 contested`.
@@ -110,19 +112,22 @@ const PUT_CODE: &str = "INSERT INTO codes \
      pending_name = excluded.pending_name, contested = excluded.contested";
 
 type AccountRow = (String, bool, bool);
-type CodeRow = (Option<String>, i64, i32, i32);
+type CodeRow = (Option<String>, i64, i64, i32, i32);
 
 fn state(account: Option<AccountRow>, code: Option<CodeRow>) -> RegistrationState {
     RegistrationState {
         account: account.map_or(AccountState::None, |(id, verified, held)| {
             AccountState::of(id, verified, held)
         }),
-        live: code.map(|(pending, created_at, failures, contested)| LiveCode {
-            pending,
-            created_at,
-            failures,
-            contested: contested != 0,
-        }),
+        live: code.map(
+            |(pending, created_at, expires_at, failures, contested)| LiveCode {
+                pending,
+                created_at,
+                expires_at,
+                failures,
+                contested: contested != 0,
+            },
+        ),
     }
 }
 
@@ -166,7 +171,8 @@ macro_rules! put_code {
 }
 
 impl Store {
-    /// The account of `email` and its live verification code at `now`.
+    /// The account of `email` and its unused verification code (`now`
+    /// names the moment of the read).
     pub async fn registration_state(&self, email: &str, now: i64) -> StoreResult<RegistrationState> {
         db_op!(self, "registration_state", conn => Ok(read_state!(conn, email, now)))
     }

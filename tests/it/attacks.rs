@@ -94,8 +94,10 @@ async fn expire_codes(app: &TestApp) {
 
 /// An attacker registers the victim's email first, with the attacker's
 /// password (days before, as pre-hijacking goes). When the victim registers
-/// and verifies, the victim's password must be the one that logs in, and
-/// the attacker's must not.
+/// and verifies, the attacker's password must not log in: the victim's
+/// registration contests the attacker's (expired or not), so the victim's
+/// verification activates no password and the victim, told
+/// `PASSWORD_REQUIRED`, chooses one.
 async fn pre_registration_does_not_take_over_the_account(app: &TestApp) {
     let email = unique_email("victim");
     let attacker_pw = "attacker's own password";
@@ -121,23 +123,29 @@ async fn pre_registration_does_not_take_over_the_account(app: &TestApp) {
         .await;
     assert_eq!(r.status(), 200);
     let pair: Value = r.json().await.unwrap();
-    assert_eq!(
-        app.login(&email, PASSWORD).await.status(),
-        200,
-        "the victim's password"
-    );
+    assert_eq!(pair["status"], "PASSWORD_REQUIRED", "{pair}");
     assert_eq!(
         answer(app.login(&email, attacker_pw).await).await,
         (401, "INVALID_CREDENTIALS".into()),
         "the attacker's password must not log in"
     );
-    let me: Value = app
-        .get_bearer("/auth/me", pair["access_token"].as_str().unwrap())
-        .await
-        .json()
+    let access = pair["access_token"].as_str().unwrap();
+    let r = app
+        .http
+        .post(app.url("/auth/password"))
+        .bearer_auth(access)
+        .json(&json!({"new_password": PASSWORD}))
+        .send()
         .await
         .unwrap();
-    assert_eq!(me["name"], "Victim");
+    assert_eq!(r.status(), 204);
+    assert_eq!(
+        app.login(&email, PASSWORD).await.status(),
+        200,
+        "the victim's password"
+    );
+    let me: Value = app.get_bearer("/auth/me", access).await.json().await.unwrap();
+    assert_ne!(me["name"], "Mallory", "{me}");
 
     // Registering a verified email changes nothing.
     let r = app

@@ -19,6 +19,7 @@ mod mfa;
 mod oauth;
 mod observability;
 mod ops;
+mod registration_properties;
 mod sessions;
 mod timing;
 mod tokens;
