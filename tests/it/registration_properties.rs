@@ -346,3 +346,111 @@ fn an_owners_resend_after_an_intruders_late_sign_up_activates_nothing_of_theirs(
     let out = rt.block_on(run(app, admin, &steps));
     assert!(out.is_ok(), "{}", out.unwrap_err());
 }
+
+/// A presentation of a refresh token of one session.
+#[derive(Clone, Debug)]
+enum Presentation {
+    /// The newest token the client holds.
+    Latest,
+    /// The one before it (a retry after a lost answer, or a thief's copy).
+    Previous,
+    /// Two requests with the newest token at once (two tabs).
+    Twice,
+    /// Time passes beyond the grace window (10 s here).
+    PastGrace,
+}
+
+fn presentation() -> impl Strategy<Value = Presentation> {
+    prop_oneof![
+        4 => Just(Presentation::Latest),
+        2 => Just(Presentation::Previous),
+        2 => Just(Presentation::Twice),
+        2 => Just(Presentation::PastGrace),
+    ]
+}
+
+/// Runs one sequence of presentations on a new session; `Err` names the
+/// step after which the session had more than one live token.
+async fn refresh_run(app: &TestApp, steps: &[Presentation]) -> Result<(), String> {
+    let email = unique_email("propref");
+    let pair = app.register_verified(&email, OWNER[0]).await;
+    let sid = crate::mfa::claims(app, pair["access_token"].as_str().unwrap()).await["sid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut held: Vec<String> = vec![pair["refresh_token"].as_str().unwrap().to_string()];
+    let refresh = |token: String| {
+        let (http, url) = (app.http.clone(), app.url("/auth/refresh"));
+        async move {
+            let r = http
+                .post(url)
+                .json(&json!({"refresh_token": token}))
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            let body: Value = r.json().await.unwrap_or(Value::Null);
+            (status == 200).then(|| body["refresh_token"].as_str().unwrap().to_string())
+        }
+    };
+    for (i, p) in steps.iter().enumerate() {
+        let latest = held.last().cloned().unwrap();
+        match p {
+            Presentation::Latest => {
+                if let Some(next) = refresh(latest).await {
+                    held.push(next);
+                }
+            }
+            Presentation::Previous => {
+                let previous = held.iter().rev().nth(1).cloned().unwrap_or(latest);
+                if let Some(next) = refresh(previous).await {
+                    if !held.contains(&next) {
+                        held.push(next);
+                    }
+                }
+            }
+            Presentation::Twice => {
+                let (a, b) = tokio::join!(refresh(latest.clone()), refresh(latest));
+                for next in [a, b].into_iter().flatten() {
+                    if !held.contains(&next) {
+                        held.push(next);
+                    }
+                }
+            }
+            Presentation::PastGrace => {
+                app.sql(&format!(
+                    "UPDATE refresh_tokens SET rotated_at = rotated_at - 11000 WHERE session_id = '{sid}'"
+                ))
+                .await;
+            }
+        }
+        // 4. At most one live token per family outside the grace window:
+        // one unexchanged token in a live session, none in an ended one.
+        let live = app
+            .count(&format!(
+                "SELECT count(*) FROM refresh_tokens t JOIN sessions s ON s.id = t.session_id \
+                 WHERE t.session_id = '{sid}' AND t.rotated_at IS NULL AND s.revoked_at IS NULL"
+            ))
+            .await;
+        if live > 1 {
+            return Err(format!("step {i} ({p:?}): {live} live tokens in one family"));
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse::<u32>().ok()).map_or(60, |c| c / 6),
+        max_shrink_iters: 100,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn a_refresh_family_has_at_most_one_live_token(steps in proptest::collection::vec(presentation(), 1..12)) {
+        let (rt, app, _) = service();
+        let outcome = rt.block_on(refresh_run(app, &steps));
+        prop_assert!(outcome.is_ok(), "{}", outcome.unwrap_err());
+    }
+}
