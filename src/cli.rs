@@ -172,9 +172,8 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
     match command {
         Command::Serve => serve(config, started).await,
         Command::Migrate => {
-            let store = crate::store::Store::connect(&config.database).await?;
-            store.migrate().await?;
-            println!("migrations applied ({})", store.backend_name());
+            let backend = crate::app::migrate(&config.database).await?;
+            println!("migrations applied ({backend})");
             Ok(())
         }
         Command::Clients { command } => {
@@ -190,7 +189,7 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
                     }
                 }
                 ClientsCommand::List => {
-                    for c in st.store.clients().await? {
+                    for c in crate::domain::clients::list(&st.store).await? {
                         println!(
                             "{}\t{}\t{}",
                             c.id,
@@ -247,7 +246,7 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
                     );
                 }
                 KeysCommand::List => {
-                    for k in st.store.signing_keys().await? {
+                    for k in st.tokens.keys().await? {
                         let state = match k.retired_at {
                             None => "active".to_string(),
                             Some(t) => format!("retired {}", crate::domain::accounts::rfc3339(t)),
@@ -352,16 +351,11 @@ async fn import_users(config: Config, file: &std::path::Path, update: bool) -> a
             }
         }
         if batch.len() >= IMPORT_BATCH || (done && !batch.is_empty()) {
-            let (outcomes, ended) = st
-                .store
-                .import_users(&batch, update, crate::clock::now_ms(), "cli")
-                .await?;
-            st.revocations.revoke(&ended).await;
-            for (o, u) in outcomes.iter().zip(&batch) {
-                counts.add(*o);
-                if *o == crate::store::ImportOutcome::Updated {
-                    st.revocations.user_changed(&u.email).await;
-                }
+            let outcomes =
+                crate::domain::import::import_batch(&st.store, &st.revocations, &batch, update, "cli")
+                    .await?;
+            for o in outcomes {
+                counts.add(o);
             }
             batch.clear();
             let bar = progress_line(read_bytes, total_bytes, n, start.elapsed());
@@ -421,8 +415,8 @@ struct ImportCounts {
 }
 
 impl ImportCounts {
-    fn add(&mut self, o: crate::store::ImportOutcome) {
-        use crate::store::ImportOutcome::*;
+    fn add(&mut self, o: crate::domain::import::ImportOutcome) {
+        use crate::domain::import::ImportOutcome::*;
         match o {
             Created => self.created += 1,
             Updated => self.updated += 1,
@@ -462,61 +456,31 @@ async fn seed_users(
         .transpose()?;
     crate::domain::input::Password::parse("password", password)
         .map_err(|e| anyhow::anyhow!("--password: {}", e.reason))?;
-    let store = crate::store::Store::connect(&config.database).await?;
-    store.migrate().await?;
+    let store = crate::app::store(&config.database).await?;
     let passwords = std::sync::Arc::new(crate::domain::hashing::Passwords::new(&config.hashing.argon2)?);
-    let threads = config.hashing.threads.max(1);
     let start = Instant::now();
-    let now = crate::clock::now_ms();
-    let (pattern, password) = (pattern.to_string(), password.to_string());
-    let users = tokio::task::spawn_blocking(move || {
-        let chunks: Vec<Vec<usize>> = (0..threads)
-            .map(|t| (1..=count).filter(|i| i % threads == t).collect())
-            .collect();
-        std::thread::scope(|s| {
-            let handles: Vec<_> = chunks
-                .into_iter()
-                .map(|idx| {
-                    let (p, pw, pat) = (passwords.clone(), password.clone(), pattern.clone());
-                    s.spawn(move || {
-                        idx.into_iter()
-                            .map(|i| crate::store::ImportedUser {
-                                id: uuid::Uuid::now_v7().to_string(),
-                                email: pat.replace("{}", &i.to_string()).to_lowercase(),
-                                name: None,
-                                password_hash: p.hash(&pw),
-                                verified_at: Some(now),
-                                created_at: now,
-                            })
-                            .collect::<Vec<_>>()
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .flat_map(|h| h.join().expect("hashing thread"))
-                .collect::<Vec<_>>()
-        })
-    })
+    let sealer = match &totp {
+        None => None,
+        Some(_) => {
+            let master = crate::crypto::load_master_secret(
+                config.secret_key.as_ref().map(|s| s.expose().as_slice()),
+                &config.data_dir,
+            )?;
+            Some(crate::crypto::ServerKeys::derive(&master).factors)
+        }
+    };
+    let totp = sealer.as_ref().zip(totp.as_deref());
+    let (inserted, with_totp) = crate::domain::import::seed(
+        &store,
+        passwords,
+        config.hashing.threads,
+        (pattern, count),
+        password,
+        totp,
+    )
     .await?;
-    let (outcomes, _) = store.import_users(&users, false, now, "cli").await?;
-    let inserted = outcomes
-        .iter()
-        .filter(|o| **o == crate::store::ImportOutcome::Created)
-        .count();
-    if let Some(secret) = totp {
-        let master = crate::crypto::load_master_secret(
-            config.secret_key.as_ref().map(|s| s.expose().as_slice()),
-            &config.data_dir,
-        )?;
-        let sealer = crate::crypto::ServerKeys::derive(&master).factors;
-        let created = users
-            .iter()
-            .zip(&outcomes)
-            .filter(|(_, o)| **o == crate::store::ImportOutcome::Created)
-            .map(|(u, _)| u.id.as_str());
-        let n = crate::domain::mfa::seed_totp(&store, &sealer, created, &secret, now).await?;
-        println!("gave {n} of them an authenticator app (--totp-secret)");
+    if totp.is_some() {
+        println!("gave {with_totp} of them an authenticator app (--totp-secret)");
     }
     println!(
         "seeded {inserted} new verified accounts ({} requested) in {:.1} s",

@@ -24,6 +24,22 @@ use config::Config;
 
 /// Bound listeners (the public one, and the operators' one for `/metrics`)
 /// and the services behind them, ready to run.
+/// Applies the database's migrations (`latchkey migrate`): the backend's
+/// name.
+pub async fn migrate(config: &crate::store::DatabaseConfig) -> anyhow::Result<&'static str> {
+    let store = crate::store::Store::connect(config).await?;
+    store.migrate().await?;
+    Ok(store.backend_name())
+}
+
+/// The database, migrated, without the rest of the service (what the
+/// command line's seeding needs).
+pub async fn store(config: &crate::store::DatabaseConfig) -> anyhow::Result<crate::store::Store> {
+    let store = crate::store::Store::connect(config).await?;
+    store.migrate().await?;
+    Ok(store)
+}
+
 pub struct Application {
     listener: TcpListener,
     admin: Option<TcpListener>,

@@ -9,7 +9,8 @@ use super::accounts::{rfc3339, Accounts};
 use super::input::Email;
 use super::AuthError;
 use crate::clock::now_ms;
-use crate::store::{EmailChange, Event, EventFilter, Purpose, UserFilter, UserRecord};
+use crate::store::{EmailChange, Event, Purpose, UserRecord};
+pub use crate::store::{EventFilter, UserFilter};
 
 /// The most accounts one page holds.
 pub const MAX_PAGE: i64 = 200;

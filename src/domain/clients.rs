@@ -40,6 +40,11 @@ pub async fn remove(store: &Store, revocations: &Revocations, id: &str) -> anyho
     }
 }
 
+/// Every client, by id.
+pub async fn list(store: &Store) -> anyhow::Result<Vec<ClientRecord>> {
+    Ok(store.clients().await?)
+}
+
 /// Creates a client that may ask for `scopes`; returns its secret, shown once.
 pub async fn add(
     store: &Store,

@@ -94,3 +94,15 @@ impl From<Limited> for AuthError {
         AuthError::RateLimited(l)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_database_connection_is_unavailable_not_internal() {
+        let lost = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let e = AuthError::from(StoreError::from(sqlx::Error::Io(lost)));
+        assert!(matches!(e, AuthError::Unavailable(_)), "{e:?}");
+    }
+}

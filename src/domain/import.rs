@@ -12,8 +12,10 @@ use super::admin::AdminUser;
 use super::input::{parse_name, Email, Password};
 use super::legacy::{from_keycloak, Legacy};
 use super::AuthError;
+use crate::cache::Revocations;
 use crate::clock::now_ms;
-use crate::store::{ImportOutcome, ImportedUser};
+use crate::store::Store;
+pub use crate::store::{ImportOutcome, ImportedUser};
 
 /// A Keycloak credential as its realm export writes it.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -119,4 +121,87 @@ impl Accounts {
         }
         self.admin_user(&id).await
     }
+}
+
+/// Writes one batch of checked accounts (`latchkey users import`): created,
+/// or with `update` replaced (their sessions end, everywhere, and every
+/// instance forgets its cached copy), or skipped. One transaction.
+pub async fn import_batch(
+    store: &Store,
+    revocations: &Revocations,
+    batch: &[ImportedUser],
+    update: bool,
+    actor: &str,
+) -> anyhow::Result<Vec<ImportOutcome>> {
+    let (outcomes, ended) = store.import_users(batch, update, now_ms(), actor).await?;
+    revocations.revoke(&ended).await;
+    for (o, u) in outcomes.iter().zip(batch) {
+        if *o == ImportOutcome::Updated {
+            revocations.user_changed(&u.email).await;
+        }
+    }
+    Ok(outcomes)
+}
+
+/// Verified accounts for load tests (`latchkey users seed`): `count`
+/// emails made from `pattern` (its `{}` replaced by 1..=count) with one
+/// password, hashed on `threads` threads; with `totp_secret`, each new one
+/// also gets a confirmed authenticator app with that secret (a lab, never a
+/// real deployment). Returns how many were created, and how many got the
+/// authenticator.
+pub async fn seed(
+    store: &Store,
+    passwords: std::sync::Arc<super::hashing::Passwords>,
+    threads: usize,
+    (pattern, count): (&str, usize),
+    password: &str,
+    totp: Option<(&crate::crypto::Sealer, &[u8])>,
+) -> anyhow::Result<(usize, u64)> {
+    let now = now_ms();
+    let (pattern, password) = (pattern.to_string(), password.to_string());
+    let threads = threads.max(1);
+    let users = tokio::task::spawn_blocking(move || {
+        let chunks: Vec<Vec<usize>> = (0..threads)
+            .map(|t| (1..=count).filter(|i| i % threads == t).collect())
+            .collect();
+        std::thread::scope(|s| {
+            let handles: Vec<_> = chunks
+                .into_iter()
+                .map(|idx| {
+                    let (p, pw, pat) = (passwords.clone(), password.clone(), pattern.clone());
+                    s.spawn(move || {
+                        idx.into_iter()
+                            .map(|i| ImportedUser {
+                                id: uuid::Uuid::now_v7().to_string(),
+                                email: pat.replace("{}", &i.to_string()).to_lowercase(),
+                                name: None,
+                                password_hash: p.hash(&pw),
+                                verified_at: Some(now),
+                                created_at: now,
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().expect("hashing thread"))
+                .collect::<Vec<_>>()
+        })
+    })
+    .await?;
+    let (outcomes, _) = store.import_users(&users, false, now, "cli").await?;
+    let created: Vec<&str> = users
+        .iter()
+        .zip(&outcomes)
+        .filter(|(_, o)| **o == ImportOutcome::Created)
+        .map(|(u, _)| u.id.as_str())
+        .collect();
+    let with_totp = match totp {
+        Some((sealer, secret)) => {
+            super::mfa::seed_totp(store, sealer, created.iter().copied(), secret, now).await?
+        }
+        None => 0,
+    };
+    Ok((created.len(), with_totp))
 }

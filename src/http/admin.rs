@@ -11,11 +11,10 @@ use utoipa::ToSchema;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{query_bool, AdminToken, JsonBody};
 use super::AppState;
-use crate::domain::admin::{AdminUser, EventPage, UserChange, UserPage, MAX_PAGE};
+use crate::domain::admin::{AdminUser, EventFilter, EventPage, UserChange, UserFilter, UserPage, MAX_PAGE};
 use crate::domain::input::{parse_name, FieldError};
 use crate::domain::webhooks::{DeliveryPage, NewWebhook, Webhook};
 use crate::domain::AuthError;
-use crate::store::{EventFilter, UserFilter};
 
 /// An id from the path; one that does not decode names no account.
 fn user_id(id: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {

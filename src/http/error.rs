@@ -202,8 +202,8 @@ mod tests {
 
     #[test]
     fn an_unreachable_database_answers_503_with_retry_after_never_500() {
-        let lost = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
-        let e = AuthError::from(crate::store::StoreError::from(sqlx::Error::Io(lost)));
+        // What a lost database connection becomes (domain/error.rs).
+        let e = AuthError::Unavailable("reset by peer".into());
         let r = ApiError::from(e).into_response();
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(r.headers()[header::RETRY_AFTER], "1");

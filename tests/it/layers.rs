@@ -192,6 +192,25 @@ fn the_gateway_imports_nothing_from_the_services_http_edge() {
     );
 }
 
+/// The service's edges (its HTTP handlers and the command line) reach the
+/// database only through the domain, so that every rule the domain keeps
+/// (the registration decision, the revocation of sessions, the import
+/// budget) is on the path of every caller; the layers alone would let an
+/// edge call the store directly.
+#[test]
+fn the_edges_reach_the_database_only_through_the_domain() {
+    let graph = import_graph(&Path::new(ROOT).join("src"));
+    let direct: Vec<&String> = ["http", "cli"]
+        .iter()
+        .flat_map(|edge| graph[*edge].iter())
+        .filter(|used| used.split(' ').next() == Some("store"))
+        .collect();
+    assert!(
+        direct.is_empty(),
+        "an edge imports the store directly: {direct:?}"
+    );
+}
+
 #[test]
 fn the_import_reader_sees_grouped_and_inline_paths() {
     let code = "use crate::{a::B, b, c::{d, e}};\nfn f() { crate::g::h(); }";

@@ -119,6 +119,11 @@ impl Issuer {
         self.verifier.reload().await
     }
 
+    /// Every signing key in the database, active and retired.
+    pub async fn keys(&self) -> anyhow::Result<Vec<crate::store::KeyRecord>> {
+        Ok(self.store.signing_keys().await?)
+    }
+
     /// Deletes keys whose tokens have all expired.
     pub async fn purge_retired(&self) -> anyhow::Result<u64> {
         Ok(self

@@ -19,6 +19,7 @@ mod issuer;
 mod keys;
 mod verifier;
 
+pub use crate::store::KeyRecord;
 pub use issuer::Issuer;
 pub use keys::can_unseal;
 pub use verifier::{Verifier, VerifierSettings};
