@@ -180,7 +180,7 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
             let st = Services::build(config).await?;
             match command {
                 ClientsCommand::Add { id, name, scopes } => {
-                    match crate::domain::clients::add(&st.store, &id, name.as_deref(), &scopes).await? {
+                    match st.features.clients.add(&id, name.as_deref(), &scopes).await? {
                         Some(secret) => {
                             println!("client_id:     {id}\nclient_secret: {secret}\n(the secret is shown only now)");
                             Ok(())
@@ -189,18 +189,18 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
                     }
                 }
                 ClientsCommand::List => {
-                    for c in crate::domain::clients::list(&st.store).await? {
+                    for c in st.features.clients.list().await? {
                         println!(
                             "{}\t{}\t{}",
                             c.id,
                             c.name.unwrap_or_default(),
-                            crate::domain::accounts::rfc3339(c.created_at)
+                            crate::clock::rfc3339(c.created_at)
                         );
                     }
                     Ok(())
                 }
                 ClientsCommand::Remove { id } => {
-                    if crate::domain::clients::remove(&st.store, &st.revocations, &id).await? {
+                    if st.features.clients.remove(&id).await? {
                         println!("removed {id}");
                         Ok(())
                     } else {
@@ -213,14 +213,14 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
             let st = Services::build(config).await?;
             match command {
                 WebhooksCommand::Add { url, kinds } => {
-                    let w = st.accounts.add_webhook("cli", &url, &kinds).await?;
+                    let w = st.features.webhooks.add("cli", &url, &kinds).await?;
                     println!(
                         "id:     {}\nsecret: {}\n(the secret is shown only now)",
                         w.webhook.id, w.secret
                     );
                 }
                 WebhooksCommand::List => {
-                    for w in st.accounts.webhooks().await? {
+                    for w in st.features.webhooks.list().await? {
                         let kinds = if w.kinds.is_empty() {
                             "*".to_string()
                         } else {
@@ -230,7 +230,7 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
                     }
                 }
                 WebhooksCommand::Remove { id } => {
-                    st.accounts.remove_webhook("cli", &id).await?;
+                    st.features.webhooks.remove("cli", &id).await?;
                     println!("removed {id}");
                 }
             }
@@ -249,7 +249,7 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
                     for k in st.tokens.keys().await? {
                         let state = match k.retired_at {
                             None => "active".to_string(),
-                            Some(t) => format!("retired {}", crate::domain::accounts::rfc3339(t)),
+                            Some(t) => format!("retired {}", crate::clock::rfc3339(t)),
                         };
                         println!("{}\t{}\t{}", k.kid, k.alg, state);
                     }

@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::cache::RedisConfig;
-use crate::domain::accounts::AccountSettings;
 use crate::domain::hashing::HashSettings;
 use crate::domain::mfa::MfaSettings;
+use crate::domain::shared::AccountSettings;
 use crate::domain::tokens::TokenSettings;
 use crate::http::HttpSettings;
 use crate::limits::LimitSettings;

@@ -76,7 +76,7 @@ pub(super) async fn run(st: Arc<Services>, shutdown: Shutdown) {
         if purge.due() {
             st.revocations.purge();
             st.limiter.purge();
-            st.accounts.brute_force.purge();
+            st.shared.brute_force.purge();
             // Keep ended sessions a day for audit, then drop them.
             if let Err(e) = st.store.purge_sessions(now_ms() - 86_400_000).await {
                 tracing::warn!(error = %e, "purging sessions failed");
@@ -105,7 +105,7 @@ pub(super) async fn run(st: Arc<Services>, shutdown: Shutdown) {
             }
             // Logins that never passed their second factor, ceremonies never
             // finished, TOTP enrolments never confirmed.
-            if let Err(e) = st.accounts.purge_mfa().await {
+            if let Err(e) = st.features.factors.purge().await {
                 tracing::warn!(error = %e, "purging second-factor challenges failed");
             }
             let ttl = st.config.mail.dead_letter_ttl.as_millis() as i64;

@@ -138,7 +138,7 @@ fn spawn_background(st: &Arc<Services>, tasks: &mut Tasks) {
             let worker = OutboxWorker::new(
                 st.store.clone(),
                 sink,
-                st.accounts.outbox_sealer.clone(),
+                st.shared.outbox.sealer.clone(),
                 st.config.mail.from.clone(),
                 st.mail_wake.clone(),
             );
@@ -148,7 +148,7 @@ fn spawn_background(st: &Arc<Services>, tasks: &mut Tasks) {
     }
     let deliveries = crate::webhooks::DeliveryWorker::new(
         st.store.clone(),
-        st.accounts.outbox_sealer.clone(),
+        st.shared.outbox.sealer.clone(),
         st.config.webhooks.clone(),
     );
     tasks.spawn(deliveries.run(tasks.shutdown()));

@@ -10,13 +10,22 @@ use tokio::sync::Notify;
 use super::config::Config;
 use crate::cache::{RedisHandle, Revocations, UserCache};
 use crate::crypto::{load_master_secret, ServerKeys};
-use crate::domain::accounts::Accounts;
+use crate::domain::admin::Admin;
+use crate::domain::clients::Clients;
+use crate::domain::codebook::CodeBook;
 use crate::domain::credcache::CredentialCache;
 use crate::domain::hashing::HashPool;
-use crate::domain::mfa::Mfa;
+use crate::domain::login::Login;
+use crate::domain::mfa::SecondFactors;
 use crate::domain::ops::Operations;
+use crate::domain::passwords::Passwords;
 use crate::domain::refresh::RefreshTokens;
+use crate::domain::sessions::Sessions;
+use crate::domain::shared::{Outbox, Shared};
+use crate::domain::signup::SignUp;
 use crate::domain::tokens::{Issuer, LEEWAY_SECS};
+use crate::domain::webhooks::Webhooks;
+use crate::domain::Features;
 use crate::http::{ApiState, AppState};
 use crate::limits::{BruteForce, Limiter, Softlocks};
 use crate::store::Store;
@@ -30,7 +39,11 @@ pub struct Services {
     pub redis: Option<RedisHandle>,
     /// Signs and rotates keys; its `verifier()` validates.
     pub tokens: Arc<Issuer>,
-    pub accounts: Arc<Accounts>,
+    /// The handles the domain's services share (the hashing pool, the
+    /// brute-force rules, the outbox, ...).
+    pub shared: Arc<Shared>,
+    /// The domain's services, one per feature.
+    pub features: Features,
     pub revocations: Arc<Revocations>,
     pub users: Arc<UserCache>,
     pub limiter: Arc<Limiter>,
@@ -95,7 +108,7 @@ impl Services {
         let limiter = Arc::new(Limiter::new(limits.enabled, redis.clone()).with_policies(&limits.policies));
         let hashing = Arc::new(HashPool::new(&config.hashing)?);
         let mail_wake = Arc::new(Notify::new());
-        let accounts = Arc::new(Accounts {
+        let shared = Arc::new(Shared {
             store: store.clone(),
             hashing,
             credentials: config
@@ -104,7 +117,6 @@ impl Services {
                 .as_ref()
                 .map(|c| CredentialCache::new(c.capacity, c.ttl)),
             users: users.clone(),
-            tokens: tokens.clone(),
             revocations: revocations.clone(),
             limiter: limiter.clone(),
             brute_force: BruteForce::new(
@@ -115,18 +127,55 @@ impl Services {
             ),
             code_guesses: Softlocks::new(limits.enabled, redis.clone()),
             code_key: codes,
-            outbox_sealer: Arc::new(outbox),
-            mail_wake: mail_wake.clone(),
-            refresh_ttl: config.accounts.refresh_ttl,
-            refresh_grace: config.accounts.refresh_grace,
-            refresh_tokens: RefreshTokens::new(refresh_tokens),
-            webhook_allow_private: config.webhooks.allow_private,
-            mfa: Mfa::new(config.mfa.clone(), factors, ceremonies)?,
+            outbox: Outbox {
+                sealer: Arc::new(outbox),
+                wake: mail_wake.clone(),
+            },
         });
+        let codebook = Arc::new(CodeBook::new(shared.clone()));
+        let sessions = Arc::new(Sessions::new(
+            shared.clone(),
+            tokens.clone(),
+            config.accounts.refresh_ttl,
+            config.accounts.refresh_grace,
+            RefreshTokens::new(refresh_tokens),
+        ));
+        let passwords = Arc::new(Passwords::new(shared.clone(), codebook.clone()));
+        let factors = Arc::new(SecondFactors::new(
+            shared.clone(),
+            passwords.clone(),
+            config.mfa.clone(),
+            factors,
+            ceremonies,
+        )?);
+        let features = Features {
+            signup: Arc::new(SignUp::new(
+                shared.clone(),
+                codebook.clone(),
+                sessions.clone(),
+                factors.clone(),
+            )),
+            login: Arc::new(Login::new(
+                shared.clone(),
+                passwords.clone(),
+                factors.clone(),
+                sessions.clone(),
+            )),
+            admin: Arc::new(Admin::new(shared.clone(), codebook)),
+            clients: Arc::new(Clients::new(store.clone(), tokens.clone(), revocations.clone())),
+            webhooks: Arc::new(Webhooks::new(
+                store.clone(),
+                shared.outbox.sealer.clone(),
+                config.webhooks.allow_private,
+            )),
+            passwords,
+            factors,
+            sessions,
+        };
         let ops = Arc::new(Operations {
             store: store.clone(),
             redis: redis.clone(),
-            accounts: accounts.clone(),
+            shared: shared.clone(),
             tokens: tokens.verifier().clone(),
             revocations: revocations.clone(),
             users: users.clone(),
@@ -138,7 +187,8 @@ impl Services {
             store,
             redis,
             tokens,
-            accounts,
+            shared,
+            features,
             revocations,
             users,
             limiter,
@@ -151,7 +201,7 @@ impl Services {
     /// What the HTTP handlers get.
     pub fn api_state(&self) -> AppState {
         ApiState::new(
-            self.accounts.clone(),
+            self.features.clone(),
             self.tokens.verifier().clone(),
             self.limiter.clone(),
             self.ops.clone(),

@@ -1,15 +1,22 @@
 //! What an administrator (a client holding the `latchkey:admin` scope) may
 //! do to accounts: list and read them, rename, disable and enable, erase,
-//! end their sessions, and mail a password-reset code. The HTTP edge checks
-//! the scope (`http::extract::AdminToken`); these operations trust it.
+//! end their sessions, mail a password-reset code, and create one (with a
+//! password or a hash of another system, `import.rs`). Resetting an
+//! account's second factors is `mfa::SecondFactors::admin_reset`. The HTTP
+//! edge checks the scope (`http::extract::AdminToken`); these operations
+//! trust it.
+
+use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::accounts::{rfc3339, Accounts};
+use super::codebook::CodeBook;
+use super::import::{Checked, ImportRecord};
 use super::input::Email;
+use super::shared::Shared;
 use super::AuthError;
-use crate::clock::now_ms;
-use crate::store::{EmailChange, Event, Purpose, UserRecord};
+use crate::clock::{now_ms, rfc3339};
+use crate::store::{EmailChange, Event, ImportOutcome, Purpose, UserRecord};
 pub use crate::store::{EventFilter, UserFilter};
 
 /// The most accounts one page holds.
@@ -87,12 +94,21 @@ pub struct EventPage {
     pub next_cursor: Option<String>,
 }
 
-impl Accounts {
+pub struct Admin {
+    shared: Arc<Shared>,
+    codes: Arc<CodeBook>,
+}
+
+impl Admin {
+    pub fn new(shared: Arc<Shared>, codes: Arc<CodeBook>) -> Admin {
+        Admin { shared, codes }
+    }
+
     /// A page of accounts in creation order, `limit` at most [`MAX_PAGE`].
-    pub async fn admin_users(&self, filter: &UserFilter, limit: i64) -> Result<UserPage, AuthError> {
+    pub async fn users(&self, filter: &UserFilter, limit: i64) -> Result<UserPage, AuthError> {
         let limit = limit.clamp(1, MAX_PAGE);
         // One more than asked tells whether another page follows.
-        let mut users = self.store.users_page(filter, limit + 1).await?;
+        let mut users = self.shared.store.users_page(filter, limit + 1).await?;
         let next_cursor = if users.len() as i64 > limit {
             users.truncate(limit as usize);
             users.last().map(|u| u.id.clone())
@@ -106,9 +122,9 @@ impl Accounts {
     }
 
     /// A page of the audit trail, oldest first, `limit` at most [`MAX_PAGE`].
-    pub async fn admin_events(&self, filter: &EventFilter, limit: i64) -> Result<EventPage, AuthError> {
+    pub async fn events(&self, filter: &EventFilter, limit: i64) -> Result<EventPage, AuthError> {
         let limit = limit.clamp(1, MAX_PAGE);
-        let mut events = self.store.events_page(filter, limit + 1).await?;
+        let mut events = self.shared.store.events_page(filter, limit + 1).await?;
         let next_cursor = if events.len() as i64 > limit {
             events.truncate(limit as usize);
             events.last().map(|e| e.id.to_string())
@@ -134,7 +150,7 @@ impl Accounts {
         })
     }
 
-    pub async fn admin_user(&self, id: &str) -> Result<AdminUser, AuthError> {
+    pub async fn get(&self, id: &str) -> Result<AdminUser, AuthError> {
         Ok(self.user(id).await?.into())
     }
 
@@ -143,13 +159,13 @@ impl Accounts {
         if uuid::Uuid::try_parse(id).is_err() {
             return Err(NO_USER);
         }
-        self.store.user_by_id(id).await?.ok_or(NO_USER)
+        self.shared.store.user_by_id(id).await?.ok_or(NO_USER)
     }
 
     /// Renames, disables or enables an account. Disabling ends every session
     /// at once (their access tokens are refused everywhere, as after a
     /// logout); a disabled account cannot log in or verify until enabled.
-    pub async fn admin_update_user(
+    pub async fn update_user(
         &self,
         actor: &str,
         id: &str,
@@ -164,37 +180,44 @@ impl Accounts {
             self.change_email(actor, &user, email).await?;
         }
         if let Some(name) = change.name.filter(|n| *n != user.name) {
-            if !self.store.set_user_name(id, name.as_deref(), now, actor).await? {
+            if !self
+                .shared
+                .store
+                .set_user_name(id, name.as_deref(), now, actor)
+                .await?
+            {
                 return Err(NO_USER);
             }
         }
         if let Some(disabled) = change.disabled.filter(|d| *d != user.disabled_at.is_some()) {
             let ended = self
+                .shared
                 .store
                 .set_user_disabled(id, disabled, now, actor)
                 .await?
                 .ok_or(NO_USER)?;
-            self.revocations.revoke(&ended).await;
+            self.shared.revocations.revoke(&ended).await;
         }
-        self.user_changed(&user).await;
-        self.admin_user(id).await
+        self.shared.forget_user(&user.id, &user.email).await;
+        self.get(id).await
     }
 
     /// A new email for an account: the store's change (sessions end, the old
     /// address is told), then a verification code to the new address.
     async fn change_email(&self, actor: &str, user: &UserRecord, email: &Email) -> Result<(), AuthError> {
-        let notice = crate::mail::Message::email_changed(&user.email).seal(&self.outbox_sealer);
+        let notice = crate::mail::Message::email_changed(&user.email).seal(&self.shared.outbox.sealer);
         let outcome = self
+            .shared
             .store
             .change_email(&user.id, email.as_str(), &notice, now_ms(), actor)
             .await?;
         match outcome {
             EmailChange::Changed { ended, .. } => {
-                self.revocations.revoke(&ended).await;
-                self.revocations.user_changed(email.as_str()).await;
-                self.brute_force.forget_known(&user.email).await;
-                self.issue_code(email, Purpose::VerifyEmail, true).await?;
-                self.mail_wake.notify_one();
+                self.shared.revocations.revoke(&ended).await;
+                self.shared.revocations.user_changed(email.as_str()).await;
+                self.shared.brute_force.forget_known(&user.email).await;
+                self.codes.issue(email, Purpose::VerifyEmail, true).await?;
+                self.shared.outbox.wake();
                 Ok(())
             }
             EmailChange::NoUser => Err(NO_USER),
@@ -204,16 +227,17 @@ impl Accounts {
 
     /// Erases an account: the user, its sessions, refresh tokens and codes
     /// are deleted, and the access tokens of its sessions are refused.
-    pub async fn admin_delete_user(&self, actor: &str, id: &str) -> Result<(), AuthError> {
+    pub async fn delete_user(&self, actor: &str, id: &str) -> Result<(), AuthError> {
         let user = self.user(id).await?;
         let ended = self
+            .shared
             .store
             .delete_user(id, now_ms(), actor)
             .await?
             .ok_or(NO_USER)?;
-        self.revocations.revoke(&ended).await;
-        self.user_changed(&user).await;
-        self.brute_force.forget_known(&user.email).await;
+        self.shared.revocations.revoke(&ended).await;
+        self.shared.forget_user(&user.id, &user.email).await;
+        self.shared.brute_force.forget_known(&user.email).await;
         tracing::info!(user_id = %id, "account erased by an administrator");
         Ok(())
     }
@@ -221,44 +245,60 @@ impl Accounts {
     /// Lifts the brute-force locks and delays of an account, for every
     /// client address. (Those live in Redis or in memory, not in the
     /// database: the event is the only row written.)
-    pub async fn admin_unlock(&self, actor: &str, id: &str) -> Result<(), AuthError> {
+    pub async fn unlock(&self, actor: &str, id: &str) -> Result<(), AuthError> {
         let user = self.user(id).await?;
-        self.brute_force.unlock(&user.email).await;
+        self.shared.brute_force.unlock(&user.email).await;
         let e = Event::new("user.unlocked", now_ms()).user(id).actor(actor);
-        self.store.record_event(&e).await?;
+        self.shared.store.record_event(&e).await?;
         Ok(())
     }
 
     /// Ends every session of an account.
-    pub async fn admin_end_sessions(&self, actor: &str, id: &str) -> Result<(), AuthError> {
+    pub async fn end_sessions(&self, actor: &str, id: &str) -> Result<(), AuthError> {
         let user = self.user(id).await?;
         let ended = self
+            .shared
             .store
             .revoke_user_sessions(&user.id, None, "ended_by_admin", now_ms(), Some(actor))
             .await?;
-        self.revocations.revoke(&ended).await;
+        self.shared.revocations.revoke(&ended).await;
         tracing::info!(user_id = %id, client_id = %actor, "sessions ended by an administrator");
         Ok(())
     }
 
     /// Mails the account a password-reset code (as `POST
     /// /auth/password-reset` would, without its per-address limits).
-    pub async fn admin_password_reset(&self, actor: &str, id: &str) -> Result<(), AuthError> {
+    pub async fn password_reset(&self, actor: &str, id: &str) -> Result<(), AuthError> {
         let user = self.user(id).await?;
         let email = Email::parse("email", &user.email)?;
         let e = Event::new("password.reset_requested", now_ms())
             .user(id)
             .actor(actor);
-        self.issue_code_with(&email, Purpose::ResetPassword, true, Some(e))
+        self.codes
+            .issue_with(&email, Purpose::ResetPassword, true, Some(e))
             .await
     }
 
-    /// Caches of the account (here and, through Redis, on other instances)
-    /// forget it.
-    async fn user_changed(&self, user: &UserRecord) {
-        if let Some(c) = &self.credentials {
-            c.forget(&user.id);
+    /// Creates one account (the admin API): `AuthError::EmailTaken` if the
+    /// email has one.
+    pub async fn create_user(&self, actor: &str, record: ImportRecord) -> Result<AdminUser, AuthError> {
+        let Checked { mut user, plain } = record.check(true, now_ms()).map_err(AuthError::BadRequest)?;
+        if let Some(p) = plain {
+            user.password_hash = self
+                .shared
+                .hashing
+                .run("hash", move |h| h.hash(p.expose()))
+                .await?;
         }
-        self.revocations.user_changed(&user.email).await;
+        let id = user.id.clone();
+        let (outcome, _) = self
+            .shared
+            .store
+            .import_users(&[user], false, now_ms(), actor)
+            .await?;
+        if outcome.first() != Some(&ImportOutcome::Created) {
+            return Err(AuthError::EmailTaken);
+        }
+        self.get(&id).await
     }
 }

@@ -1,14 +1,18 @@
 //! OAuth clients: confidential clients with a generated 256-bit secret, stored
 //! as a SHA-256 digest (a slow hash adds nothing for a random 256-bit secret).
 
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use super::sessions::FIRST_PARTY_CLIENT;
+use super::tokens::{client_sid, Issuer};
+use super::AuthError;
 use crate::cache::Revocations;
 use crate::clock::now_ms;
 use crate::crypto::{ct_eq, random_token, sha256};
 pub use crate::store::ClientRecord;
 use crate::store::Store;
-
-use super::tokens::client_sid;
-use super::AuthError;
 
 /// The scope of the admin API (`/admin/*`).
 pub const ADMIN_SCOPE: &str = "latchkey:admin";
@@ -20,61 +24,6 @@ fn valid_scope(s: &str) -> bool {
         && s.len() <= 64
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b":._-".contains(&b))
-}
-
-/// Removes a client, ends the sessions it holds for users and revokes its
-/// own tokens, on every instance within the revocations' usual second (by
-/// Redis at once, and through the database's `revoked_sids` for instances
-/// that cannot hear this process). `false`: no such client.
-pub async fn remove(store: &Store, revocations: &Revocations, id: &str) -> anyhow::Result<bool> {
-    let Some(client) = store.client(id).await? else {
-        return Ok(false);
-    };
-    let sid = client_sid(id, client.created_at);
-    match store.remove_client(id, client.created_at, &sid, now_ms()).await? {
-        Some(sids) => {
-            revocations.revoke(&sids).await;
-            Ok(true)
-        }
-        None => Ok(false),
-    }
-}
-
-/// Every client, by id.
-pub async fn list(store: &Store) -> anyhow::Result<Vec<ClientRecord>> {
-    Ok(store.clients().await?)
-}
-
-/// Creates a client that may ask for `scopes`; returns its secret, shown once.
-pub async fn add(
-    store: &Store,
-    id: &str,
-    name: Option<&str>,
-    scopes: &[String],
-) -> anyhow::Result<Option<String>> {
-    if let Some(bad) = scopes.iter().find(|s| !valid_scope(s)) {
-        anyhow::bail!("scope {bad:?} must be 1..=64 characters of A-Z a-z 0-9 : . _ -");
-    }
-    if id.is_empty()
-        || id.len() > 128
-        || !id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-    {
-        anyhow::bail!("client id must be 1..=128 characters of A-Z a-z 0-9 - _ .");
-    }
-    if id == super::accounts::FIRST_PARTY_CLIENT {
-        anyhow::bail!("client id {id:?} is reserved: it names tokens of the first-party endpoints");
-    }
-    let secret = random_token();
-    let rec = ClientRecord {
-        id: id.to_string(),
-        secret_hash: sha256(secret.as_bytes()).to_vec(),
-        name: name.map(str::to_string),
-        created_at: now_ms(),
-        scopes: scopes.join(" "),
-    };
-    Ok(store.add_client(&rec).await?.then_some(secret))
 }
 
 /// The scope a client gets in the client_credentials grant: what it asked
@@ -99,16 +48,127 @@ pub fn granted_scope(client: &ClientRecord, requested: Option<&str>) -> Option<S
     Some(granted.join(" "))
 }
 
-/// Checks a client's credentials. Unknown ids cost the same comparison.
-pub async fn authenticate(store: &Store, id: &str, secret: &str) -> Result<ClientRecord, AuthError> {
-    let rec = store.client(id).await?;
-    let presented = sha256(secret.as_bytes());
-    match rec {
-        Some(rec) if ct_eq(&rec.secret_hash, &presented) => Ok(rec),
-        Some(_) => Err(AuthError::InvalidClient),
-        None => {
-            let _ = ct_eq(&[0u8; 32], &presented);
-            Err(AuthError::InvalidClient)
+/// The answer to the client_credentials grant: no refresh token (RFC 6749 §4.4.3).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ClientToken {
+    pub access_token: String,
+    pub token_type: &'static str,
+    pub expires_in: u64,
+    pub scope: String,
+}
+
+/// The OAuth clients service: their credentials, scopes and own tokens,
+/// and (for the command line) adding and removing them.
+pub struct Clients {
+    store: Store,
+    tokens: Arc<Issuer>,
+    revocations: Arc<Revocations>,
+}
+
+impl Clients {
+    pub fn new(store: Store, tokens: Arc<Issuer>, revocations: Arc<Revocations>) -> Clients {
+        Clients {
+            store,
+            tokens,
+            revocations,
         }
+    }
+
+    /// Checks a client's credentials. Unknown ids cost the same comparison.
+    pub async fn authenticate(&self, id: &str, secret: &str) -> Result<ClientRecord, AuthError> {
+        let rec = self.store.client(id).await?;
+        let presented = sha256(secret.as_bytes());
+        match rec {
+            Some(rec) if ct_eq(&rec.secret_hash, &presented) => Ok(rec),
+            Some(_) => Err(AuthError::InvalidClient),
+            None => {
+                let _ = ct_eq(&[0u8; 32], &presented);
+                Err(AuthError::InvalidClient)
+            }
+        }
+    }
+
+    /// Whether client `id` still exists (`None`: removed) and may still have
+    /// `scope`: checked on every admin call, so that removing a client or
+    /// its scope takes effect at once, not when its tokens expire.
+    pub async fn may(&self, id: &str, scope: &str) -> Result<Option<bool>, AuthError> {
+        Ok(self
+            .store
+            .client(id)
+            .await?
+            .map(|c| c.scopes.split(' ').any(|s| s == scope)))
+    }
+
+    /// A client's own access token (the client_credentials grant).
+    pub fn token(&self, client: &ClientRecord, requested: Option<&str>) -> Result<ClientToken, AuthError> {
+        let scope = granted_scope(client, requested).ok_or(AuthError::InvalidScope)?;
+        let access_token = self
+            .tokens
+            .issue_for_client(&client.id, client.created_at, &scope)?;
+        Ok(ClientToken {
+            access_token,
+            token_type: "Bearer",
+            expires_in: self.tokens.access_ttl().as_secs(),
+            scope,
+        })
+    }
+
+    /// Removes a client, ends the sessions it holds for users and revokes its
+    /// own tokens, on every instance within the revocations' usual second (by
+    /// Redis at once, and through the database's `revoked_sids` for instances
+    /// that cannot hear this process). `false`: no such client.
+    pub async fn remove(&self, id: &str) -> anyhow::Result<bool> {
+        let Some(client) = self.store.client(id).await? else {
+            return Ok(false);
+        };
+        let sid = client_sid(id, client.created_at);
+        match self
+            .store
+            .remove_client(id, client.created_at, &sid, now_ms())
+            .await?
+        {
+            Some(sids) => {
+                self.revocations.revoke(&sids).await;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Every client, by id.
+    pub async fn list(&self) -> anyhow::Result<Vec<ClientRecord>> {
+        Ok(self.store.clients().await?)
+    }
+
+    /// Creates a client that may ask for `scopes`; returns its secret, shown once.
+    pub async fn add(
+        &self,
+        id: &str,
+        name: Option<&str>,
+        scopes: &[String],
+    ) -> anyhow::Result<Option<String>> {
+        if let Some(bad) = scopes.iter().find(|s| !valid_scope(s)) {
+            anyhow::bail!("scope {bad:?} must be 1..=64 characters of A-Z a-z 0-9 : . _ -");
+        }
+        if id.is_empty()
+            || id.len() > 128
+            || !id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        {
+            anyhow::bail!("client id must be 1..=128 characters of A-Z a-z 0-9 - _ .");
+        }
+        if id == FIRST_PARTY_CLIENT {
+            anyhow::bail!("client id {id:?} is reserved: it names tokens of the first-party endpoints");
+        }
+        let secret = random_token();
+        let rec = ClientRecord {
+            id: id.to_string(),
+            secret_hash: sha256(secret.as_bytes()).to_vec(),
+            name: name.map(str::to_string),
+            created_at: now_ms(),
+            scopes: scopes.join(" "),
+        };
+        Ok(self.store.add_client(&rec).await?.then_some(secret))
     }
 }

@@ -43,7 +43,7 @@ pub enum AuthError {
     /// at `/auth/mfa/verify` with the step up (`None` for an OAuth client's
     /// password grant, which cannot pass one).
     #[error("second factor required")]
-    SecondFactorRequired(Option<Box<super::mfa::StepUp>>),
+    SecondFactorRequired(Option<Box<super::mfa::challenge::StepUp>>),
     /// A wrong second factor; the login's token survives `tries_left` more
     /// (negative: no token involved).
     #[error("second factor not accepted")]

@@ -7,13 +7,10 @@
 
 use serde::Deserialize;
 
-use super::accounts::{parse_rfc3339, Accounts};
-use super::admin::AdminUser;
 use super::input::{parse_name, Email, Password};
 use super::legacy::{from_keycloak, Legacy};
-use super::AuthError;
 use crate::cache::Revocations;
-use crate::clock::now_ms;
+use crate::clock::{now_ms, parse_rfc3339};
 use crate::store::Store;
 pub use crate::store::{ImportOutcome, ImportedUser};
 
@@ -103,23 +100,6 @@ impl ImportRecord {
             },
             plain,
         })
-    }
-}
-
-impl Accounts {
-    /// Creates one account (the admin API): `AuthError::EmailTaken` if the
-    /// email has one.
-    pub async fn admin_create_user(&self, actor: &str, record: ImportRecord) -> Result<AdminUser, AuthError> {
-        let Checked { mut user, plain } = record.check(true, now_ms()).map_err(AuthError::BadRequest)?;
-        if let Some(p) = plain {
-            user.password_hash = self.hashing.run("hash", move |h| h.hash(p.expose())).await?;
-        }
-        let id = user.id.clone();
-        let (outcome, _) = self.store.import_users(&[user], false, now_ms(), actor).await?;
-        if outcome.first() != Some(&ImportOutcome::Created) {
-            return Err(AuthError::EmailTaken);
-        }
-        self.admin_user(&id).await
     }
 }
 

@@ -1,6 +1,6 @@
 //! Password hashes made by other systems, accepted on import and verified at
 //! login until the first successful login rehashes the password to the
-//! configured argon2id (`Accounts::upgrade_hash_later`).
+//! configured argon2id (`passwords::Passwords::upgrade_hash_later`).
 //!
 //! ```text
 //!  import:  text --parse--> Legacy (format known, parameters within limits)

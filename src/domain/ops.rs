@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use super::accounts::Accounts;
+use super::shared::Shared;
 use super::tokens::Verifier;
 use super::AuthError;
 use crate::cache::{RedisHandle, Revocations, UserCache};
@@ -18,7 +18,8 @@ use crate::store::Store;
 pub struct Operations {
     pub(crate) store: Store,
     pub(crate) redis: Option<RedisHandle>,
-    pub(crate) accounts: Arc<Accounts>,
+    /// For the size of the credential cache.
+    pub(crate) shared: Arc<Shared>,
     pub(crate) tokens: Arc<Verifier>,
     pub(crate) revocations: Arc<Revocations>,
     pub(crate) users: Arc<UserCache>,
@@ -47,7 +48,7 @@ impl Operations {
         metrics::gauge!("latchkey_token_cache_size").set(self.tokens.cache_len() as f64);
         metrics::gauge!("latchkey_user_cache_size").set(self.users.len() as f64);
         metrics::gauge!("latchkey_revocations_size").set(self.revocations.len() as f64);
-        if let Some(c) = &self.accounts.credentials {
+        if let Some(c) = &self.shared.credentials {
             metrics::gauge!("latchkey_credential_cache_size").set(c.len() as f64);
         }
         crate::telemetry::record_process_gauges();

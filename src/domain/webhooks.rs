@@ -3,9 +3,12 @@
 
 use serde::Serialize;
 
-use super::accounts::{rfc3339, Accounts};
+use std::sync::Arc;
+
 use super::AuthError;
-use crate::clock::now_ms;
+use crate::clock::{now_ms, rfc3339};
+use crate::crypto::Sealer;
+use crate::store::Store;
 use crate::store::{family, DeliveryRecord, WebhookRecord, KINDS};
 
 /// A webhook as the admin API shows it (never its secret, but once).
@@ -128,22 +131,35 @@ fn check_kinds(kinds: &[String]) -> Result<String, AuthError> {
     Ok(list.join(" "))
 }
 
-impl Accounts {
+/// The webhooks service: registering, listing and removing webhooks, and
+/// their deliveries.
+pub struct Webhooks {
+    store: Store,
+    /// Seals webhook secrets at rest (the outbox's key).
+    sealer: Arc<Sealer>,
+    /// Whether webhooks may be registered at non-public addresses.
+    allow_private: bool,
+}
+
+impl Webhooks {
+    pub fn new(store: Store, sealer: Arc<Sealer>, allow_private: bool) -> Webhooks {
+        Webhooks {
+            store,
+            sealer,
+            allow_private,
+        }
+    }
+
     /// Registers a webhook for `kinds` (empty: every event); its secret is
     /// in the answer only.
-    pub async fn add_webhook(
-        &self,
-        actor: &str,
-        url: &str,
-        kinds: &[String],
-    ) -> Result<NewWebhook, AuthError> {
-        let url = check_url(url, self.webhook_allow_private)?;
+    pub async fn add(&self, actor: &str, url: &str, kinds: &[String]) -> Result<NewWebhook, AuthError> {
+        let url = check_url(url, self.allow_private)?;
         let kinds = check_kinds(kinds)?;
         let secret = crate::webhooks::new_secret();
         let rec = WebhookRecord {
             id: format!("wh_{}", uuid::Uuid::new_v4().simple()),
             url,
-            secret: crate::webhooks::seal_secret(&secret, &self.outbox_sealer),
+            secret: crate::webhooks::seal_secret(&secret, &self.sealer),
             kinds,
             created_at: now_ms(),
         };
@@ -155,7 +171,7 @@ impl Accounts {
         })
     }
 
-    pub async fn webhooks(&self) -> Result<Vec<Webhook>, AuthError> {
+    pub async fn list(&self) -> Result<Vec<Webhook>, AuthError> {
         Ok(self
             .store
             .webhooks()
@@ -166,7 +182,7 @@ impl Accounts {
     }
 
     /// Removes a webhook; its pending deliveries are dropped.
-    pub async fn remove_webhook(&self, actor: &str, id: &str) -> Result<(), AuthError> {
+    pub async fn remove(&self, actor: &str, id: &str) -> Result<(), AuthError> {
         if !self.store.remove_webhook(id, now_ms(), actor).await? {
             return Err(NO_WEBHOOK);
         }
@@ -175,7 +191,7 @@ impl Accounts {
     }
 
     /// A webhook's deliveries, newest first, before delivery `before`.
-    pub async fn webhook_deliveries(
+    pub async fn deliveries(
         &self,
         id: &str,
         before: Option<i64>,

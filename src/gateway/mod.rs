@@ -32,6 +32,7 @@ mod proxy;
 pub mod routes;
 mod serve;
 mod state;
+mod worker;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -53,8 +54,8 @@ use crate::server::connections::{self, Connections};
 pub use config::GatewayConfig;
 use config::{LimiterStore, RuntimeModel};
 use routes::RouteTable;
-use serve::Worker;
 pub use state::{reload_from, GatewayState};
+use worker::{UpstreamSlots, Worker};
 
 /// Bound listeners and the state behind them, ready to run.
 pub struct Gateway {
@@ -204,7 +205,7 @@ impl Gateway {
                 gw: st.clone(),
                 client: serve::upstream_client(&st.config.read().expect("config lock")),
                 limiter: None,
-                upstream: proxy::UpstreamSlots::share(1, 1),
+                upstream: UpstreamSlots::share(1, 1),
             });
             let router = ops::ops_routes().with_state(worker);
             tokio::spawn(connections::serve(

@@ -11,8 +11,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 
-use super::serve::Worker;
 use super::state::GatewayState;
+use super::worker::Worker;
 use crate::clock::now_ms;
 use crate::lifecycle::{answers, Every, Readiness, Shutdown, Ticks};
 

@@ -27,7 +27,6 @@
 //! reaches the upstream.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,8 +39,9 @@ use axum::response::Response;
 use super::config::{ForwardHeaders, LimitKey, UnknownRevocations};
 use super::headers::{ambiguous, request_host, request_id, strip_hop_by_hop, strip_reserved};
 use super::routes::{upstream_path_and_query, Route, RouteTable};
+use super::state::GatewayState;
+use super::worker::{UpstreamSlot, Worker};
 use super::{body, path};
-use super::{GatewayState, Worker};
 use crate::domain::tokens::{bearer_token, Verified};
 use crate::server::answers::{error_response, invalid_token, rate_limited};
 use crate::server::client_address::{client_ip, ProxyHeader};
@@ -467,47 +467,6 @@ async fn send(
         }
     };
     (response, took)
-}
-
-/// One serving thread's upstream requests open (from sending until the
-/// answer's body ends or is dropped) and its share of
-/// `upstream.max_requests`. Without a cap each client connection could
-/// hold up to 100 upstream requests (its HTTP/2 streams, each sending a
-/// body slowly or leaving an answer unread), and `max_connections` of them
-/// a million upstream sockets: past the process's file limit, and likely
-/// past what the upstreams accept.
-pub(crate) struct UpstreamSlots {
-    open: Arc<AtomicUsize>,
-    cap: usize,
-}
-
-impl UpstreamSlots {
-    /// This thread's share when `threads` serving threads split `max_requests`.
-    pub fn share(max_requests: usize, threads: usize) -> UpstreamSlots {
-        UpstreamSlots {
-            open: Arc::new(AtomicUsize::new(0)),
-            cap: max_requests.div_ceil(threads.max(1)).max(1),
-        }
-    }
-
-    fn take(&self) -> Option<Arc<UpstreamSlot>> {
-        if self.open.fetch_add(1, Ordering::AcqRel) >= self.cap {
-            self.open.fetch_sub(1, Ordering::AcqRel);
-            return None;
-        }
-        Some(Arc::new(UpstreamSlot(self.open.clone())))
-    }
-}
-
-/// An open upstream request, shared by its request body (while one is
-/// being sent) and its answer's body; when both are dropped, its slot is
-/// free again.
-struct UpstreamSlot(Arc<AtomicUsize>);
-
-impl Drop for UpstreamSlot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
 }
 
 pin_project_lite::pin_project! {

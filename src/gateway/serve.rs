@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::body::Body;
 use axum::Router;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -18,29 +17,10 @@ use super::config::{GatewayConfig, LimiterStore};
 use super::ops::ops_routes;
 use super::proxy;
 use super::state::GatewayState;
+use super::worker::{UpstreamClient, UpstreamSlots, Worker};
 use crate::cache::RedisHandle;
 use crate::lifecycle::Shutdown;
-use crate::limits::Limiter;
 use crate::server::connections::{self, Connections};
-
-type UpstreamClient = Client<HttpConnector, Body>;
-
-/// What one serving thread's handlers see: the shared state and this
-/// thread's own upstream pool (connections stay on the thread that made them).
-pub(crate) struct Worker {
-    pub gw: Arc<GatewayState>,
-    pub client: UpstreamClient,
-    /// With Redis buckets: the shared limiter over this thread's own Redis connection.
-    pub limiter: Option<Limiter>,
-    /// This thread's upstream requests open, and its share of the cap.
-    pub upstream: proxy::UpstreamSlots,
-}
-
-impl Worker {
-    pub fn limiter(&self) -> &Limiter {
-        self.limiter.as_ref().unwrap_or(&self.gw.limiter)
-    }
-}
 
 /// `workers` listening sockets on `addr` (SO_REUSEPORT: the kernel spreads
 /// connections over them). With port 0, the first socket picks the port.
@@ -114,7 +94,7 @@ pub(super) fn spawn_worker(
                     gw: st,
                     client: upstream_client(&client_config),
                     limiter,
-                    upstream: proxy::UpstreamSlots::share(
+                    upstream: UpstreamSlots::share(
                         client_config.upstream.max_requests,
                         client_config.workers,
                     ),
@@ -140,7 +120,7 @@ pub(super) fn spawn_shared(
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let (client, upstream) = {
         let config = st.config.read().expect("config lock");
-        let slots = proxy::UpstreamSlots::share(config.upstream.max_requests, 1);
+        let slots = UpstreamSlots::share(config.upstream.max_requests, 1);
         (upstream_client(&config), slots)
     };
     tokio::spawn(async move {

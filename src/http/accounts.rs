@@ -11,8 +11,8 @@ use super::error::{ApiError, ErrorBody};
 use super::extract::{query_bool, AccountBearer, Bearer, ClientIp, ClientOrigin, JsonBody};
 use super::schema;
 use super::AppState;
-use crate::domain::accounts::{Profile, SessionInfo, TokenPair};
 use crate::domain::input::{parse_name, parse_opaque, Code, Email, FieldError, Password};
+use crate::domain::sessions::{Profile, SessionInfo, TokenPair};
 
 #[derive(Deserialize, ToSchema)]
 pub struct RegisterRequest {
@@ -119,7 +119,7 @@ pub async fn register(
     let email = Email::parse("email", &req.email)?;
     let password = Password::parse("password", &req.password)?;
     let name = parse_name("name", req.name.as_deref())?;
-    st.accounts.register(ip, email, password, name).await?;
+    st.signup.register(ip, email, password, name).await?;
     Ok((
         StatusCode::CREATED,
         Json(StatusBody {
@@ -143,7 +143,7 @@ pub async fn verify_otp(
     let email = Email::parse("email", &req.email)?;
     let code = Code::parse("code", &req.code)?;
     Ok(token_response(
-        st.accounts.verify_email(&origin, email, code).await?,
+        st.signup.verify_email(&origin, email, code).await?,
     ))
 }
 
@@ -155,7 +155,7 @@ pub async fn resend_otp(
     JsonBody(req): JsonBody<EmailRequest>,
 ) -> Result<Response, ApiError> {
     let email = Email::parse("email", &req.email)?;
-    st.accounts.resend_code(ip, email).await?;
+    st.signup.resend_code(ip, email).await?;
     Ok(sent())
 }
 
@@ -184,7 +184,7 @@ pub async fn login(
     let email = Email::parse("email", &req.email)?;
     let password = Password::parse("password", &req.password)?;
     Ok(token_response(
-        st.accounts.login(&origin, email, password, None).await?,
+        st.login.password(&origin, email, password, None).await?,
     ))
 }
 
@@ -195,7 +195,7 @@ pub async fn refresh(
     JsonBody(req): JsonBody<RefreshRequest>,
 ) -> Result<Response, ApiError> {
     let token = parse_opaque("refresh_token", &req.refresh_token)?;
-    Ok(token_response(st.accounts.refresh(&token, None).await?))
+    Ok(token_response(st.sessions.refresh(&token, None).await?))
 }
 
 #[utoipa::path(post, path = "/auth/logout", tag = "accounts", request_body = LogoutRequest,
@@ -209,7 +209,7 @@ pub async fn logout(
     }
     // A malformed token cannot be ours: nothing to revoke, same answer.
     if let Ok(token) = parse_opaque("refresh_token", &req.refresh_token) {
-        st.accounts.logout(&token).await?;
+        st.sessions.logout(&token).await?;
     }
     Ok(StatusCode::NO_CONTENT)
 }
@@ -217,7 +217,7 @@ pub async fn logout(
 #[utoipa::path(get, path = "/auth/me", tag = "accounts", security(("bearer" = [])),
     responses((status = 200, body = Profile), (status = 401, body = ErrorBody, description = "INVALID_TOKEN")))]
 pub async fn me(State(st): State<AppState>, Bearer(token): Bearer) -> Result<Json<Profile>, ApiError> {
-    Ok(Json(st.accounts.profile(&token).await?))
+    Ok(Json(st.sessions.profile(&token).await?))
 }
 
 #[utoipa::path(post, path = "/auth/password", tag = "accounts", security(("bearer" = [])), request_body = PasswordChangeRequest,
@@ -238,8 +238,8 @@ pub async fn change_password(
         .map(current_password)
         .transpose()?;
     let new = Password::parse("new_password", &req.new_password)?;
-    st.accounts
-        .change_password(&token, origin.ip, current, new, req.end_other_sessions)
+    st.passwords
+        .change(&token, origin.ip, current, new, req.end_other_sessions)
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -269,7 +269,7 @@ pub async fn sessions(
     State(st): State<AppState>,
     AccountBearer(token): AccountBearer,
 ) -> Result<Response, ApiError> {
-    let sessions = st.accounts.sessions(&token).await?;
+    let sessions = st.sessions.list(&token).await?;
     let mut r = Json(SessionList { sessions }).into_response();
     r.headers_mut().insert(
         header::CACHE_CONTROL,
@@ -293,7 +293,7 @@ pub async fn end_session(
     let Ok(Path(id)) = id else {
         return Err(crate::domain::AuthError::NotFound("session").into());
     };
-    st.accounts.end_session(&token, &id).await?;
+    st.sessions.end_one(&token, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -314,7 +314,7 @@ pub async fn end_sessions(
             others = query_bool("others", &v)?;
         }
     }
-    st.accounts.end_sessions(&token, others).await?;
+    st.sessions.end_all(&token, others).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -326,7 +326,7 @@ pub async fn password_reset(
     JsonBody(req): JsonBody<EmailRequest>,
 ) -> Result<Response, ApiError> {
     let email = Email::parse("email", &req.email)?;
-    st.accounts.request_password_reset(ip, email).await?;
+    st.passwords.request_reset(ip, email).await?;
     Ok(sent())
 }
 
@@ -341,6 +341,6 @@ pub async fn password_reset_confirm(
     let email = Email::parse("email", &req.email)?;
     let code = Code::parse("code", &req.code)?;
     let new = Password::parse("new_password", &req.new_password)?;
-    st.accounts.confirm_password_reset(ip, email, code, new).await?;
+    st.passwords.confirm_reset(ip, email, code, new).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -24,7 +24,7 @@ fn user_id(id: Result<Path<String>, PathRejection>) -> Result<String, ApiError> 
 
 /// Unix milliseconds from an RFC 3339 time (`2026-01-31T12:00:00Z`, UTC).
 fn time(name: &'static str, v: &str) -> Result<i64, FieldError> {
-    crate::domain::accounts::parse_rfc3339(v)
+    crate::clock::parse_rfc3339(v)
         .ok_or_else(|| FieldError::new(name, "must be an RFC 3339 time in UTC, e.g. 2026-01-31T12:00:00Z"))
 }
 
@@ -74,7 +74,7 @@ pub async fn users(
             _ => {}
         }
     }
-    Ok(Json(st.accounts.admin_users(&filter, limit).await?))
+    Ok(Json(st.admin.users(&filter, limit).await?))
 }
 
 #[utoipa::path(get, path = "/admin/events", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
@@ -121,7 +121,7 @@ pub async fn events(
             _ => {}
         }
     }
-    Ok(Json(st.accounts.admin_events(&filter, limit).await?))
+    Ok(Json(st.admin.events(&filter, limit).await?))
 }
 
 /// `limit`: 1 to [`MAX_PAGE`].
@@ -143,10 +143,7 @@ pub async fn create_user(
     AdminToken(admin): AdminToken,
     JsonBody(record): JsonBody<crate::domain::import::ImportRecord>,
 ) -> Result<(StatusCode, Json<AdminUser>), ApiError> {
-    let created = st
-        .accounts
-        .admin_create_user(&admin.claims.client_id, record)
-        .await?;
+    let created = st.admin.create_user(&admin.claims.client_id, record).await?;
     Ok((StatusCode::CREATED, Json(created)))
 }
 
@@ -159,7 +156,7 @@ pub async fn user(
     _: AdminToken,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<AdminUser>, ApiError> {
-    Ok(Json(st.accounts.admin_user(&user_id(id)?).await?))
+    Ok(Json(st.admin.get(&user_id(id)?).await?))
 }
 
 /// The fields an administrator may change; a field left out stays.
@@ -212,9 +209,7 @@ pub async fn update_user(
         email,
     };
     Ok(Json(
-        st.accounts
-            .admin_update_user(&admin.claims.client_id, &id, change)
-            .await?,
+        st.admin.update_user(&admin.claims.client_id, &id, change).await?,
     ))
 }
 
@@ -228,8 +223,8 @@ pub async fn delete_user(
     AdminToken(admin): AdminToken,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<StatusCode, ApiError> {
-    st.accounts
-        .admin_delete_user(&admin.claims.client_id, &user_id(id)?)
+    st.admin
+        .delete_user(&admin.claims.client_id, &user_id(id)?)
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -244,8 +239,8 @@ pub async fn end_sessions(
     AdminToken(admin): AdminToken,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<StatusCode, ApiError> {
-    st.accounts
-        .admin_end_sessions(&admin.claims.client_id, &user_id(id)?)
+    st.admin
+        .end_sessions(&admin.claims.client_id, &user_id(id)?)
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -260,8 +255,8 @@ pub async fn reset_factors(
     AdminToken(admin): AdminToken,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<StatusCode, ApiError> {
-    st.accounts
-        .admin_reset_factors(&admin.claims.client_id, &user_id(id)?)
+    st.factors
+        .admin_reset(&admin.claims.client_id, &user_id(id)?)
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -276,9 +271,7 @@ pub async fn unlock(
     AdminToken(admin): AdminToken,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<StatusCode, ApiError> {
-    st.accounts
-        .admin_unlock(&admin.claims.client_id, &user_id(id)?)
-        .await?;
+    st.admin.unlock(&admin.claims.client_id, &user_id(id)?).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -292,8 +285,8 @@ pub async fn password_reset(
     AdminToken(admin): AdminToken,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<StatusCode, ApiError> {
-    st.accounts
-        .admin_password_reset(&admin.claims.client_id, &user_id(id)?)
+    st.admin
+        .password_reset(&admin.claims.client_id, &user_id(id)?)
         .await?;
     Ok(StatusCode::ACCEPTED)
 }
@@ -321,8 +314,8 @@ pub async fn add_webhook(
     JsonBody(req): JsonBody<WebhookRequest>,
 ) -> Result<(StatusCode, Json<NewWebhook>), ApiError> {
     let created = st
-        .accounts
-        .add_webhook(&admin.claims.client_id, &req.url, &req.kinds)
+        .webhooks
+        .add(&admin.claims.client_id, &req.url, &req.kinds)
         .await?;
     Ok((StatusCode::CREATED, Json(created)))
 }
@@ -337,7 +330,7 @@ pub struct WebhookList {
               (status = 403, body = ErrorBody, description = "INSUFFICIENT_SCOPE")))]
 pub async fn webhooks(State(st): State<AppState>, _: AdminToken) -> Result<Json<WebhookList>, ApiError> {
     Ok(Json(WebhookList {
-        webhooks: st.accounts.webhooks().await?,
+        webhooks: st.webhooks.list().await?,
     }))
 }
 
@@ -354,7 +347,7 @@ pub async fn remove_webhook(
     let Ok(Path(id)) = id else {
         return Err(AuthError::NotFound("webhook").into());
     };
-    st.accounts.remove_webhook(&admin.claims.client_id, &id).await?;
+    st.webhooks.remove(&admin.claims.client_id, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -388,5 +381,5 @@ pub async fn webhook_deliveries(
             _ => {}
         }
     }
-    Ok(Json(st.accounts.webhook_deliveries(&id, before, limit).await?))
+    Ok(Json(st.webhooks.deliveries(&id, before, limit).await?))
 }

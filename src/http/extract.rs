@@ -13,8 +13,8 @@ use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 use super::AppState;
-use crate::domain::accounts::Origin;
 use crate::domain::input::FieldError;
+use crate::domain::sessions::Origin;
 use crate::domain::tokens::{bearer_token, Verified};
 use crate::domain::AuthError;
 pub use crate::server::client_address::{client_ip, ProxyHeader};
@@ -181,7 +181,7 @@ impl FromRequestParts<AppState> for AccountBearer {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let Bearer(v) = Bearer::from_request_parts(parts, state).await?;
-        if v.claims.client_id != crate::domain::accounts::FIRST_PARTY_CLIENT {
+        if v.claims.client_id != crate::domain::sessions::FIRST_PARTY_CLIENT {
             return Err(ApiError::Auth(AuthError::FirstPartyOnly));
         }
         Ok(AccountBearer(v))
@@ -227,11 +227,7 @@ impl FromRequestParts<AppState> for AdminToken {
         if !v.claims.has_scope(ADMIN_SCOPE) {
             return Err(ApiError::Auth(AuthError::InsufficientScope(ADMIN_SCOPE)));
         }
-        match state
-            .accounts
-            .client_may(&v.claims.client_id, ADMIN_SCOPE)
-            .await?
-        {
+        match state.clients.may(&v.claims.client_id, ADMIN_SCOPE).await? {
             Some(true) => Ok(AdminToken(v)),
             Some(false) => Err(ApiError::Auth(AuthError::InsufficientScope(ADMIN_SCOPE))),
             None => Err(ApiError::Auth(AuthError::InvalidToken)),

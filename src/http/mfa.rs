@@ -16,9 +16,9 @@ use super::error::{ApiError, ErrorBody};
 use super::extract::{AccountBearer, ClientOrigin, JsonBody};
 use super::schema;
 use super::AppState;
-use crate::domain::accounts::TokenPair;
 use crate::domain::input::{parse_opaque, FieldError};
 use crate::domain::mfa::{Ceremony, Enrolled, FactorInfo, FactorList, Proof, RecoveryCodes, TotpEnrolment};
+use crate::domain::sessions::TokenPair;
 use crate::domain::AuthError;
 
 /// The second step of a login: its `mfa_token` (from the `401
@@ -181,7 +181,7 @@ pub async fn verify(
     };
     let token = parse_opaque("mfa_token", &token)?;
     Ok(token_response(
-        st.accounts.verify_second_factor(&origin, &token, proof).await?,
+        st.login.second_factor(&origin, &token, proof).await?,
     ))
 }
 
@@ -191,7 +191,7 @@ pub async fn passkey_login(
     State(st): State<AppState>,
     ClientOrigin(origin): ClientOrigin,
 ) -> Result<Response, ApiError> {
-    Ok(no_store(st.accounts.start_passkey_login(&origin).await?))
+    Ok(no_store(st.login.start_passkey(&origin).await?))
 }
 
 #[utoipa::path(post, path = "/auth/passkeys/login/finish", tag = "second factors", request_body = LoginFinish,
@@ -207,7 +207,7 @@ pub async fn passkey_login_finish(
     let token = parse_opaque("ceremony_token", &req.ceremony_token)?;
     let cred: PublicKeyCredential = credential("credential", req.credential)?;
     Ok(token_response(
-        st.accounts.finish_passkey_login(&origin, &token, &cred).await?,
+        st.login.finish_passkey(&origin, &token, &cred).await?,
     ))
 }
 
@@ -219,7 +219,7 @@ pub async fn factors(
     State(st): State<AppState>,
     AccountBearer(token): AccountBearer,
 ) -> Result<Response, ApiError> {
-    Ok(Json(st.accounts.factors(&token).await?).into_response())
+    Ok(Json(st.factors.factors(&token).await?).into_response())
 }
 
 #[utoipa::path(post, path = "/auth/mfa/totp", tag = "second factors", security(("bearer" = [])), request_body = TotpRequest,
@@ -236,7 +236,7 @@ pub async fn start_totp(
     let name = req.name.unwrap_or_default();
     let password = current_password(&req.current_password)?;
     Ok(created(
-        st.accounts.start_totp(&token, origin.ip, &name, password).await?,
+        st.factors.start_totp(&token, origin.ip, &name, password).await?,
     ))
 }
 
@@ -255,7 +255,7 @@ pub async fn confirm_totp(
 ) -> Result<Response, ApiError> {
     let id = factor_id(id)?;
     Ok(created(
-        st.accounts.confirm_totp(&token, &id, req.code.trim()).await?,
+        st.factors.confirm_totp(&token, &id, req.code.trim()).await?,
     ))
 }
 
@@ -273,7 +273,7 @@ pub async fn start_passkey(
     let name = req.name.unwrap_or_default();
     let password = current_password(&req.current_password)?;
     Ok(no_store(
-        st.accounts
+        st.factors
             .start_passkey(&token, origin.ip, &name, req.passwordless, password)
             .await?,
     ))
@@ -293,7 +293,7 @@ pub async fn finish_passkey(
     let ceremony = parse_opaque("ceremony_token", &req.ceremony_token)?;
     let cred: RegisterPublicKeyCredential = credential("credential", req.credential)?;
     Ok(created(
-        st.accounts.finish_passkey(&token, &ceremony, &cred).await?,
+        st.factors.finish_passkey(&token, &ceremony, &cred).await?,
     ))
 }
 
@@ -312,7 +312,7 @@ pub async fn rename_factor(
 ) -> Result<Response, ApiError> {
     let id = factor_id(id)?;
     let name = req.name.unwrap_or_default();
-    Ok(Json(st.accounts.rename_factor(&token, &id, &name).await?).into_response())
+    Ok(Json(st.factors.rename_factor(&token, &id, &name).await?).into_response())
 }
 
 #[utoipa::path(delete, path = "/auth/mfa/factors/{id}", tag = "second factors", security(("bearer" = [])),
@@ -327,7 +327,7 @@ pub async fn remove_factor(
     id: Result<Path<String>, PathRejection>,
 ) -> Result<StatusCode, ApiError> {
     let id = factor_id(id)?;
-    st.accounts.remove_factor(&token, &id).await?;
+    st.factors.remove_factor(&token, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -340,5 +340,5 @@ pub async fn recovery_codes(
     State(st): State<AppState>,
     AccountBearer(token): AccountBearer,
 ) -> Result<Response, ApiError> {
-    Ok(created(st.accounts.new_recovery_codes(&token).await?))
+    Ok(created(st.factors.new_recovery_codes(&token).await?))
 }

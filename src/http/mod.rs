@@ -28,16 +28,31 @@ use axum::Router;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::domain::accounts::Accounts;
+use crate::domain::admin::Admin;
+use crate::domain::clients::Clients;
+use crate::domain::login::Login;
+use crate::domain::mfa::SecondFactors;
 use crate::domain::ops::Operations;
+use crate::domain::passwords::Passwords;
+use crate::domain::sessions::Sessions;
+use crate::domain::signup::SignUp;
 use crate::domain::tokens::Verifier;
+use crate::domain::webhooks::Webhooks;
+use crate::domain::Features;
 use crate::limits::Limiter;
 use error::ApiError;
 
 /// What handlers see: the domain's services and the edge's own settings,
 /// nothing below them (no store, no Redis). Built by the application.
 pub struct ApiState {
-    accounts: Arc<Accounts>,
+    signup: Arc<SignUp>,
+    login: Arc<Login>,
+    passwords: Arc<Passwords>,
+    factors: Arc<SecondFactors>,
+    sessions: Arc<Sessions>,
+    admin: Arc<Admin>,
+    clients: Arc<Clients>,
+    webhooks: Arc<Webhooks>,
     tokens: Arc<Verifier>,
     limiter: Arc<Limiter>,
     ops: Arc<Operations>,
@@ -46,14 +61,31 @@ pub struct ApiState {
 
 impl ApiState {
     pub fn new(
-        accounts: Arc<Accounts>,
+        features: Features,
         tokens: Arc<Verifier>,
         limiter: Arc<Limiter>,
         ops: Arc<Operations>,
         settings: HttpSettings,
     ) -> AppState {
+        let Features {
+            signup,
+            login,
+            passwords,
+            factors,
+            sessions,
+            admin,
+            clients,
+            webhooks,
+        } = features;
         Arc::new(ApiState {
-            accounts,
+            signup,
+            login,
+            passwords,
+            factors,
+            sessions,
+            admin,
+            clients,
+            webhooks,
             tokens,
             limiter,
             ops,

@@ -16,9 +16,9 @@ use super::accounts::token_response;
 use super::extract::ClientIp;
 use super::schema;
 use super::AppState;
-use crate::domain::accounts::FIRST_PARTY_CLIENT;
 use crate::domain::clients::ClientRecord;
 use crate::domain::input::{parse_opaque, Email, Password};
+use crate::domain::sessions::FIRST_PARTY_CLIENT;
 use crate::domain::AuthError;
 
 /// An RFC 6749 §5.2 error.
@@ -252,7 +252,7 @@ async fn authenticate_client(
             }
         },
     };
-    Ok(st.accounts.authenticate_client(&id, &secret).await?)
+    Ok(st.clients.authenticate(&id, &secret).await?)
 }
 
 /// `grant_type=password` (RFC 6749 §4.3).
@@ -335,7 +335,7 @@ fn grant_client_credentials() -> utoipa::openapi::schema::Object {
 }
 
 /// A client's token is a credential too: never cached.
-fn client_token_response(token: crate::domain::accounts::ClientToken) -> Response {
+fn client_token_response(token: crate::domain::clients::ClientToken) -> Response {
     let mut r = Json(token).into_response();
     let h = r.headers_mut();
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
@@ -345,7 +345,7 @@ fn client_token_response(token: crate::domain::accounts::ClientToken) -> Respons
 
 #[utoipa::path(post, path = "/oauth/token", tag = "oauth", security(("client_basic" = [])),
     request_body(content = TokenRequest, content_type = "application/x-www-form-urlencoded", description = "With client_id/client_secret or HTTP Basic"),
-    responses((status = 200, body = crate::domain::accounts::TokenPair, description = "A token pair; for client_credentials a ClientToken (no refresh token)"),
+    responses((status = 200, body = crate::domain::sessions::TokenPair, description = "A token pair; for client_credentials a ClientToken (no refresh token)"),
               (status = 400, description = "RFC 6749 error: invalid_request, invalid_grant, invalid_scope, unsupported_grant_type"),
               (status = 401, description = "invalid_client"), (status = 429, description = "slow_down"), (status = 503, description = "temporarily_unavailable")))]
 pub async fn token(
@@ -375,18 +375,18 @@ async fn token_inner(
             let password =
                 Password::parse("password", required(&form, "password")?).map_err(AuthError::from)?;
             let origin = super::extract::origin(ip, headers);
-            st.accounts
-                .login(&origin, email, password, Some(&client.id))
+            st.login
+                .password(&origin, email, password, Some(&client.id))
                 .await?
         }
         "refresh_token" => {
             let token =
                 parse_opaque("refresh_token", required(&form, "refresh_token")?).map_err(AuthError::from)?;
-            st.accounts.refresh(&token, Some(&client.id)).await?
+            st.sessions.refresh(&token, Some(&client.id)).await?
         }
         "client_credentials" => {
             let scope = form.get("scope").map(String::as_str);
-            let token = st.accounts.client_token(&client, scope)?;
+            let token = st.clients.token(&client, scope)?;
             return Ok(client_token_response(token));
         }
         other => {
@@ -427,7 +427,7 @@ pub async fn introspect(State(st): State<AppState>, headers: HeaderMap, body: By
         // the client it was issued to (first-party ones by none), or one
         // client would learn the users and sessions of another.
         let as_refresh = || async {
-            let info = st.accounts.introspect_refresh(token, &caller.id).await.ok()??;
+            let info = st.sessions.introspect_refresh(token, &caller.id).await.ok()??;
             Some(serde_json::json!({
                 "active": true, "token_type": "refresh_token", "sub": info.user_id, "sid": info.session_id,
                 "email": info.email, "client_id": info.client_id,
@@ -473,12 +473,12 @@ pub async fn revoke(State(st): State<AppState>, headers: HeaderMap, body: Bytes)
         let caller = caller.as_ref().map(|c| c.id.as_str());
         // A refresh token ends its session; so does an access token (RFC 7009 §2, optional).
         if let Ok(t) = parse_opaque("token", token) {
-            st.accounts.revoke_refresh_token(&t, caller).await?;
+            st.sessions.revoke_refresh_token(&t, caller).await?;
         }
         if let Ok(v) = st.tokens.validate(token).await {
             let owner = (v.claims.client_id != FIRST_PARTY_CLIENT).then_some(v.claims.client_id.as_str());
             if owner.is_none() || owner == caller {
-                st.accounts.revoke_session_of(&v.claims.sid).await?;
+                st.sessions.revoke_session_of(&v.claims.sid).await?;
             }
         }
         Ok::<_, OAuthError>(StatusCode::OK.into_response())

@@ -775,7 +775,7 @@ async fn nothing_secret_is_stored_in_clear(app: &TestApp) {
 /// without argon2.
 async fn cached(app: &TestApp, email: &str, password: &str) -> bool {
     let u = app.services.store.user_by_email(email).await.unwrap().unwrap();
-    let cache = app.services.accounts.credentials.as_ref().unwrap();
+    let cache = app.services.shared.credentials.as_ref().unwrap();
     cache.check(&u.id, &u.password_hash, password)
 }
 
@@ -798,7 +798,7 @@ async fn a_sign_up_remembers_its_password_for_the_login_that_follows(app: &TestA
     // password is not remembered.
     let verified = unique_email("primed-verified");
     app.register_verified(&verified, PASSWORD).await;
-    let cache = app.services.accounts.credentials.as_ref().unwrap();
+    let cache = app.services.shared.credentials.as_ref().unwrap();
     let u = app
         .services
         .store

@@ -29,7 +29,11 @@ crate::on_redis_cluster!(an_unlock_lifts_the_brute_force_delays_of_every_address
 async fn new_client(app: &TestApp, scopes: &[&str]) -> (String, String) {
     let id = format!("svc-{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
     let scopes: Vec<String> = scopes.iter().map(|s| s.to_string()).collect();
-    let secret = latchkey::domain::clients::add(&app.services.store, &id, Some("service"), &scopes)
+    let secret = app
+        .services
+        .features
+        .clients
+        .add(&id, Some("service"), &scopes)
         .await
         .unwrap()
         .unwrap();
@@ -177,8 +181,9 @@ fn admin_routes(id: &str, hook: &str) -> Vec<(reqwest::Method, String, Option<Va
 async fn every_admin_route_refuses_users_scopeless_clients_and_no_token(app: &TestApp) {
     let hook = app
         .services
-        .accounts
-        .add_webhook("test", "https://hooks.example.com/never", &[])
+        .features
+        .webhooks
+        .add("test", "https://hooks.example.com/never", &[])
         .await
         .unwrap()
         .webhook
@@ -229,11 +234,7 @@ async fn every_admin_route_refuses_users_scopeless_clients_and_no_token(app: &Te
     .await;
     let gone_token: Value = r.json().await.unwrap();
     let gone_token = gone_token["access_token"].as_str().unwrap().to_string();
-    assert!(
-        latchkey::domain::clients::remove(&app.services.store, &app.services.revocations, &gone)
-            .await
-            .unwrap()
-    );
+    assert!(app.services.features.clients.remove(&gone).await.unwrap());
     for (method, path, body) in admin_routes(&id, &hook) {
         let r = call(app, method.clone(), &path, Some(&gone_token), body).await;
         assert_eq!(r.status(), 401, "a removed client: {method} {path}");

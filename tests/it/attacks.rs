@@ -748,7 +748,7 @@ async fn an_oauth_clients_refresh_token_does_not_refresh_at_auth_refresh(app: &T
     .await;
     assert_eq!(r.status(), 200);
     // The first-party id is no client's to take.
-    let taken = latchkey::domain::clients::add(&app.services.store, "latchkey", None, &[]).await;
+    let taken = app.services.features.clients.add("latchkey", None, &[]).await;
     assert!(taken.is_err());
 }
 

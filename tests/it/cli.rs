@@ -26,7 +26,11 @@ async fn a_client_removed_from_the_command_line_loses_its_tokens_at_once() {
     use crate::common::{unique_email, TestApp, PASSWORD};
     let app = TestApp::embedded(&[]).await;
     let id = "an-app-to-remove";
-    let secret = latchkey::domain::clients::add(&app.services.store, id, None, &["svc:read".into()])
+    let secret = app
+        .services
+        .features
+        .clients
+        .add(id, None, &["svc:read".into()])
         .await
         .unwrap()
         .unwrap();
@@ -77,7 +81,11 @@ async fn a_client_removed_from_the_command_line_loses_its_tokens_at_once() {
     );
     // A client added again under the same id (a new secret, say) is another:
     // its tokens are not the removed one's, and they pass.
-    let secret = latchkey::domain::clients::add(&app.services.store, id, None, &["svc:read".into()])
+    let secret = app
+        .services
+        .features
+        .clients
+        .add(id, None, &["svc:read".into()])
         .await
         .unwrap()
         .unwrap();

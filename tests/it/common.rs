@@ -233,11 +233,14 @@ impl TestApp {
     /// (the client_credentials grant): `(client id, token)`.
     pub async fn admin_client(&self) -> (String, String) {
         let id = format!("admin-{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
-        let secret =
-            latchkey::domain::clients::add(&self.services.store, &id, None, &["latchkey:admin".into()])
-                .await
-                .unwrap()
-                .unwrap();
+        let secret = self
+            .services
+            .features
+            .clients
+            .add(&id, None, &["latchkey:admin".into()])
+            .await
+            .unwrap()
+            .unwrap();
         let r = self
             .http
             .post(self.url("/oauth/token"))

@@ -205,7 +205,7 @@ async fn every_third_party_hash_logs_in_and_becomes_argon2id(app: &TestApp) {
             let u = app.services.store.user_by_email(email).await.unwrap().unwrap();
             let current = !app
                 .services
-                .accounts
+                .shared
                 .hashing
                 .passwords()
                 .needs_rehash(&u.password_hash);

@@ -211,6 +211,329 @@ fn the_edges_reach_the_database_only_through_the_domain() {
     );
 }
 
+/// Within a module, the files too import one another without a circle
+/// (the issuer and its verifier, a service and the service that calls it):
+/// a circle between two files is one piece of code in two places, and
+/// neither can be read, tested or replaced alone. A directory's `mod.rs`
+/// is its index, which declares and wires the files beside it and holds
+/// what they share: its edges with them are not counted.
+#[test]
+fn no_two_files_of_a_module_import_each_other_round_a_circle() {
+    let src = Path::new(ROOT).join("src");
+    let files = file_graph(&src);
+    let mut circles = Vec::new();
+    for top in files.keys().filter_map(|m| m.first()).collect::<BTreeSet<_>>() {
+        let inside: BTreeMap<&Vec<String>, Vec<&Vec<String>>> = files
+            .iter()
+            .filter(|(m, _)| m.first() == Some(top))
+            .map(|(m, uses)| {
+                let siblings = uses
+                    .iter()
+                    .filter(|u| u.first() == Some(top) && !u.starts_with(m) && !m.starts_with(u))
+                    .collect();
+                (m, siblings)
+            })
+            .collect();
+        if let Some(circle) = find_circle(&inside) {
+            circles.push(circle.join(" -> "));
+        }
+    }
+    assert!(
+        circles.is_empty(),
+        "files import each other in a circle:\n{}",
+        circles.join("\n")
+    );
+}
+
+/// The file-level import graph of `src/`: each file's module path
+/// (`["domain", "mfa", "step"]` for `domain/mfa/step.rs`) and the files whose
+/// items it names, through `crate::`, `super::` and `self::` paths, the
+/// child modules of a `mod.rs`, and the re-exports (`pub use`) of a module,
+/// which lead to the file that defines the item, not to the re-exporter.
+/// Test modules are left out (they import their own file).
+fn file_graph(src: &Path) -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
+    let mut list = Vec::new();
+    rust_files(src, &mut list);
+    let mut modules: BTreeMap<Vec<String>, String> = BTreeMap::new();
+    for file in &list {
+        let rel = file.strip_prefix(src).unwrap().with_extension("");
+        let mut path: Vec<String> = rel.iter().map(|c| c.to_str().unwrap().to_string()).collect();
+        if matches!(path.last().map(String::as_str), Some("mod" | "lib" | "main")) {
+            path.pop();
+        }
+        let code = without_tests(&without_comments(&std::fs::read_to_string(file).unwrap()));
+        modules.insert(path, code);
+    }
+    // What each module re-exports: `module + [name]` -> the path it names.
+    let mut aliases: BTreeMap<Vec<String>, Vec<String>> = BTreeMap::new();
+    for (module, code) in &modules {
+        for stmt in code.split(';') {
+            let t = stmt.trim_start();
+            let Some(rest) = ["pub use ", "pub(crate) use ", "pub(super) use "]
+                .iter()
+                .find_map(|p| t.strip_prefix(p))
+            else {
+                continue;
+            };
+            let mut found = Vec::new();
+            tree(rest.trim(), Vec::new(), &mut found);
+            for p in found {
+                let target = absolute(module, &p, &modules);
+                aliases.insert([module.clone(), vec![p.last().unwrap().clone()]].concat(), target);
+            }
+        }
+    }
+    let mut graph = BTreeMap::new();
+    for (module, code) in &modules {
+        let mut uses = BTreeSet::new();
+        for p in named_paths(code, module, &modules) {
+            let target = absolute(module, &p, &modules);
+            if let Some(file) = file_of(&target, &modules, &aliases, 0) {
+                if file != *module && !is_reexport_of(code, &p) {
+                    uses.insert(file);
+                }
+            }
+        }
+        graph.insert(module.clone(), uses);
+    }
+    graph
+}
+
+/// Whether `p` appears in `code` only as a re-export (`pub use p`), which is
+/// no use of it.
+fn is_reexport_of(code: &str, p: &[String]) -> bool {
+    let text = p.join("::");
+    let uses: Vec<&str> = code.split(';').filter(|s| s.contains(text.as_str())).collect();
+    !uses.is_empty() && uses.iter().all(|s| s.trim_start().starts_with("pub use "))
+}
+
+/// `p` (as written in `module`) from the crate root.
+fn absolute(module: &[String], p: &[String], modules: &BTreeMap<Vec<String>, String>) -> Vec<String> {
+    let mut base = module.to_vec();
+    let mut rest = p;
+    match rest.first().map(String::as_str) {
+        Some("crate") => {
+            base.clear();
+            rest = &rest[1..];
+        }
+        Some("self") => rest = &rest[1..],
+        Some("super") => {
+            while rest.first().map(String::as_str) == Some("super") {
+                base.pop();
+                rest = &rest[1..];
+            }
+        }
+        // A child module of `module` (uniform paths), or another crate.
+        Some(first) if modules.contains_key(&[module.to_vec(), vec![first.to_string()]].concat()) => {}
+        _ => return Vec::new(),
+    }
+    [base, rest.to_vec()].concat()
+}
+
+/// The file (module path) that defines what `path` names.
+fn file_of(
+    path: &[String],
+    modules: &BTreeMap<Vec<String>, String>,
+    aliases: &BTreeMap<Vec<String>, Vec<String>>,
+    depth: usize,
+) -> Option<Vec<String>> {
+    if path.is_empty() || depth > 8 {
+        return None;
+    }
+    let n = (0..=path.len())
+        .rev()
+        .find(|&n| modules.contains_key(&path[..n]))?;
+    if n < path.len() {
+        if let Some(target) = aliases.get(&path[..=n]) {
+            let resolved = [target.clone(), path[n + 1..].to_vec()].concat();
+            return file_of(&resolved, modules, aliases, depth + 1);
+        }
+    }
+    Some(path[..n].to_vec())
+}
+
+/// The paths `code` names from `crate::`, `super::`, `self::` or one of
+/// `module`'s child modules, with groups expanded (`use super::{a::B, c}`
+/// names `super::a::B` and `super::c`).
+fn named_paths(code: &str, module: &[String], modules: &BTreeMap<Vec<String>, String>) -> Vec<Vec<String>> {
+    let children: Vec<String> = modules
+        .keys()
+        .filter(|m| m.len() == module.len() + 1 && m.starts_with(module))
+        .map(|m| m.last().unwrap().clone())
+        .collect();
+    let mut starts: Vec<String> = vec!["crate".into(), "super".into(), "self".into()];
+    starts.extend(children);
+    let mut found = Vec::new();
+    let bytes = code.as_bytes();
+    for start in &starts {
+        let needle = format!("{start}::");
+        for (i, _) in code.match_indices(&needle) {
+            let before = if i == 0 { b' ' } else { bytes[i - 1] };
+            if before.is_ascii_alphanumeric() || before == b'_' || before == b':' {
+                continue;
+            }
+            tree(&code[i..], Vec::new(), &mut found);
+        }
+    }
+    found
+}
+
+/// Reads one path tree at the start of `s` (`a::b::{c, d::{e, f}}`, `a::*`,
+/// `a::b as c`) into `out`; returns how much of `s` it read.
+fn tree(s: &str, mut prefix: Vec<String>, out: &mut Vec<Vec<String>>) -> usize {
+    let mut i = 0;
+    let b = s.as_bytes();
+    loop {
+        let start = i;
+        while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
+            i += 1;
+        }
+        if i > start {
+            let seg = &s[start..i];
+            if seg != "self" || prefix.is_empty() {
+                prefix.push(seg.to_string());
+            }
+            if s[i..].starts_with("::") {
+                i += 2;
+                continue;
+            }
+            out.push(prefix);
+            return i;
+        }
+        if i < b.len() && b[i] == b'{' {
+            i += 1;
+            loop {
+                while i < b.len() && b[i].is_ascii_whitespace() {
+                    i += 1;
+                }
+                if i >= b.len() || b[i] == b'}' {
+                    return i + 1;
+                }
+                i += tree(&s[i..], prefix.clone(), out);
+                // Past an alias (`as x`) to the next item.
+                while i < b.len() && b[i] != b',' && b[i] != b'}' {
+                    i += 1;
+                }
+                if i < b.len() && b[i] == b',' {
+                    i += 1;
+                }
+            }
+        }
+        // `*`, or the end of the path.
+        out.push(prefix);
+        return i;
+    }
+}
+
+/// Code without its `#[cfg(test)] mod ... { ... }` blocks.
+fn without_tests(code: &str) -> String {
+    let mut out = code.to_string();
+    while let Some(at) = out.find("#[cfg(test)]") {
+        let Some(open) = out[at..].find('{').map(|o| at + o) else {
+            break;
+        };
+        let header = &out[at..open];
+        if !header.contains("mod ") {
+            // A test-only item that is not a module: leave it out alone.
+            let end = out[at..].find('\n').map_or(out.len(), |e| at + e);
+            out.replace_range(at..end, "");
+            continue;
+        }
+        let mut depth = 0;
+        let mut end = out.len();
+        for (j, c) in out[open..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = open + j + 1;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        out.replace_range(at..end, "");
+    }
+    out
+}
+
+/// A circle in `graph`, as the files along it, if there is one.
+fn find_circle(graph: &BTreeMap<&Vec<String>, Vec<&Vec<String>>>) -> Option<Vec<String>> {
+    fn visit<'a>(
+        at: &'a Vec<String>,
+        graph: &BTreeMap<&'a Vec<String>, Vec<&'a Vec<String>>>,
+        on_path: &mut Vec<&'a Vec<String>>,
+        done: &mut BTreeSet<&'a Vec<String>>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = on_path.iter().position(|m| *m == at) {
+            let mut circle: Vec<String> = on_path[i..].iter().map(|m| m.join("/")).collect();
+            circle.push(at.join("/"));
+            return Some(circle);
+        }
+        if !done.insert(at) {
+            return None;
+        }
+        on_path.push(at);
+        for next in graph.get(at).into_iter().flatten() {
+            if let Some(c) = visit(next, graph, on_path, done) {
+                return Some(c);
+            }
+        }
+        on_path.pop();
+        None
+    }
+    let mut done = BTreeSet::new();
+    for start in graph.keys() {
+        if let Some(c) = visit(start, graph, &mut Vec::new(), &mut done) {
+            return Some(c);
+        }
+    }
+    None
+}
+
+#[test]
+fn the_file_reader_follows_groups_children_and_reexports() {
+    let mut found = Vec::new();
+    tree("super::{a::B, c::{d, e as f}, g::*}", Vec::new(), &mut found);
+    let joined: Vec<String> = found.iter().map(|p| p.join("::")).collect();
+    assert_eq!(joined, ["super::a::B", "super::c::d", "super::c::e", "super::g"]);
+    let modules: BTreeMap<Vec<String>, String> = [
+        (vec!["d".to_string()], String::new()),
+        (vec!["d".to_string(), "x".to_string()], String::new()),
+        (vec!["d".to_string(), "y".to_string()], String::new()),
+    ]
+    .into_iter()
+    .collect();
+    let x = vec!["d".to_string(), "x".to_string()];
+    // From d/x.rs, `super::y::T` is d/y.rs; `super::T`, re-exported by
+    // d/mod.rs from y, is d/y.rs too.
+    let to = |p: &str| absolute(&x, &p.split("::").map(String::from).collect::<Vec<_>>(), &modules);
+    let aliases: BTreeMap<Vec<String>, Vec<String>> = [(
+        vec!["d".to_string(), "T".to_string()],
+        vec!["d".to_string(), "y".to_string(), "T".to_string()],
+    )]
+    .into_iter()
+    .collect();
+    let y = Some(vec!["d".to_string(), "y".to_string()]);
+    assert_eq!(file_of(&to("super::y::T"), &modules, &aliases, 0), y);
+    assert_eq!(file_of(&to("super::T"), &modules, &aliases, 0), y);
+    assert_eq!(
+        file_of(&to("crate::d::U"), &modules, &aliases, 0),
+        Some(vec!["d".to_string()])
+    );
+    let graph: BTreeMap<&Vec<String>, Vec<&Vec<String>>> =
+        [(&x, vec![y.as_ref().unwrap()]), (y.as_ref().unwrap(), vec![&x])]
+            .into_iter()
+            .collect();
+    assert!(find_circle(&graph).is_some());
+    assert_eq!(
+        without_tests("fn a() {}\n#[cfg(test)]\nmod tests { fn b() { {} } }\nfn c() {}"),
+        "fn a() {}\n\nfn c() {}"
+    );
+}
+
 #[test]
 fn the_import_reader_sees_grouped_and_inline_paths() {
     let code = "use crate::{a::B, b, c::{d, e}};\nfn f() { crate::g::h(); }";

@@ -297,7 +297,11 @@ async fn totp_interoperates_with_pyotp_and_the_login_steps_up(app: &TestApp) {
         .clone();
     assert_eq!(current["amr"], json!(["pwd", "otp", "mfa"]));
     // An OAuth client's password grant cannot pass a second factor.
-    let secret_c = latchkey::domain::clients::add(&app.services.store, "mfa-app", None, &[])
+    let secret_c = app
+        .services
+        .features
+        .clients
+        .add("mfa-app", None, &[])
         .await
         .unwrap()
         .unwrap();

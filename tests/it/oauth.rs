@@ -15,7 +15,10 @@ crate::on_every_backend!(
 );
 
 pub(crate) async fn client(app: &TestApp, id: &str) -> String {
-    latchkey::domain::clients::add(&app.services.store, id, Some("test client"), &[])
+    app.services
+        .features
+        .clients
+        .add(id, Some("test client"), &[])
         .await
         .unwrap()
         .unwrap()

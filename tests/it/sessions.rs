@@ -14,6 +14,7 @@ crate::on_every_backend!(
     ending_every_session_ends_the_current_one_too,
     a_password_change_may_keep_the_other_sessions,
     session_routes_need_a_live_access_token,
+    the_store_rotates_a_refresh_token_exactly_when_the_decision_says_rotate,
 );
 crate::on_redis_cluster!(ending_a_session_revokes_its_tokens_everywhere_at_once,);
 
@@ -108,8 +109,10 @@ async fn a_user_sees_their_live_sessions_and_which_is_current(app: &TestApp) {
     let of = |id: &str| list.iter().find(|s| s["id"] == id).unwrap().clone();
     assert_eq!(of(&sid(&phone))["user_agent"], "Phone/1.0 (test)");
     assert_eq!(of(&sid(&laptop))["user_agent"], "Laptop/2.0 (test)");
-    // Newest first.
-    assert_eq!(list[0]["id"], sid(&laptop));
+    // Newest first (sessions started in the same millisecond in either order).
+    let started: Vec<&str> = list.iter().map(|s| s["created_at"].as_str().unwrap()).collect();
+    assert!(started.windows(2).all(|w| w[0] >= w[1]), "{started:?}");
+    assert_eq!(of(&sid(&laptop))["created_at"], list[0]["created_at"]);
     // No token or hash of one in the answer.
     let text = serde_json::to_string(&list).unwrap();
     for pair in [&first, &phone, &laptop] {
@@ -299,4 +302,92 @@ async fn session_routes_need_a_live_access_token(app: &TestApp) {
         .await;
     let r = app.get_bearer("/auth/sessions", access(&pair)).await;
     assert_eq!(r.status(), 401);
+}
+
+/// Refresh is decided in one place, `refresh::decide`: the statement that
+/// looks a token up and rotates it in one round trip
+/// (`Store::rotate_live_refresh`) carries the same condition in SQL, and
+/// this checks that the two agree on every state a token can be in (live,
+/// past its session's end, rotated within the grace window and past it, its
+/// session ended, its account disabled), on each backend.
+async fn the_store_rotates_a_refresh_token_exactly_when_the_decision_says_rotate(app: &TestApp) {
+    use latchkey::crypto::sha256;
+    use latchkey::domain::refresh::{decide, RefreshDecision, RefreshState};
+    use latchkey::store::LiveRotation;
+
+    let store = &app.services.store;
+    let grace = app.services.config.accounts.refresh_grace.as_millis() as i64;
+    let email = unique_email("refresh-agree");
+    app.register_verified(&email, PASSWORD).await;
+    let user_id = store.user_by_email(&email).await.unwrap().unwrap().id;
+    // The cases: how to bring a fresh token into its state, and when (ms
+    // from the record's own times) to present it.
+    enum Then {
+        Now,
+        AtSessionEnd,
+        RotatedThenWithinGrace,
+        RotatedThenPastGrace,
+        LoggedOut,
+        Disabled,
+    }
+    for case in [
+        Then::Now,
+        Then::AtSessionEnd,
+        Then::RotatedThenWithinGrace,
+        Then::RotatedThenPastGrace,
+        Then::LoggedOut,
+        Then::Disabled,
+    ] {
+        let pair = login_as(app, &email, "agreement").await;
+        let token = pair["refresh_token"].as_str().unwrap().to_string();
+        match case {
+            Then::RotatedThenWithinGrace | Then::RotatedThenPastGrace => {
+                let r = app.post("/auth/refresh", json!({"refresh_token": token})).await;
+                assert_eq!(r.status(), 200);
+            }
+            Then::LoggedOut => {
+                let r = app.post("/auth/logout", json!({"refresh_token": token})).await;
+                assert!(r.status().is_success());
+            }
+            Then::Disabled => {
+                store
+                    .set_user_disabled(&user_id, true, latchkey::clock::now_ms(), "test")
+                    .await
+                    .unwrap();
+            }
+            Then::Now | Then::AtSessionEnd => {}
+        }
+        let hash = sha256(token.as_bytes());
+        let rec = store.refresh_token(&hash).await.unwrap().unwrap();
+        let now = match case {
+            Then::AtSessionEnd => rec.session_expires_at,
+            Then::RotatedThenWithinGrace => rec.rotated_at.unwrap() + grace / 2,
+            Then::RotatedThenPastGrace => rec.rotated_at.unwrap() + grace + 1,
+            _ => latchkey::clock::now_ms(),
+        };
+        let decision = decide(RefreshState::from(&rec), now, grace);
+        let (_, rotated) = store
+            .rotate_live_refresh(LiveRotation {
+                old: hash,
+                new: sha256(format!("successor of {token}").as_bytes()),
+                successor: b"sealed successor".to_vec(),
+                session_id: rec.session_id.clone(),
+                client_id: None,
+                now,
+            })
+            .await
+            .unwrap()
+            .expect("the record of an existing token");
+        assert_eq!(
+            rotated,
+            decision == RefreshDecision::Rotate,
+            "the statement and the decision ({decision:?}) disagree on {rec:?} at {now}"
+        );
+        if matches!(case, Then::Disabled) {
+            store
+                .set_user_disabled(&user_id, false, latchkey::clock::now_ms(), "test")
+                .await
+                .unwrap();
+        }
+    }
 }

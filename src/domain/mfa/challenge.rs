@@ -50,6 +50,21 @@ pub fn after_failure(failures: i32) -> State {
     }
 }
 
+/// The answer to a right first factor when the account has a second.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct StepUp {
+    /// Single use, 5 minutes, dead after 5 wrong factors.
+    pub mfa_token: String,
+    /// What `POST /auth/mfa/verify` accepts for this account: `totp`,
+    /// `webauthn`, `recovery_code`.
+    pub factors: Vec<&'static str>,
+    /// With `webauthn`: the options of the assertion to make.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub webauthn: Option<serde_json::Value>,
+    pub expires_in: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

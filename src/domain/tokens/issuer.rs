@@ -2,65 +2,22 @@
 //! private half this master secret unseals), rotation, and the clean-up of
 //! retired keys. The issuer keeps its verifier's keys in step.
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::keys::{generate_key, open_key, Key};
+use super::keys::{generate_key, Signer};
 use super::verifier::Verifier;
 use super::{AccessClaims, Authn, Subject, TokenSettings, ACR_MFA, ACR_SINGLE};
 use crate::cache::Revocations;
 use crate::clock::now_ms;
 use crate::crypto::Sealer;
-use crate::store::{KeyRecord, Store};
+use crate::store::Store;
 
 pub struct Issuer {
     settings: TokenSettings,
     store: Store,
     signer: Arc<Signer>,
     verifier: Arc<Verifier>,
-}
-
-/// The key the issuer signs with, renewed by the verifier's reload from the
-/// same read of the database as its ring.
-pub(super) struct Signer {
-    // Boxed: a `Sealer` is large.
-    sealer: Box<Sealer>,
-    current: RwLock<Option<Arc<Key>>>,
-}
-
-impl Signer {
-    /// The newest active key whose private half this master secret unseals.
-    pub(super) fn pick(&self, records: &[KeyRecord]) -> Option<Arc<Key>> {
-        let mut signer: Option<Arc<Key>> = None;
-        for rec in records {
-            if rec.retired_at.is_some()
-                || signer
-                    .as_ref()
-                    .is_some_and(|s| rec.activated_at <= s.activated_at)
-            {
-                continue;
-            }
-            match open_key(rec, &self.sealer) {
-                Ok(key) => signer = Some(Arc::new(key)),
-                // Its public half still verifies the tokens it signed.
-                Err(e) => tracing::warn!(kid = %rec.kid, error = %e,
-                    "signing key cannot sign here (another LATCHKEY_SECRET_KEY?); verifying with its public key"),
-            }
-        }
-        signer
-    }
-
-    pub(super) fn install(&self, signer: Option<Arc<Key>>) {
-        if let Some(s) = &signer {
-            metrics::gauge!("latchkey_signing_key_age_seconds")
-                .set(((now_ms() - s.activated_at) / 1000) as f64);
-        }
-        *self.current.write().expect("signer lock") = signer;
-    }
-
-    fn current(&self) -> Option<Arc<Key>> {
-        self.current.read().expect("signer lock").clone()
-    }
 }
 
 impl Issuer {
@@ -72,10 +29,7 @@ impl Issuer {
         sealer: Sealer,
         revocations: Arc<Revocations>,
     ) -> anyhow::Result<Issuer> {
-        let signer = Arc::new(Signer {
-            sealer: Box::new(sealer),
-            current: RwLock::new(None),
-        });
+        let signer = Arc::new(Signer::new(sealer));
         let verifier = Arc::new(Verifier::from_store(
             settings.verifier_settings(),
             store.clone(),
@@ -106,7 +60,7 @@ impl Issuer {
 
     /// Makes a new key the signer (`latchkey keys rotate`); others retire.
     pub async fn rotate(&self) -> anyhow::Result<String> {
-        let rec = generate_key(self.settings.algorithm, &self.signer.sealer)?;
+        let rec = generate_key(self.settings.algorithm, self.signer.sealer())?;
         self.store.add_signing_key(&rec).await?;
         self.reload().await?;
         Ok(rec.kid)

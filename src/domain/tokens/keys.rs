@@ -3,7 +3,7 @@
 //! also signs. A [`KeyRing`] is the set a verifier uses, with its JWKS.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
 use jsonwebtoken::{Algorithm, DecodingKey};
@@ -208,5 +208,60 @@ pub(super) fn decoding_key(jwk: &serde_json::Value) -> anyhow::Result<(Algorithm
             DecodingKey::from_ec_components(field("x")?, field("y")?)?,
         )),
         (kty, crv) => anyhow::bail!("unsupported key type {kty}/{crv}"),
+    }
+}
+
+/// The key the issuer signs with, renewed by the verifier's reload from the
+/// same read of the database as its ring.
+pub(super) struct Signer {
+    // Boxed: a `Sealer` is large.
+    sealer: Box<Sealer>,
+    current: RwLock<Option<Arc<Key>>>,
+}
+
+impl Signer {
+    /// The sealer of the private halves: new keys are sealed with it.
+    pub(super) fn sealer(&self) -> &Sealer {
+        &self.sealer
+    }
+
+    pub(super) fn new(sealer: Sealer) -> Signer {
+        Signer {
+            sealer: Box::new(sealer),
+            current: RwLock::new(None),
+        }
+    }
+
+    /// The newest active key whose private half this master secret unseals.
+    pub(super) fn pick(&self, records: &[KeyRecord]) -> Option<Arc<Key>> {
+        let mut signer: Option<Arc<Key>> = None;
+        for rec in records {
+            if rec.retired_at.is_some()
+                || signer
+                    .as_ref()
+                    .is_some_and(|s| rec.activated_at <= s.activated_at)
+            {
+                continue;
+            }
+            match open_key(rec, &self.sealer) {
+                Ok(key) => signer = Some(Arc::new(key)),
+                // Its public half still verifies the tokens it signed.
+                Err(e) => tracing::warn!(kid = %rec.kid, error = %e,
+                    "signing key cannot sign here (another LATCHKEY_SECRET_KEY?); verifying with its public key"),
+            }
+        }
+        signer
+    }
+
+    pub(super) fn install(&self, signer: Option<Arc<Key>>) {
+        if let Some(s) = &signer {
+            metrics::gauge!("latchkey_signing_key_age_seconds")
+                .set(((now_ms() - s.activated_at) / 1000) as f64);
+        }
+        *self.current.write().expect("signer lock") = signer;
+    }
+
+    pub(super) fn current(&self) -> Option<Arc<Key>> {
+        self.current.read().expect("signer lock").clone()
     }
 }

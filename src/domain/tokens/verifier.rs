@@ -9,8 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use jsonwebtoken::Validation;
 
-use super::issuer::Signer;
-use super::keys::{Key, KeyRing};
+use super::keys::{Key, KeyRing, Signer};
 use super::{AccessClaims, Rejection, Verified, LEEWAY_SECS};
 use crate::cache::{bounded_cache, BoundedCache, Revocations};
 use crate::clock::now_ms;
