@@ -235,6 +235,22 @@ pub struct GatewayConfig {
     pub read_ahead: usize,
     pub log: LogSettings,
     pub routes: Vec<RouteConfig>,
+    /// A digest of each `Restart` setting as the file wrote it (absent:
+    /// not written), to tell a reload which of them changed. Digests, not
+    /// the values: `redis_url` may hold a password.
+    restart_values: std::collections::BTreeMap<&'static str, [u8; 32]>,
+}
+
+/// The digests of the `Restart` settings of the file's table `t`.
+fn restart_values(t: &toml::Table) -> std::collections::BTreeMap<&'static str, [u8; 32]> {
+    TOP_KEYS
+        .iter()
+        .filter(|(_, takes)| *takes == Takes::Restart)
+        .filter_map(|(k, _)| {
+            t.get(*k)
+                .map(|v| (*k, crate::crypto::sha256(format!("{v:?}").as_bytes())))
+        })
+        .collect()
 }
 
 type Result<T> = std::result::Result<T, ConfigError>;
@@ -358,36 +374,51 @@ impl Source for Fields<'_> {
     }
 }
 
-const TOP_KEYS: &[&str] = &[
-    "listen",
-    "workers",
-    "runtime",
-    "admin_listen",
-    "jwks_url",
-    "issuer",
-    "audiences",
-    "jwks_refresh_secs",
-    "access_token_ttl_secs",
-    "token_cache_capacity",
-    "redis_url",
-    "redis_cluster",
-    "redis_readiness",
-    "redis_key_prefix",
-    "rate_limit_store",
-    "trusted_proxies",
-    "shutdown_timeout_secs",
-    "header_timeout_ms",
-    "max_connections",
-    "log",
-    "log_format",
-    "identity_headers",
-    "forward_headers",
-    "revocations_url",
-    "revocations_poll_ms",
-    "on_unknown_revocations",
-    "upstream",
-    "request_read_ahead_bytes",
-    "routes",
+/// When a change of a top-level setting takes effect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Takes {
+    /// At the next reload (SIGHUP): it is part of the route table
+    /// (`routes::RouteTable::new` reads only these).
+    Reload,
+    /// Only at restart: it shapes the listeners, the serving threads, the
+    /// pools, the token verifier, the revocation sources or the log. A
+    /// reload that changes it warns and keeps the running value.
+    Restart,
+}
+
+/// Every top-level key of the file, and when a change to it takes effect:
+/// the one list both the reader (unknown keys are errors) and the reload
+/// (which reports the `Restart` keys whose values changed) go by.
+const TOP_KEYS: &[(&str, Takes)] = &[
+    ("listen", Takes::Restart),
+    ("workers", Takes::Restart),
+    ("runtime", Takes::Restart),
+    ("admin_listen", Takes::Restart),
+    ("jwks_url", Takes::Restart),
+    ("issuer", Takes::Restart),
+    ("audiences", Takes::Restart),
+    ("jwks_refresh_secs", Takes::Restart),
+    ("access_token_ttl_secs", Takes::Restart),
+    ("token_cache_capacity", Takes::Restart),
+    ("redis_url", Takes::Restart),
+    ("redis_cluster", Takes::Restart),
+    ("redis_readiness", Takes::Restart),
+    ("redis_key_prefix", Takes::Restart),
+    ("rate_limit_store", Takes::Restart),
+    ("trusted_proxies", Takes::Reload),
+    ("shutdown_timeout_secs", Takes::Restart),
+    ("header_timeout_ms", Takes::Restart),
+    ("max_connections", Takes::Restart),
+    ("log", Takes::Restart),
+    ("log_format", Takes::Restart),
+    ("identity_headers", Takes::Reload),
+    ("forward_headers", Takes::Reload),
+    ("revocations_url", Takes::Restart),
+    ("revocations_poll_ms", Takes::Restart),
+    ("on_unknown_revocations", Takes::Reload),
+    ("upstream", Takes::Restart),
+    ("request_read_ahead_bytes", Takes::Reload),
+    ("routes", Takes::Reload),
 ];
 
 const ROUTE_KEYS: &[&str] = &[
@@ -429,7 +460,8 @@ impl GatewayConfig {
     }
 
     fn from_table(t: &toml::Table) -> Result<GatewayConfig> {
-        let f = Fields::new("", t, TOP_KEYS)?;
+        let keys: Vec<&str> = TOP_KEYS.iter().map(|(k, _)| *k).collect();
+        let f = Fields::new("", t, &keys)?;
         let listen = f.get(
             "listen",
             SocketAddr::from(([127, 0, 0, 1], 8000)),
@@ -582,7 +614,20 @@ impl GatewayConfig {
             connections: ConnectionSettings::read(&f)?,
             log,
             routes: parsed,
+            restart_values: restart_values(t),
         })
+    }
+
+    /// The `Restart` settings whose values differ in `new` (by their
+    /// names in the file), which a reload cannot apply.
+    pub fn restart_only_changes(&self, new: &GatewayConfig) -> Vec<&'static str> {
+        TOP_KEYS
+            .iter()
+            .filter(|(k, takes)| {
+                *takes == Takes::Restart && self.restart_values.get(k) != new.restart_values.get(k)
+            })
+            .map(|(k, _)| *k)
+            .collect()
     }
 
     /// Every audience any route accepts (what the token verifier allows).
@@ -868,6 +913,43 @@ issuer = "http://127.0.0.1:8080"
         let line = e.to_string();
         assert!(!line.contains('\n'), "one line: {line}");
         line
+    }
+
+    #[test]
+    fn a_reload_names_the_changed_settings_it_cannot_apply_and_no_others() {
+        let route = "[[routes]]\nupstream = \"http://127.0.0.1:9000\"";
+        let old = parse(&format!("redis_url = \"redis://:secret@127.0.0.1:6379\"\n{route}")).unwrap();
+        let cases: [(&str, &[&str]); 7] = [
+            ("redis_url = \"redis://:secret@127.0.0.1:6379\"", &[]),
+            ("redis_url = \"redis://:other@127.0.0.1:6379\"", &["redis_url"]),
+            (
+                "redis_url = \"redis://:secret@127.0.0.1:6379\"\nruntime = \"work-stealing\"\nmax_connections = 10",
+                &["runtime", "max_connections"],
+            ),
+            // Written as the default it was: still a change of the file.
+            ("redis_url = \"redis://:secret@127.0.0.1:6379\"\nlisten = \"127.0.0.1:8000\"", &["listen"]),
+            // Part of the route table: applied, not reported.
+            (
+                "redis_url = \"redis://:secret@127.0.0.1:6379\"\non_unknown_revocations = \"accept\"\ntrusted_proxies = [\"10.0.0.1\"]\nrequest_read_ahead_bytes = 0",
+                &[],
+            ),
+            ("", &["redis_url"]),
+            (
+                "redis_url = \"redis://:secret@127.0.0.1:6379\"\n[identity_headers]\nsubject = \"x-user\"",
+                &[],
+            ),
+        ];
+        for (extra, changed) in cases {
+            let new = parse(&format!("{extra}\n{route}")).unwrap();
+            assert_eq!(old.restart_only_changes(&new), changed.to_vec(), "{extra}");
+        }
+        assert!(!format!("{old:?}").contains("secret"), "no value kept in clear");
+    }
+
+    #[test]
+    fn every_top_level_key_is_listed_once() {
+        let keys: HashSet<&str> = TOP_KEYS.iter().map(|(k, _)| *k).collect();
+        assert_eq!(keys.len(), TOP_KEYS.len());
     }
 
     #[test]

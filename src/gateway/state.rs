@@ -46,60 +46,12 @@ impl GatewayState {
             }
         }
         let mut old = self.config.write().expect("config lock");
-        let ignored = restart_only_changes(&old, &new);
+        let ignored = old.restart_only_changes(&new);
         let table = Arc::new(RouteTable::new(&new));
         *self.table.write().expect("route table lock") = table;
         *old = new;
         Ok(ignored)
     }
-}
-
-/// Settings a reload cannot change (they shape listeners, pools and the verifier).
-fn restart_only_changes(old: &GatewayConfig, new: &GatewayConfig) -> Vec<&'static str> {
-    let mut changed = Vec::new();
-    let redis = |c: &GatewayConfig| {
-        c.redis.as_ref().map(|r| {
-            let urls: Vec<String> = r.urls.iter().map(|u| u.expose().clone()).collect();
-            (urls, r.cluster, r.required_for_readiness, r.key_prefix.clone())
-        })
-    };
-    let checks: [(&'static str, bool); 14] = [
-        ("listen", old.listen != new.listen),
-        ("workers", old.workers != new.workers),
-        ("admin_listen", old.admin_listen != new.admin_listen),
-        ("jwks_url", old.jwks_url != new.jwks_url),
-        ("issuer", old.issuer != new.issuer),
-        ("audiences", old.audiences != new.audiences),
-        ("jwks_refresh_secs", old.jwks_refresh != new.jwks_refresh),
-        (
-            "access_token_ttl_secs",
-            old.access_token_ttl != new.access_token_ttl,
-        ),
-        (
-            "token_cache_capacity",
-            old.token_cache_capacity != new.token_cache_capacity,
-        ),
-        (
-            "redis_url/redis_cluster/redis_readiness/redis_key_prefix",
-            redis(old) != redis(new),
-        ),
-        ("rate_limit_store", old.limiter != new.limiter),
-        ("upstream", old.upstream != new.upstream),
-        (
-            "revocations_url/revocations_poll_ms/on_unknown_revocations",
-            old.revocations != new.revocations,
-        ),
-        (
-            "log/log_format/shutdown_timeout_secs",
-            old.log != new.log || old.shutdown_timeout != new.shutdown_timeout,
-        ),
-    ];
-    for (name, differs) in checks {
-        if differs {
-            changed.push(name);
-        }
-    }
-    changed
 }
 
 pub(super) async fn fetch_keys(

@@ -4,7 +4,8 @@
 //! (`mfa_token`) are `challenge.rs`; this file applies them, under the
 //! brute-force rules of the account and the count of wrong factors per
 //! client address. None of it starts a session, nor checks the address's
-//! login limit: the login (`login.rs`) does both, around what these return.
+//! login limit: the login (`login.rs`) does both, around what these return,
+//! and only the domain may call them (the HTTP edge calls `Login`).
 
 use std::net::IpAddr;
 
@@ -45,7 +46,7 @@ impl SecondFactors {
     /// an account with a second: a challenge, answered as
     /// [`AuthError::SecondFactorRequired`]. An OAuth client's password
     /// grant has no way to pass a second factor: it gets the refusal alone.
-    pub async fn step_up(
+    pub(in crate::domain) async fn step_up(
         &self,
         user: &UserRecord,
         authn: &Authn,
@@ -117,7 +118,7 @@ impl SecondFactors {
     /// login's challenge, under the account's brute-force rules; a right
     /// one spends the challenge. Returns the account and how it was
     /// authenticated; the login (`login.rs`) starts the session.
-    pub async fn verify(
+    pub(in crate::domain) async fn verify(
         &self,
         origin: &Origin,
         mfa_token: &str,
@@ -330,7 +331,7 @@ impl SecondFactors {
     /// under the master secret, with its expiry), so that calls nobody
     /// finishes cost no row; the token becomes single-use only once an
     /// assertion succeeds ([`Self::finish_passkey_login`]).
-    pub async fn start_passkey_login(&self) -> Result<Ceremony, AuthError> {
+    pub(in crate::domain) async fn start_passkey_login(&self) -> Result<Ceremony, AuthError> {
         let (mut rcr, st): (RequestChallengeResponse, DiscoverableAuthentication) = self
             .webauthn
             .start_discoverable_authentication()
@@ -357,7 +358,7 @@ impl SecondFactors {
     /// are not counted per address: forging one is not a guess anyone can
     /// make, and counting them would let anyone, with no account at all,
     /// hold up the second factors of everybody behind an address.
-    pub async fn finish_passkey_login(
+    pub(in crate::domain) async fn finish_passkey_login(
         &self,
         origin: &Origin,
         ceremony_token: &str,
