@@ -131,17 +131,24 @@ def main(argv):
                  "live": (f"{base}/health/live", lk.pid, {}),
                  "validate": (f"{base}/auth/validate", lk.pid, {"LATCHKEY_TOKEN": token})}
         if args.compare:
+            # Its own data (another build may have another schema), seeded
+            # and logged into as this one's.
+            other_tmp = os.path.join(tmp, "other")
+            os.makedirs(other_tmp, exist_ok=True)
+            other_env = bench_env(other_tmp, mail=f"file:{os.path.join(other_tmp, 'mail')}", rate_limit="off")
+            seed_users(args.compare, other_env, 1, password=SEED_PASSWORD)
             oport, oadmin = free_port(), free_port()
             other = procs.start("latchkey-other", [args.compare, "serve"], raw / "latchkey-other.log",
-                                env={**env, "LATCHKEY_LISTEN": f"127.0.0.1:{oport}",
+                                env={**other_env, "LATCHKEY_LISTEN": f"127.0.0.1:{oport}",
                                      "LATCHKEY_ADMIN_LISTEN": f"127.0.0.1:{oadmin}"})
             obase = f"http://127.0.0.1:{oport}"
             wait_until(lambda: http("GET", f"{obase}/health/live", timeout=1)[0] == 200, "the other latchkey",
                        proc=other)
-            if http("GET", f"{obase}/auth/validate", headers={"Authorization": f"Bearer {token}"})[0] != 200:
+            other_token = login_token(obase, password=SEED_PASSWORD)
+            if http("GET", f"{obase}/auth/validate", headers={"Authorization": f"Bearer {other_token}"})[0] != 200:
                 raise RunError("the other latchkey refused a fresh token")
             cells["live-other"] = (f"{obase}/health/live", other.pid, {})
-            cells["validate-other"] = (f"{obase}/auth/validate", other.pid, {"LATCHKEY_TOKEN": token})
+            cells["validate-other"] = (f"{obase}/auth/validate", other.pid, {"LATCHKEY_TOKEN": other_token})
         for name, (url, _, extra) in cells.items():  # warm-up
             run_wrk(url, LUA, args.conns, 2, raw / f"wrk-{name}-warmup.txt", env={**os.environ, **extra})
         for rnd in range(1, args.rounds + 1):

@@ -169,13 +169,21 @@ def main(argv):
     tmp = tempfile.mkdtemp(prefix="latchkey-refresh-capacity-")
     procs = Procs()
     backend = Backend(args.backend, tmp, started.strftime("%Y-%m-%d-%H%M"))
+    other_backend = None
     servers = {}
     results, k6 = {}, None
     try:
         seed_users(latchkey, server_env(backend, 0), 2 * args.conns, password=SEED_PASSWORD, cwd=tmp)
         servers["refresh"] = Server(latchkey, backend, raw)
         if args.compare:
-            servers["refresh-other"] = Server(args.compare, backend, raw)
+            # Its own database (another build may have another schema),
+            # seeded as this one's.
+            other_dir = os.path.join(tmp, "other")
+            os.makedirs(other_dir, exist_ok=True)
+            other_backend = Backend(args.backend, other_dir, started.strftime("%Y-%m-%d-%H%M") + "-other")
+            seed_users(args.compare, server_env(other_backend, 0), 2 * args.conns, password=SEED_PASSWORD,
+                       cwd=other_dir)
+            servers["refresh-other"] = Server(args.compare, other_backend, raw)
         for s in servers.values():
             s.start()
         bport = common.free_port()
@@ -220,6 +228,8 @@ def main(argv):
             s.stop()
         procs.stop_all()
         backend.drop()
+        if other_backend:
+            other_backend.drop()
         shutil.rmtree(tmp, ignore_errors=True)
     text, summary = report(args, command, started, results, k6)
     (outdir / "report.md").write_text(text)

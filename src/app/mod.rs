@@ -22,8 +22,6 @@ use crate::mail::{MailSink, OutboxWorker};
 use crate::server::connections::{serve, Connections};
 use config::Config;
 
-/// Bound listeners (the public one, and the operators' one for `/metrics`)
-/// and the services behind them, ready to run.
 /// Applies the database's migrations (`latchkey migrate`): the backend's
 /// name.
 pub async fn migrate(config: &crate::store::DatabaseConfig) -> anyhow::Result<&'static str> {
@@ -40,6 +38,8 @@ pub async fn store(config: &crate::store::DatabaseConfig) -> anyhow::Result<crat
     Ok(store)
 }
 
+/// Bound listeners (the public one, and the operators' one for `/metrics`)
+/// and the services behind them, ready to run.
 pub struct Application {
     listener: TcpListener,
     admin: Option<TcpListener>,
