@@ -68,6 +68,7 @@ fn token_benches(c: &mut Criterion) {
             session_id: "session-1",
             client_id: "latchkey",
             authn: &authn,
+            scope: None,
         };
         let token = t.issue(&subject).unwrap();
         c.bench_function(&format!("sign {name}"), |b| b.iter(|| t.issue(&subject).unwrap()));

@@ -60,7 +60,9 @@ pub enum Command {
 
 #[derive(Subcommand)]
 pub enum ClientsCommand {
-    /// Add a confidential client; prints its secret once.
+    /// Add a client; prints its secret once (a public client has none).
+    /// With `--redirect-uri`, it signs users in with the authorization code
+    /// flow (docs/oidc.md).
     Add {
         id: String,
         #[arg(long)]
@@ -69,6 +71,27 @@ pub enum ClientsCommand {
         /// (`latchkey:admin`: the admin API); repeat for several.
         #[arg(long = "scope")]
         scopes: Vec<String>,
+        /// Where the authorization code flow may send users back to
+        /// (matched exactly; a loopback one on any port); repeat for several.
+        #[arg(long = "redirect-uri")]
+        redirect_uris: Vec<String>,
+        /// Where RP-initiated logout may send users afterwards; repeat.
+        #[arg(long = "post-logout-redirect-uri")]
+        post_logout_redirect_uris: Vec<String>,
+        /// A single-page or native app: no secret, PKCE always.
+        #[arg(long)]
+        public: bool,
+        /// `explicit` (ask every time, the default), `remembered:DAYS`, or
+        /// `skip` (a first-party app: never ask).
+        #[arg(long, default_value = "explicit")]
+        consent: String,
+        /// A refresh token with every sign-in, without `offline_access`.
+        #[arg(long)]
+        refresh_without_offline_access: bool,
+        /// An origin whose pages may call the token and userinfo endpoints
+        /// (CORS); repeat for several.
+        #[arg(long = "allowed-origin")]
+        allowed_origins: Vec<String>,
     },
     /// List clients.
     List,
@@ -179,8 +202,55 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
         Command::Clients { command } => {
             let st = Services::build(config).await?;
             match command {
-                ClientsCommand::Add { id, name, scopes } => {
-                    match st.features.clients.add(&id, name.as_deref(), &scopes).await? {
+                ClientsCommand::Add {
+                    id,
+                    name,
+                    scopes,
+                    redirect_uris,
+                    post_logout_redirect_uris,
+                    public,
+                    consent,
+                    refresh_without_offline_access,
+                    allowed_origins,
+                } => {
+                    let oidc = if redirect_uris.is_empty() {
+                        if public {
+                            anyhow::bail!("--public is for the authorization code flow: give --redirect-uri");
+                        }
+                        None
+                    } else {
+                        use crate::domain::oidc::client::{ClientKind, ClientSettings, ConsentMode};
+                        let kind = if public {
+                            ClientKind::Public
+                        } else {
+                            ClientKind::Confidential
+                        };
+                        let mut s = ClientSettings::new(kind, redirect_uris);
+                        s.post_logout_redirect_uris = post_logout_redirect_uris;
+                        s.consent = match consent.split_once(':') {
+                            None if consent == "explicit" => ConsentMode::Explicit,
+                            None if consent == "skip" => ConsentMode::Skip,
+                            Some(("remembered", days)) => ConsentMode::Remembered {
+                                days: days
+                                    .parse()
+                                    .map_err(|_| anyhow::anyhow!("--consent remembered:DAYS"))?,
+                            },
+                            _ => anyhow::bail!("--consent: explicit, remembered:DAYS or skip"),
+                        };
+                        s.refresh_without_offline_access = refresh_without_offline_access;
+                        s.allowed_origins = allowed_origins;
+                        Some(s)
+                    };
+                    match st
+                        .features
+                        .clients
+                        .add(&id, name.as_deref(), &scopes, oidc.as_ref())
+                        .await?
+                    {
+                        Some(_) if public => {
+                            println!("client_id: {id}\n(a public client: no secret; PKCE is required)");
+                            Ok(())
+                        }
                         Some(secret) => {
                             println!("client_id:     {id}\nclient_secret: {secret}\n(the secret is shown only now)");
                             Ok(())

@@ -150,6 +150,9 @@ pub struct ServerKeys {
     pub ceremonies: Sealer,
     /// The tag of the session id a refresh token carries.
     pub refresh_tokens: MacKey,
+    /// Sealing of an authorization request carried through the sign-in
+    /// pages, and the pages' CSRF tokens (docs/oidc.md).
+    pub authorizations: Sealer,
     /// A value that names the master secret without revealing it: stored in
     /// the database by the first instance, compared by every later one.
     pub secret_check: [u8; 32],
@@ -165,6 +168,7 @@ impl ServerKeys {
             factors: Sealer::new(&root.mac(&[b"latchkey/factors/v1"])),
             ceremonies: Sealer::new(&root.mac(&[b"latchkey/passkey-ceremony/v1"])),
             refresh_tokens: MacKey::new(&root.mac(&[b"latchkey/refresh-tokens/v1"])),
+            authorizations: Sealer::new(&root.mac(&[b"latchkey/authorizations/v1"])),
             secret_check: root.mac(&[b"latchkey/secret-check/v1"]),
         }
     }

@@ -13,6 +13,7 @@ use std::time::Duration;
 use crate::cache::RedisConfig;
 use crate::domain::hashing::HashSettings;
 use crate::domain::mfa::MfaSettings;
+use crate::domain::oidc::OidcSettings;
 use crate::domain::shared::AccountSettings;
 use crate::domain::tokens::TokenSettings;
 use crate::http::HttpSettings;
@@ -41,6 +42,7 @@ pub struct Config {
     pub telemetry: TelemetrySettings,
     pub webhooks: WebhookSettings,
     pub mfa: MfaSettings,
+    pub oidc: OidcSettings,
 }
 
 fn parse_secret_key(s: &str) -> Result<Secret<Vec<u8>>, String> {
@@ -68,6 +70,7 @@ impl Config {
         let tokens = TokenSettings::read(src, default_issuer)?;
         Ok(Config {
             mfa: MfaSettings::read(src, &tokens.issuer)?,
+            oidc: OidcSettings::read(src)?,
             database: DatabaseConfig::read(src, &data_dir)?,
             // Not `optional`: an empty value (a secret that rendered empty) is
             // an error, never a silent fallback to `<data_dir>/secret.key`.

@@ -89,6 +89,12 @@ pub(super) async fn run(st: Arc<Services>, shutdown: Shutdown) {
             if let Err(e) = st.store.purge_codes(now - 86_400_000).await {
                 tracing::warn!(error = %e, "purging codes failed");
             }
+            // Authorization codes a day after they expired: until then a
+            // second presentation is still recognised (and ends the session
+            // the first one started) rather than answered as unknown.
+            if let Err(e) = st.store.purge_authorization_codes(now - 86_400_000).await {
+                tracing::warn!(error = %e, "purging authorization codes failed");
+            }
             let ttl = st.config.accounts.unverified_ttl.as_millis() as i64;
             match st.store.purge_unverified_users(now - ttl).await {
                 Ok(0) => {}

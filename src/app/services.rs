@@ -17,6 +17,7 @@ use crate::domain::credcache::CredentialCache;
 use crate::domain::hashing::HashPool;
 use crate::domain::login::Login;
 use crate::domain::mfa::SecondFactors;
+use crate::domain::oidc::Provider;
 use crate::domain::ops::Operations;
 use crate::domain::passwords::Passwords;
 use crate::domain::refresh::RefreshTokens;
@@ -50,6 +51,8 @@ pub struct Services {
     pub ops: Arc<Operations>,
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
     pub mail_wake: Arc<Notify>,
+    /// The sign-in pages' templates (read once, at start).
+    pub pages: crate::http::pages::Pages,
 }
 
 impl Services {
@@ -82,6 +85,7 @@ impl Services {
             factors,
             ceremonies,
             refresh_tokens,
+            authorizations,
             secret_check,
         } = ServerKeys::derive(&master);
         check_master_secret(&store, &secret_check, &signing_keys).await?;
@@ -148,7 +152,16 @@ impl Services {
             factors,
             ceremonies,
         )?);
+        let provider = Arc::new(Provider::new(
+            shared.clone(),
+            sessions.clone(),
+            tokens.clone(),
+            authorizations,
+            config.accounts.refresh_grace,
+            config.oidc.clone(),
+        ));
         let features = Features {
+            provider,
             signup: Arc::new(SignUp::new(
                 shared.clone(),
                 codebook.clone(),
@@ -172,6 +185,10 @@ impl Services {
             factors,
             sessions,
         };
+        let pages = crate::http::pages::Pages::load(
+            config.http.pages_dir.as_deref(),
+            config.tokens.issuer.starts_with("https://"),
+        )?;
         let ops = Arc::new(Operations {
             store: store.clone(),
             redis: redis.clone(),
@@ -195,6 +212,7 @@ impl Services {
             ops,
             metrics,
             mail_wake,
+            pages,
         }))
     }
 
@@ -206,6 +224,7 @@ impl Services {
             self.limiter.clone(),
             self.ops.clone(),
             self.config.http.clone(),
+            self.pages.clone(),
         )
     }
 }

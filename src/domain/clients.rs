@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use super::oidc::client::ClientSettings;
 use super::sessions::FIRST_PARTY_CLIENT;
 use super::tokens::{client_sid, Issuer};
 use super::AuthError;
@@ -146,7 +147,11 @@ impl Clients {
         id: &str,
         name: Option<&str>,
         scopes: &[String],
+        oidc: Option<&ClientSettings>,
     ) -> anyhow::Result<Option<String>> {
+        if let Some(settings) = oidc {
+            settings.check().map_err(anyhow::Error::msg)?;
+        }
         if let Some(bad) = scopes.iter().find(|s| !valid_scope(s)) {
             anyhow::bail!("scope {bad:?} must be 1..=64 characters of A-Z a-z 0-9 : . _ -");
         }
@@ -168,6 +173,7 @@ impl Clients {
             name: name.map(str::to_string),
             created_at: now_ms(),
             scopes: scopes.join(" "),
+            oidc: oidc.map(ClientSettings::to_json),
         };
         Ok(self.store.add_client(&rec).await?.then_some(secret))
     }

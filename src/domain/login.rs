@@ -139,7 +139,7 @@ impl Login {
             .start(user, client_id, origin, authn, second_factor)
             .await?
         {
-            Started::Pair(pair) => Ok(pair),
+            Started::Pair(pair, _) => Ok(pair),
             Started::Disabled => {
                 self.passwords
                     .login_refused(Some(&user.id), origin.ip, "account_disabled")

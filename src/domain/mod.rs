@@ -22,6 +22,7 @@ pub mod input;
 pub mod legacy;
 pub mod login;
 pub mod mfa;
+pub mod oidc;
 pub mod ops;
 pub mod passwords;
 pub mod refresh;
@@ -48,4 +49,5 @@ pub struct Features {
     pub admin: Arc<admin::Admin>,
     pub clients: Arc<clients::Clients>,
     pub webhooks: Arc<webhooks::Webhooks>,
+    pub provider: Arc<oidc::Provider>,
 }

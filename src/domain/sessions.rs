@@ -129,12 +129,21 @@ pub struct RefreshInfo {
 
 /// What became of a session [`Sessions::start`] tried to start.
 pub enum Started {
-    Pair(TokenPair),
+    /// The session's tokens, and its id.
+    Pair(TokenPair, String),
     /// The account was disabled after it was read (a cached copy, or a race).
     Disabled,
     /// The account has a second factor this authentication did not pass:
     /// no session; the login steps up (`mfa`).
     FactorRequired(Authn),
+}
+
+/// What an OAuth client is granted in the authorization code flow.
+pub struct ClientGrant<'a> {
+    pub client_id: &'a str,
+    pub scope: &'a str,
+    /// The browser session that signed the user in.
+    pub parent: &'a str,
 }
 
 /// A session about to be stored, with the hash of its first refresh token.
@@ -148,6 +157,8 @@ pub struct SessionDraft {
     ip: String,
     pub authn: Authn,
     second_factor: bool,
+    scope: Option<String>,
+    parent_id: Option<String>,
 }
 
 impl SessionDraft {
@@ -164,6 +175,8 @@ impl SessionDraft {
             amr: &self.authn.amr,
             auth_time: self.authn.at_ms,
             second_factor: self.second_factor,
+            scope: self.scope.as_deref(),
+            parent_id: self.parent_id.as_deref(),
         }
     }
 }
@@ -207,6 +220,33 @@ impl Sessions {
         second_factor: bool,
     ) -> Result<Started, AuthError> {
         let (session, refresh) = self.draft(client_id, origin, authn, second_factor);
+        self.store_started(user, session, refresh).await
+    }
+
+    /// Starts the session of an OAuth client signing `user` in through the
+    /// browser session `parent` (the authorization code flow): it holds
+    /// `scope`, and ends when `parent` ends.
+    pub async fn start_for_client(
+        &self,
+        user: &UserRecord,
+        grant: ClientGrant<'_>,
+        origin: &Origin,
+        authn: Authn,
+    ) -> Result<Started, AuthError> {
+        let second_factor = authn.is_mfa();
+        let (mut session, refresh) = self.draft(Some(grant.client_id), origin, authn, second_factor);
+        session.scope = Some(grant.scope.to_string());
+        session.parent_id = Some(grant.parent.to_string());
+        self.store_started(user, session, refresh).await
+    }
+
+    async fn store_started(
+        &self,
+        user: &UserRecord,
+        session: SessionDraft,
+        refresh: String,
+    ) -> Result<Started, AuthError> {
+        let client_id = session.client_id.clone();
         Ok(
             match self
                 .shared
@@ -214,13 +254,16 @@ impl Sessions {
                 .create_session(&session.as_new(&user.id))
                 .await?
             {
-                SessionStart::Started => Started::Pair(self.pair(
-                    &user.id,
-                    &user.email,
-                    &session,
-                    client_id.unwrap_or(FIRST_PARTY_CLIENT),
-                    refresh,
-                )?),
+                SessionStart::Started => Started::Pair(
+                    self.pair(
+                        &user.id,
+                        &user.email,
+                        &session,
+                        client_id.as_deref().unwrap_or(FIRST_PARTY_CLIENT),
+                        refresh,
+                    )?,
+                    session.id.clone(),
+                ),
                 SessionStart::Disabled => Started::Disabled,
                 SessionStart::FactorRequired => Started::FactorRequired(session.authn),
             },
@@ -250,6 +293,8 @@ impl Sessions {
             ip: origin.ip.to_string(),
             authn,
             second_factor,
+            scope: None,
+            parent_id: None,
         };
         (draft, token)
     }
@@ -269,6 +314,7 @@ impl Sessions {
             session_id: &session.id,
             client_id,
             authn: &session.authn,
+            scope: session.scope.as_deref(),
         };
         self.token_pair(&subject, refresh_token, session.expires_at)
     }
@@ -405,12 +451,14 @@ impl Sessions {
         self.revoke(session_id, "revoked").await
     }
 
-    async fn revoke(&self, session_id: &str, reason: &str) -> Result<(), AuthError> {
-        self.shared
+    /// Ends a session, and the sessions OAuth clients started from it.
+    pub(crate) async fn revoke(&self, session_id: &str, reason: &str) -> Result<(), AuthError> {
+        let ended = self
+            .shared
             .store
             .revoke_session(session_id, reason, now_ms())
             .await?;
-        self.shared.revocations.revoke(&[session_id.to_string()]).await;
+        self.shared.revocations.revoke(&ended).await;
         Ok(())
     }
 
@@ -441,10 +489,10 @@ impl Sessions {
             .store
             .revoke_user_session(&token.claims.sub, session_id, "ended_by_user", now_ms())
             .await?;
-        if !ended {
+        if ended.is_empty() {
             return Err(AuthError::NotFound("session"));
         }
-        self.shared.revocations.revoke(&[session_id.to_string()]).await;
+        self.shared.revocations.revoke(&ended).await;
         Ok(())
     }
 
@@ -484,6 +532,7 @@ impl Sessions {
             session_id: &rec.session_id,
             client_id: client_name(rec),
             authn: &authn,
+            scope: rec.scope.as_deref(),
         };
         self.token_pair(&subject, refresh_token, rec.session_expires_at)
     }

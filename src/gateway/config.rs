@@ -918,7 +918,10 @@ issuer = "http://127.0.0.1:8080"
     #[test]
     fn a_reload_names_the_changed_settings_it_cannot_apply_and_no_others() {
         let route = "[[routes]]\nupstream = \"http://127.0.0.1:9000\"";
-        let old = parse(&format!("redis_url = \"redis://:secret@127.0.0.1:6379\"\n{route}")).unwrap();
+        let old = parse(&format!(
+            "redis_url = \"redis://:secret@127.0.0.1:6379\"\n{route}"
+        ))
+        .unwrap();
         let cases: [(&str, &[&str]); 7] = [
             ("redis_url = \"redis://:secret@127.0.0.1:6379\"", &[]),
             ("redis_url = \"redis://:other@127.0.0.1:6379\"", &["redis_url"]),

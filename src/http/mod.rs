@@ -12,7 +12,9 @@ pub mod extract;
 pub mod mfa;
 pub mod middleware;
 pub mod oauth;
+pub mod oidc;
 pub mod ops;
+pub mod pages;
 pub mod schema;
 mod settings;
 pub mod tokens;
@@ -32,6 +34,7 @@ use crate::domain::admin::Admin;
 use crate::domain::clients::Clients;
 use crate::domain::login::Login;
 use crate::domain::mfa::SecondFactors;
+use crate::domain::oidc::Provider;
 use crate::domain::ops::Operations;
 use crate::domain::passwords::Passwords;
 use crate::domain::sessions::Sessions;
@@ -53,6 +56,9 @@ pub struct ApiState {
     admin: Arc<Admin>,
     clients: Arc<Clients>,
     webhooks: Arc<Webhooks>,
+    provider: Arc<Provider>,
+    /// The sign-in pages' templates.
+    pages: pages::Pages,
     tokens: Arc<Verifier>,
     limiter: Arc<Limiter>,
     ops: Arc<Operations>,
@@ -66,6 +72,7 @@ impl ApiState {
         limiter: Arc<Limiter>,
         ops: Arc<Operations>,
         settings: HttpSettings,
+        pages: pages::Pages,
     ) -> AppState {
         let Features {
             signup,
@@ -76,6 +83,7 @@ impl ApiState {
             admin,
             clients,
             webhooks,
+            provider,
         } = features;
         Arc::new(ApiState {
             signup,
@@ -86,6 +94,8 @@ impl ApiState {
             admin,
             clients,
             webhooks,
+            provider,
+            pages,
             tokens,
             limiter,
             ops,
@@ -108,7 +118,8 @@ pub type AppState = Arc<ApiState>;
         admin::password_reset, admin::reset_factors, mfa::verify, mfa::passkey_login, mfa::passkey_login_finish,
         mfa::factors, mfa::start_totp, mfa::confirm_totp, mfa::start_passkey, mfa::finish_passkey,
         mfa::rename_factor, mfa::remove_factor, mfa::recovery_codes, tokens::validate, tokens::jwks, tokens::discovery,
-        oauth::token, oauth::introspect, oauth::revoke, ops::live, ops::ready, ops::openapi,
+        oauth::token, oauth::introspect, oauth::revoke, oidc::authorize_get, oidc::authorize_post, oidc::logout_get, oidc::logout_post,
+        oidc::userinfo_get, oidc::userinfo_post, oidc::consents, oidc::revoke_consent, ops::live, ops::ready, ops::openapi,
     ),
     components(schemas(crate::domain::mfa::StepUp)),
     modifiers(&BearerAuth, &CommonResponses)
@@ -264,6 +275,30 @@ fn routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ("/ui/account", get(ui::page)),
         ("/ui/account.js", get(ui::script)),
         ("/ui/account.css", get(ui::style)),
+        ("/ui/webauthn.js", get(ui::webauthn)),
+        (
+            "/oauth/authorize",
+            get(oidc::authorize_get).post(oidc::authorize_post),
+        ),
+        ("/oauth/continue", get(oidc::resume)),
+        ("/oauth/login", post(oidc::login)),
+        ("/oauth/mfa", post(oidc::mfa)),
+        ("/oauth/passkey", post(oidc::passkey)),
+        ("/oauth/signup", get(oidc::signup_form).post(oidc::signup)),
+        ("/oauth/signup/verify", post(oidc::verify)),
+        ("/oauth/reset", get(oidc::reset_form).post(oidc::reset)),
+        ("/oauth/reset/confirm", post(oidc::reset_confirm)),
+        ("/oauth/consent", post(oidc::consent)),
+        ("/oauth/logout", get(oidc::logout_get).post(oidc::logout_post)),
+        ("/oauth/logout/confirm", post(oidc::logout_confirm)),
+        (
+            "/oauth/userinfo",
+            get(oidc::userinfo_get).post(oidc::userinfo_post),
+        ),
+        ("/oauth/pages.css", get(oidc::pages_css)),
+        ("/oauth/pages.js", get(oidc::pages_js)),
+        ("/auth/consents", get(oidc::consents)),
+        ("/auth/consents/{client_id}", delete(oidc::revoke_consent)),
     ]
 }
 

@@ -336,7 +336,11 @@ fn grant_client_credentials() -> utoipa::openapi::schema::Object {
 
 /// A client's token is a credential too: never cached.
 fn client_token_response(token: crate::domain::clients::ClientToken) -> Response {
-    let mut r = Json(token).into_response();
+    no_store(Json(token).into_response())
+}
+
+/// Tokens are never cached (RFC 6749 §5.1).
+fn no_store(mut r: Response) -> Response {
     let h = r.headers_mut();
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     h.insert(header::PRAGMA, HeaderValue::from_static("no-cache"));
@@ -368,13 +372,40 @@ async fn token_inner(
 ) -> Result<Response, OAuthError> {
     let form = parse_form(headers, body)?;
     let grant = required(&form, "grant_type")?;
-    let client = authenticate_client(st, headers, &form).await?;
+    // A public client (no secret) names itself with client_id, and only
+    // for the grants of the authorization code flow (RFC 6749 §2.1).
+    let public = !headers.contains_key(header::AUTHORIZATION)
+        && !form.contains_key("client_secret")
+        && matches!(grant, "authorization_code" | "refresh_token");
+    let client = if public {
+        let id = form.get("client_id").map(String::as_str).unwrap_or("");
+        st.provider.public_client(id).await?
+    } else {
+        authenticate_client(st, headers, &form).await?
+    };
+    let origin = super::extract::origin(ip, headers);
     let pair = match grant {
+        "authorization_code" => {
+            let code = required(&form, "code")?;
+            let redirect_uri = required(&form, "redirect_uri")?;
+            let verifier = form.get("code_verifier").map(String::as_str).filter(|v| !v.is_empty());
+            let tokens = st
+                .provider
+                .exchange(&client, code, redirect_uri, verifier, &origin)
+                .await?;
+            return Ok(no_store(Json(tokens).into_response()));
+        }
+        "password" if !st.provider.settings().password_grant => {
+            return Err(OAuthError::new(
+                StatusCode::BAD_REQUEST,
+                "unsupported_grant_type",
+                "the password grant is off (RFC 9700 §2.4); an operator may turn it on for a migration: oauth_password_grant",
+            ))
+        }
         "password" => {
             let email = Email::parse("username", required(&form, "username")?).map_err(AuthError::from)?;
             let password =
                 Password::parse("password", required(&form, "password")?).map_err(AuthError::from)?;
-            let origin = super::extract::origin(ip, headers);
             st.login
                 .password(&origin, email, password, Some(&client.id))
                 .await?

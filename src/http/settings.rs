@@ -19,6 +19,9 @@ pub struct HttpSettings {
     pub client_address: ClientAddress,
     /// Time limits and the cap for client connections (both listeners).
     pub connections: ConnectionSettings,
+    /// An operator's copies of the sign-in pages' templates
+    /// (`pages_dir`; docs/oidc.md, "Your own pages").
+    pub pages_dir: Option<std::path::PathBuf>,
 }
 
 /// How the client's address is found behind proxies.
@@ -63,6 +66,7 @@ impl HttpSettings {
                 )?,
             },
             connections: ConnectionSettings::read(src)?,
+            pages_dir: src.get("pages_dir", None, |s| Ok(Some(std::path::PathBuf::from(s))))?,
         })
     }
 }

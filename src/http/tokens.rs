@@ -71,22 +71,44 @@ pub async fn jwks(State(st): State<AppState>) -> Response {
     responses((status = 200, description = "Discovery document (RFC 8414 / OpenID Connect Discovery)")))]
 pub async fn discovery(State(st): State<AppState>) -> Response {
     let iss = st.tokens.issuer();
+    let mut grants = vec!["authorization_code", "refresh_token", "client_credentials"];
+    if st.provider.settings().password_grant {
+        grants.push("password");
+    }
+    let mut scopes: Vec<&str> = crate::domain::oidc::client::OIDC_SCOPES.to_vec();
+    scopes.push(crate::domain::clients::ADMIN_SCOPE);
     let doc = serde_json::json!({
         "issuer": iss,
-        "jwks_uri": format!("{iss}/.well-known/jwks.json"),
+        "authorization_endpoint": format!("{iss}/oauth/authorize"),
         "token_endpoint": format!("{iss}/oauth/token"),
+        "userinfo_endpoint": format!("{iss}/oauth/userinfo"),
+        "end_session_endpoint": format!("{iss}/oauth/logout"),
+        "jwks_uri": format!("{iss}/.well-known/jwks.json"),
         "introspection_endpoint": format!("{iss}/oauth/introspect"),
         "revocation_endpoint": format!("{iss}/oauth/revoke"),
-        "userinfo_endpoint": format!("{iss}/auth/me"),
-        "grant_types_supported": ["password", "refresh_token", "client_credentials"],
-        "scopes_supported": [crate::domain::clients::ADMIN_SCOPE],
-        "response_types_supported": ["token"],
+        "grant_types_supported": grants,
+        "response_types_supported": ["code"],
+        "response_modes_supported": ["query"],
+        "scopes_supported": scopes,
         "subject_types_supported": ["public"],
-        "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
+        "code_challenge_methods_supported": ["S256"],
+        "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post", "none"],
         "introspection_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
         "revocation_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
         "id_token_signing_alg_values_supported": crate::domain::tokens::signing_algorithms(),
         "access_token_signing_alg_values_supported": crate::domain::tokens::signing_algorithms(),
+        "claims_supported": ["sub", "iss", "aud", "exp", "iat", "auth_time", "nonce", "acr", "amr", "sid", "azp",
+                             "at_hash", "email", "email_verified", "name"],
+        "acr_values_supported": [crate::domain::tokens::ACR_SINGLE, crate::domain::tokens::ACR_MFA],
+        "prompt_values_supported": ["none", "login", "consent", "select_account"],
+        "authorization_response_iss_parameter_supported": true,
+        "claims_parameter_supported": false,
+        "request_parameter_supported": false,
+        "request_uri_parameter_supported": false,
+        "require_request_uri_registration": false,
+        "frontchannel_logout_supported": false,
+        "backchannel_logout_supported": false,
+        "ui_locales_supported": ["en"],
     });
     (
         [(

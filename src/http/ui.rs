@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 const HTML: &str = include_str!("ui/account.html");
 const SCRIPT: &str = include_str!("ui/account.js");
 const STYLE: &str = include_str!("ui/account.css");
+const WEBAUTHN: &str = include_str!("ui/webauthn.js");
 
 /// The page loads only its own script and style, talks only to this
 /// origin, and is framed by nobody (no clickjacking of its buttons).
@@ -40,4 +41,9 @@ pub async fn script() -> Response {
 
 pub async fn style() -> Response {
     asset("text/css; charset=utf-8", STYLE)
+}
+
+/// The WebAuthn helpers the account page and the sign-in pages share.
+pub async fn webauthn() -> Response {
+    asset("text/javascript; charset=utf-8", WEBAUTHN)
 }

@@ -1,4 +1,4 @@
-//! OAuth clients, managed from the command line.
+//! OAuth clients, managed from the command line and the admin API.
 
 use sqlx::Connection;
 
@@ -13,9 +13,12 @@ pub struct ClientRecord {
     /// What the client may ask for in the client_credentials grant,
     /// space-separated (`latchkey:admin`); empty: nothing.
     pub scopes: String,
+    /// Its settings for the authorization code flow, as JSON
+    /// (`domain::oidc::client::ClientSettings`); `None`: it has none.
+    pub oidc: Option<String>,
 }
 
-type Row = (String, Vec<u8>, Option<String>, i64, String);
+type Row = (String, Vec<u8>, Option<String>, i64, String, Option<String>);
 
 fn client(r: Row) -> ClientRecord {
     ClientRecord {
@@ -24,13 +27,14 @@ fn client(r: Row) -> ClientRecord {
         name: r.2,
         created_at: r.3,
         scopes: r.4,
+        oidc: r.5,
     }
 }
 
 impl Store {
     pub async fn add_client(&self, c: &ClientRecord) -> StoreResult<bool> {
         let n = db_op!(self, "add_client", conn => Ok(sqlx::query(
-            "INSERT INTO clients (id, secret_hash, name, created_at, scopes) VALUES ($1, $2, $3, $4, $5) \
+            "INSERT INTO clients (id, secret_hash, name, created_at, scopes, oidc) VALUES ($1, $2, $3, $4, $5, $6) \
              ON CONFLICT (id) DO NOTHING",
         )
         .bind(&c.id)
@@ -38,6 +42,7 @@ impl Store {
         .bind(&c.name)
         .bind(c.created_at)
         .bind(&c.scopes)
+        .bind(&c.oidc)
         .execute(&mut *conn)
         .await?
         .rows_affected()))?;
@@ -46,7 +51,7 @@ impl Store {
 
     pub async fn client(&self, id: &str) -> StoreResult<Option<ClientRecord>> {
         let row: Option<Row> = db_op!(self, "client", conn => Ok(sqlx::query_as(
-            "SELECT id, secret_hash, name, created_at, scopes FROM clients WHERE id = $1",
+            "SELECT id, secret_hash, name, created_at, scopes, oidc FROM clients WHERE id = $1",
         )
         .bind(id)
         .fetch_optional(&mut *conn)
@@ -56,11 +61,25 @@ impl Store {
 
     pub async fn clients(&self) -> StoreResult<Vec<ClientRecord>> {
         let rows: Vec<Row> = db_op!(self, "clients", conn => Ok(sqlx::query_as(
-            "SELECT id, secret_hash, name, created_at, scopes FROM clients ORDER BY id",
+            "SELECT id, secret_hash, name, created_at, scopes, oidc FROM clients ORDER BY id",
         )
         .fetch_all(&mut *conn)
         .await?))?;
         Ok(rows.into_iter().map(client).collect())
+    }
+
+    /// Replaces a client's settings for the authorization code flow;
+    /// `false`: no such client.
+    pub async fn set_client_oidc(&self, id: &str, oidc: Option<&str>) -> StoreResult<bool> {
+        let n = db_op!(self, "set_client_oidc", conn => Ok(sqlx::query(
+            "UPDATE clients SET oidc = $2 WHERE id = $1",
+        )
+        .bind(id)
+        .bind(oidc)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected()))?;
+        Ok(n == 1)
     }
 
     /// Removes the client `id` added at `created_at` and, in the same
@@ -98,6 +117,16 @@ impl Store {
                 let e = super::Event::new("session.ended", now).user(user).session(sid).reason("client_removed");
                 super::events::record_event!(tx, &e);
             }
+            // Its consents and unused codes go with it: a client added
+            // again under the same id starts with none.
+            sqlx::query("DELETE FROM consents WHERE client_id = $1")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query("DELETE FROM authorization_codes WHERE client_id = $1")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
             sqlx::query(
                 "INSERT INTO revoked_sids (sid, revoked_at) VALUES ($1, $2) \
                  ON CONFLICT (sid) DO UPDATE SET revoked_at = excluded.revoked_at",

@@ -99,6 +99,10 @@ pub const KINDS: &[&str] = &[
     "recovery_codes.generated",
     "recovery_code.used",
     "mfa.failed",
+    "oauth.authorized",
+    "oauth.code_reused",
+    "oauth.consent_granted",
+    "oauth.consent_revoked",
 ];
 
 /// The family of a kind: up to its first dot, the dot included (`session.`).

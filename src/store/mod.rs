@@ -20,6 +20,7 @@ mod events;
 mod factors;
 mod group_commit;
 mod keys;
+mod oidc;
 mod outbox;
 mod pool;
 mod registration;
@@ -33,6 +34,7 @@ pub use codes::{CodeRecord, NewCode, Purpose, UNUSABLE_PASSWORD};
 pub use events::{family, Event, EventFilter, EventRecord, KINDS};
 pub use factors::{ChallengeRecord, FactorAdded, FactorChange, FactorRecord};
 pub use keys::KeyRecord;
+pub use oidc::{AuthorizationCode, CodeUse, ConsentRecord};
 pub use outbox::OutboxRow;
 pub use registration::{AccountState, CodeWrite, LiveCode, RegistrationState, RegistrationWrite};
 pub use sessions::{

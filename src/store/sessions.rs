@@ -24,6 +24,11 @@ pub struct NewSession<'a> {
     /// starts only if the account has no factor: the check is part of the
     /// insert, so a factor confirmed meanwhile is never skipped.
     pub second_factor: bool,
+    /// An OAuth client's session: the scope it was granted, and the
+    /// browser session it was started from (which takes it along when it
+    /// ends).
+    pub scope: Option<&'a str>,
+    pub parent_id: Option<&'a str>,
 }
 
 /// Whether a session started, and why not.
@@ -94,6 +99,8 @@ pub struct RefreshRecord {
     /// How and when the session was authenticated: every token of it says so.
     pub amr: String,
     pub auth_time: i64,
+    /// The scope an OAuth client's session was granted (`None`: first-party).
+    pub scope: Option<String>,
 }
 
 /// What `rotate_live_refresh` is asked: exchange `old` for `new` (its
@@ -115,7 +122,7 @@ pub struct LiveRotation {
 macro_rules! refresh_record {
     () => {
         "s.id, s.user_id, u.email, s.client_id, s.expires_at, COALESCE(s.revoked_at, u.disabled_at) AS revoked, \
-         r.rotated_at, r.successor, s.amr, COALESCE(s.auth_time, s.created_at) AS auth_time"
+         r.rotated_at, r.successor, s.amr, COALESCE(s.auth_time, s.created_at) AS auth_time, s.scope"
     };
 }
 
@@ -156,8 +163,8 @@ macro_rules! insert_session {
     ($tx:expr, $s:expr) => {{
         let s: &$crate::store::NewSession<'_> = $s;
         let n = sqlx::query(&format!(
-            "INSERT INTO sessions (id, user_id, client_id, created_at, expires_at, user_agent, ip, amr, auth_time) \
-             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $10 WHERE {}",
+            "INSERT INTO sessions (id, user_id, client_id, created_at, expires_at, user_agent, ip, amr, auth_time, \
+             scope, parent_id) SELECT $1, $2, $3, $4, $5, $6, $7, $8, $10, $11, $12 WHERE {}",
             $crate::store::sessions::MAY_START
         ))
         .bind(s.id)
@@ -170,6 +177,8 @@ macro_rules! insert_session {
         .bind(s.amr)
         .bind(s.second_factor)
         .bind(s.auth_time)
+        .bind(s.scope)
+        .bind(s.parent_id)
         .execute(&mut *$tx)
         .await?
         .rows_affected();
@@ -188,6 +197,30 @@ macro_rules! insert_session {
     }};
 }
 pub(super) use insert_session;
+
+/// Ends (in transaction `$tx`) the live sessions OAuth clients started from
+/// the browser session `$parent` (single sign-on, docs/oidc.md): a session
+/// ended ends what it signed in. Their ids.
+macro_rules! end_children {
+    ($tx:expr, $parent:expr, $now:expr) => {{
+        let children: Vec<(String, String)> = sqlx::query_as(
+            "UPDATE sessions SET revoked_at = $2, revoked_reason = 'parent_ended' \
+             WHERE parent_id = $1 AND revoked_at IS NULL RETURNING id, user_id",
+        )
+        .bind($parent)
+        .bind($now)
+        .fetch_all(&mut *$tx)
+        .await?;
+        for (sid, user) in &children {
+            let e = super::Event::new("session.ended", $now)
+                .user(user)
+                .session(sid)
+                .reason("parent_ended");
+            record_event!($tx, &e);
+        }
+        children.into_iter().map(|(sid, _)| sid).collect::<Vec<String>>()
+    }};
+}
 
 /// Why a session of `$user` did not start (on `$conn`): its account is
 /// disabled or gone, or it has a factor to pass.
@@ -268,8 +301,8 @@ impl Store {
                 // waits for this one and then ends it with the others.
                 let e = s.event();
                 let (created,): (i64,) = sqlx::query_as(
-                    "WITH s AS (INSERT INTO sessions (id, user_id, client_id, created_at, expires_at, user_agent, ip, amr, auth_time) \
-                     SELECT $1, u.id, $3, $4, $5, $7, $8, $12, $14 FROM users u WHERE u.id = $2 AND u.disabled_at IS NULL \
+                    "WITH s AS (INSERT INTO sessions (id, user_id, client_id, created_at, expires_at, user_agent, ip, amr, auth_time, \
+                     scope, parent_id) SELECT $1, u.id, $3, $4, $5, $7, $8, $12, $14, $15, $16 FROM users u WHERE u.id = $2 AND u.disabled_at IS NULL \
                      AND ($13 OR NOT EXISTS (SELECT 1 FROM factors f WHERE f.user_id = u.id AND f.confirmed_at IS NOT NULL)) \
                      FOR SHARE OF u RETURNING id, user_id), \
                      r AS (INSERT INTO refresh_tokens (token_hash, session_id, created_at) SELECT $6, id, $4 FROM s), \
@@ -294,6 +327,8 @@ impl Store {
                 .bind(s.amr)
                 .bind(s.second_factor)
                 .bind(s.auth_time)
+                .bind(s.scope)
+                .bind(s.parent_id)
                 .fetch_one(&mut *conn)
                 .await?;
                 if created == 1 {
@@ -432,7 +467,7 @@ impl Store {
 
     /// Revokes one session, with its event (`session.reuse_detected` for
     /// the reason `refresh_reuse`, else `session.ended`); `true` if it was live.
-    pub async fn revoke_session(&self, session_id: &str, reason: &str, now: i64) -> StoreResult<bool> {
+    pub async fn revoke_session(&self, session_id: &str, reason: &str, now: i64) -> StoreResult<Vec<String>> {
         let kind = if reason == "refresh_reuse" {
             "session.reuse_detected"
         } else {
@@ -450,12 +485,14 @@ impl Store {
             .fetch_optional(&mut *tx)
             .await?;
             let Some((user,)) = user else {
-                return Ok(false);
+                return Ok(Vec::new());
             };
             let e = super::Event::new(kind, now).user(&user).session(session_id).reason(reason);
             record_event!(tx, &e);
+            let mut ended = vec![session_id.to_string()];
+            ended.extend(end_children!(tx, session_id, now));
             tx.commit().await?;
-            Ok(true)
+            Ok(ended)
         })
     }
 
@@ -506,7 +543,7 @@ impl Store {
         session_id: &str,
         reason: &str,
         now: i64,
-    ) -> StoreResult<bool> {
+    ) -> StoreResult<Vec<String>> {
         db_op!(self, "revoke_user_session", conn => {
             let mut tx = conn.begin().await?;
             let n = sqlx::query(
@@ -521,12 +558,14 @@ impl Store {
             .await?
             .rows_affected();
             if n != 1 {
-                return Ok(false);
+                return Ok(Vec::new());
             }
             let e = super::Event::new("session.ended", now).user(user_id).session(session_id).reason(reason);
             record_event!(tx, &e);
+            let mut ended = vec![session_id.to_string()];
+            ended.extend(end_children!(tx, session_id, now));
             tx.commit().await?;
-            Ok(true)
+            Ok(ended)
         })
     }
 

@@ -33,7 +33,7 @@ async fn new_client(app: &TestApp, scopes: &[&str]) -> (String, String) {
         .services
         .features
         .clients
-        .add(&id, Some("service"), &scopes)
+        .add(&id, Some("service"), &scopes, None)
         .await
         .unwrap()
         .unwrap();

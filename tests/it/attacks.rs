@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::common::{code_in, unique_email, TestApp, PASSWORD};
-use crate::oauth::{client, form, oauth_error, password_grant};
+use crate::oauth::{form, oauth_error};
+use crate::oidc::code_grant;
+use latchkey::domain::oidc::client::{ClientKind, ConsentMode};
 
 crate::on_every_backend!(
     settings = &[("trusted_proxies", "127.0.0.1")];
@@ -42,14 +44,19 @@ crate::on_every_backend!(
     registering_again_does_not_raise_the_guess_budget,
 );
 
-/// A new OAuth client, and a session of a new verified user through its
-/// password grant: (the client's secret, the token pair).
+/// A new OAuth client, and a session of a new verified user through the
+/// authorization code flow: (the client's secret, the token pair).
 async fn client_session(app: &TestApp, client_id: &str, tag: &str) -> (String, Value) {
-    let secret = client(app, client_id).await;
+    let secret = oidc_client(app, client_id).await;
     let email = unique_email(tag);
     app.register_verified(&email, PASSWORD).await;
-    let pair = password_grant(app, client_id, &secret, &email).await;
+    let pair = code_grant(app, client_id, &secret, &email, "openid offline_access").await;
     (secret, pair)
+}
+
+/// A confidential application of the code flow whose users are not asked.
+async fn oidc_client(app: &TestApp, client_id: &str) -> String {
+    crate::oidc::application(app, client_id, ClientKind::Confidential, ConsentMode::Skip).await
 }
 
 /// A request as a proxy at 127.0.0.1 forwards it for `client`.
@@ -748,7 +755,12 @@ async fn an_oauth_clients_refresh_token_does_not_refresh_at_auth_refresh(app: &T
     .await;
     assert_eq!(r.status(), 200);
     // The first-party id is no client's to take.
-    let taken = app.services.features.clients.add("latchkey", None, &[]).await;
+    let taken = app
+        .services
+        .features
+        .clients
+        .add("latchkey", None, &[], None)
+        .await;
     assert!(taken.is_err());
 }
 
@@ -860,11 +872,11 @@ async fn mailbox_syntax_and_invisible_characters_in_the_email_are_refused(app: &
 /// One client must neither read another client's refresh token through
 /// introspection nor end that client's sessions.
 async fn introspection_and_revocation_are_bound_to_the_calling_client(app: &TestApp) {
-    let secret_a = client(app, "client-a").await;
-    let secret_b = client(app, "client-b").await;
+    let secret_a = oidc_client(app, "client-a").await;
+    let secret_b = oidc_client(app, "client-b").await;
     let email = unique_email("bound");
     app.register_verified(&email, PASSWORD).await;
-    let pair: Value = password_grant(app, "client-a", &secret_a, &email).await;
+    let pair = code_grant(app, "client-a", &secret_a, &email, "openid offline_access").await;
     let rt = pair["refresh_token"].as_str().unwrap();
     let at = pair["access_token"].as_str().unwrap();
     let v: Value = form(

@@ -24,13 +24,22 @@ fn latchkey(dir: &std::path::Path) -> Command {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_removed_from_the_command_line_loses_its_tokens_at_once() {
     use crate::common::{unique_email, TestApp, PASSWORD};
+    use latchkey::domain::oidc::client::{ClientKind, ClientSettings, ConsentMode};
     let app = TestApp::embedded(&[]).await;
     let id = "an-app-to-remove";
     let secret = app
         .services
         .features
         .clients
-        .add(id, None, &["svc:read".into()])
+        .add(
+            id,
+            None,
+            &["svc:read".into()],
+            Some(&ClientSettings {
+                consent: ConsentMode::Skip,
+                ..ClientSettings::new(ClientKind::Confidential, vec![crate::oidc::CALLBACK.into()])
+            }),
+        )
         .await
         .unwrap()
         .unwrap();
@@ -46,7 +55,7 @@ async fn a_client_removed_from_the_command_line_loses_its_tokens_at_once() {
     let own = own["access_token"].as_str().unwrap().to_string();
     let email = unique_email("removed-app");
     let first_party = app.register_verified(&email, PASSWORD).await;
-    let pair = crate::oauth::password_grant(&app, id, &secret, &email).await;
+    let pair = crate::oidc::code_grant(&app, id, &secret, &email, "openid").await;
     let users = pair["access_token"].as_str().unwrap().to_string();
     assert_eq!((app.validate(&own).await, app.validate(&users).await), (200, 200));
     let db = app
@@ -85,7 +94,7 @@ async fn a_client_removed_from_the_command_line_loses_its_tokens_at_once() {
         .services
         .features
         .clients
-        .add(id, None, &["svc:read".into()])
+        .add(id, None, &["svc:read".into()], None)
         .await
         .unwrap()
         .unwrap();

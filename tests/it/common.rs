@@ -237,7 +237,7 @@ impl TestApp {
             .services
             .features
             .clients
-            .add(&id, None, &["latchkey:admin".into()])
+            .add(&id, None, &["latchkey:admin".into()], None)
             .await
             .unwrap()
             .unwrap();
@@ -441,6 +441,27 @@ pub const PASSWORD: &str = "correct horse battery";
 pub struct OwnRedis {
     pub port: u16,
     child: Option<std::process::Child>,
+}
+
+/// A loopback port held for a server the test starts later: bound and never
+/// listening (a connection to it is refused, as to a server that is down),
+/// with SO_REUSEADDR, so that the server can bind it with SO_REUSEADDR too
+/// (Python's http.server does) while no other socket of the machine can take
+/// it in between. Drop it once the server is up.
+pub struct ReservedPort {
+    _socket: tokio::net::TcpSocket,
+    pub port: u16,
+}
+
+pub fn reserve_port() -> ReservedPort {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_reuseaddr(true).unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let port = socket.local_addr().unwrap().port();
+    ReservedPort {
+        _socket: socket,
+        port,
+    }
 }
 
 pub fn free_port() -> u16 {

@@ -18,6 +18,8 @@ mod mail;
 mod mfa;
 mod oauth;
 mod observability;
+mod oidc;
+mod oidc_attacks;
 mod ops;
 mod registration_properties;
 mod sessions;

@@ -19,8 +19,17 @@ pub const WEBAUTHN: &[(&str, &str)] = &[
     ("webauthn_allow_any_port", "true"),
 ];
 
+/// [`WEBAUTHN`], and the password grant on (an operator's choice for a
+/// migration), to show that it cannot pass a second factor either.
+const SETTINGS: &[(&str, &str)] = &[
+    ("webauthn_rp_id", "localhost"),
+    ("webauthn_origin", "http://localhost"),
+    ("webauthn_allow_any_port", "true"),
+    ("oauth_password_grant", "true"),
+];
+
 crate::on_every_backend!(
-    settings = crate::mfa::WEBAUTHN;
+    settings = crate::mfa::SETTINGS;
     totp_interoperates_with_pyotp_and_the_login_steps_up,
     a_totp_code_is_never_accepted_twice_nor_outside_one_step_of_skew,
     recovery_codes_work_once_and_a_new_set_voids_the_old,
@@ -301,7 +310,7 @@ async fn totp_interoperates_with_pyotp_and_the_login_steps_up(app: &TestApp) {
         .services
         .features
         .clients
-        .add("mfa-app", None, &[])
+        .add("mfa-app", None, &[], None)
         .await
         .unwrap()
         .unwrap();

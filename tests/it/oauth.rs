@@ -7,7 +7,11 @@ use serde_json::{json, Value};
 
 use crate::common::{unique_email, TestApp, PASSWORD};
 
+// The password grant is off unless an operator turns it on (RFC 9700
+// §2.4): these tests of it turn it on; `the_password_grant_is_off_by_default`
+// in tests/it/oidc.rs checks the default.
 crate::on_every_backend!(
+    settings = &[("oauth_password_grant", "true")];
     password_and_refresh_grants,
     client_authentication_and_errors,
     introspection,
@@ -18,7 +22,7 @@ pub(crate) async fn client(app: &TestApp, id: &str) -> String {
     app.services
         .features
         .clients
-        .add(id, Some("test client"), &[])
+        .add(id, Some("test client"), &[], None)
         .await
         .unwrap()
         .unwrap()
@@ -35,23 +39,6 @@ pub(crate) async fn form(
         rb = rb.basic_auth(id, Some(secret));
     }
     rb.send().await.unwrap()
-}
-
-/// A token pair from the password grant, for client `id`.
-pub(crate) async fn password_grant(app: &TestApp, id: &str, secret: &str, email: &str) -> Value {
-    let r = form(
-        app,
-        "/oauth/token",
-        Some((id, secret)),
-        &[
-            ("grant_type", "password"),
-            ("username", email),
-            ("password", PASSWORD),
-        ],
-    )
-    .await;
-    assert_eq!(r.status(), 200);
-    r.json().await.unwrap()
 }
 
 pub(crate) async fn oauth_error(r: reqwest::Response) -> (u16, String) {
@@ -153,6 +140,14 @@ async fn client_authentication_and_errors(app: &TestApp) {
         "/oauth/token",
         Some(("cli", &secret)),
         &[("grant_type", "authorization_code")],
+    )
+    .await;
+    assert_eq!(oauth_error(r).await, (400, "invalid_request".into()), "no code");
+    let r = form(
+        app,
+        "/oauth/token",
+        Some(("cli", &secret)),
+        &[("grant_type", "urn:ietf:params:oauth:grant-type:device_code")],
     )
     .await;
     assert_eq!(oauth_error(r).await, (400, "unsupported_grant_type".into()));

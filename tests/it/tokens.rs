@@ -238,7 +238,11 @@ async fn jwks_and_discovery_describe_the_keys(app: &TestApp) {
         .iter()
         .map(|v| v.as_str().unwrap())
         .collect();
-    assert!(grants.contains(&"password") && grants.contains(&"refresh_token"));
+    assert!(grants.contains(&"authorization_code") && grants.contains(&"refresh_token"));
+    assert!(
+        !grants.contains(&"password"),
+        "off unless an operator turns it on"
+    );
     assert!(d["id_token_signing_alg_values_supported"]
         .as_array()
         .unwrap()

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::common::{free_port, unique_email, SupportServer, TestApp, PASSWORD};
+use crate::common::{free_port, reserve_port, unique_email, SupportServer, TestApp, PASSWORD};
 
 // Retries 200 ms apart at first, so that a short outage heals quickly.
 crate::on_every_backend!(
@@ -324,8 +324,10 @@ async fn signed_events_reach_the_receiver_after_its_outage_and_none_is_lost(app:
             r.json::<Value>().await.unwrap()
         }
     };
-    // The receiver is down when the events happen: nothing listens yet.
-    let port = free_port();
+    // The receiver is down when the events happen: nothing listens yet
+    // (the port is held, so nothing else takes it before the receiver).
+    let reserved = reserve_port();
+    let port = reserved.port;
     let hook = add(
         format!("http://127.0.0.1:{port}/hook"),
         json!(["session.", "user.deleted"]),
@@ -334,7 +336,8 @@ async fn signed_events_reach_the_receiver_after_its_outage_and_none_is_lost(app:
     let secret = hook["secret"].as_str().unwrap().to_string();
     assert!(secret.starts_with("whsec_"));
     // A second endpoint whose receiver holds another secret: it must refuse.
-    let wrong_port = free_port();
+    let wrong_reserved = reserve_port();
+    let wrong_port = wrong_reserved.port;
     let wrong = add(
         format!("http://127.0.0.1:{wrong_port}/hook"),
         json!(["session.created"]),
@@ -342,6 +345,7 @@ async fn signed_events_reach_the_receiver_after_its_outage_and_none_is_lost(app:
     .await;
     let wrong_out = dir.path().join("wrong.jsonl");
     let _wrong_receiver = receiver(&wrong_out, wrong_port, &latchkey::webhooks::new_secret());
+    drop(wrong_reserved);
 
     let email = unique_email("hooks");
     let pair = app.register_verified(&email, PASSWORD).await;
@@ -410,6 +414,7 @@ async fn signed_events_reach_the_receiver_after_its_outage_and_none_is_lost(app:
     // Up again: every event arrives, verified by the reference implementation.
     let out = dir.path().join("hook.jsonl");
     let _receiver = receiver(&out, port, &secret);
+    drop(reserved);
     let deadline = Instant::now() + Duration::from_secs(20);
     let got = loop {
         let got = received(&out);

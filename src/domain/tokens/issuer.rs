@@ -88,7 +88,39 @@ impl Issuer {
 
     /// Signs an access token of a user's session.
     pub fn issue(&self, s: &Subject<'_>) -> anyhow::Result<String> {
-        self.sign(s.user_id, s.email, s.session_id, s.client_id, None, Some(s.authn))
+        self.sign(
+            s.user_id,
+            s.email,
+            s.session_id,
+            s.client_id,
+            s.scope.map(str::to_string),
+            Some(s.authn),
+        )
+    }
+
+    /// Signs an id_token: `claims` is given the algorithm of the key that
+    /// will sign (for `at_hash`).
+    pub fn issue_id_token(
+        &self,
+        claims: impl FnOnce(super::Algorithm) -> super::IdClaims,
+    ) -> anyhow::Result<String> {
+        let signer = self.signer.current();
+        let key = signer.as_ref().ok_or_else(|| anyhow::anyhow!("no signing key"))?;
+        let signing = key
+            .signing
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("this key cannot sign"))?;
+        signing.sign_id_token(&claims(key.alg))
+    }
+
+    /// The issuer's URL (`iss`).
+    pub fn issuer(&self) -> &str {
+        &self.settings.issuer
+    }
+
+    /// How long access tokens live.
+    pub fn access_lifetime(&self) -> std::time::Duration {
+        self.settings.access_ttl
     }
 
     /// A client's own access token (the client_credentials grant): the

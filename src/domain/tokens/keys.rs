@@ -48,6 +48,8 @@ pub(super) struct SigningKey {
     pair: PrivatePair,
     /// `base64url({"typ":"at+jwt","alg":...,"kid":...})`.
     header: String,
+    /// The header of the id_tokens it signs (`typ` `JWT`).
+    id_header: String,
 }
 
 enum PrivatePair {
@@ -72,18 +74,30 @@ impl SigningKey {
             other => anyhow::bail!("{other:?} keys do not sign here"),
         };
         let header = serde_json::json!({"typ": "at+jwt", "alg": alg_name, "kid": kid});
+        let id_header = serde_json::json!({"typ": "JWT", "alg": alg_name, "kid": kid});
         Ok(SigningKey {
             pair,
             header: b64url(&serde_json::to_vec(&header)?),
+            id_header: b64url(&serde_json::to_vec(&id_header)?),
         })
     }
 
     /// A compact JWS (RFC 7515) of `claims`: header, payload and signature
     /// in base64url; ES256 signatures in the fixed `r || s` form JWS wants.
     pub fn sign<T: serde::Serialize>(&self, claims: &T) -> anyhow::Result<String> {
+        self.sign_under(&self.header, claims)
+    }
+
+    /// An id_token (OpenID Connect Core §2): the same signature under the
+    /// header `typ` `JWT`.
+    pub fn sign_id_token<T: serde::Serialize>(&self, claims: &T) -> anyhow::Result<String> {
+        self.sign_under(&self.id_header, claims)
+    }
+
+    fn sign_under<T: serde::Serialize>(&self, header: &str, claims: &T) -> anyhow::Result<String> {
         let payload = b64url(&serde_json::to_vec(claims)?);
-        let mut token = String::with_capacity(self.header.len() + payload.len() + 90);
-        token.push_str(&self.header);
+        let mut token = String::with_capacity(header.len() + payload.len() + 90);
+        token.push_str(header);
         token.push('.');
         token.push_str(&payload);
         let signature = match &self.pair {

@@ -21,6 +21,7 @@ mod verifier;
 
 pub use crate::store::KeyRecord;
 pub use issuer::Issuer;
+pub use jsonwebtoken::Algorithm;
 pub use keys::can_unseal;
 pub use verifier::{Verifier, VerifierSettings};
 
@@ -49,8 +50,10 @@ pub struct AccessClaims {
     pub sid: String,
     pub email: String,
     pub client_id: String,
-    /// Space-separated scopes: only on a client's own token (the
-    /// client_credentials grant), never on a user's.
+    /// Space-separated scopes: on a client's own token (the
+    /// client_credentials grant), and on the tokens of a session an OAuth
+    /// client started through the authorization code flow (what the user
+    /// granted it); never on a first-party session's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<String>,
     /// How the user authenticated for this session (RFC 8176 values: `pwd`,
@@ -64,6 +67,58 @@ pub struct AccessClaims {
     /// When the user authenticated (Unix seconds; OpenID Connect Core §2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth_time: Option<i64>,
+}
+
+/// The claims of an id_token (OpenID Connect Core §2, §5.1): who signed in
+/// to which client, when and how, and the claims of the scopes granted.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct IdClaims {
+    pub iss: String,
+    pub sub: String,
+    /// The client.
+    pub aud: String,
+    pub exp: i64,
+    pub iat: i64,
+    pub auth_time: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nonce: Option<String>,
+    pub acr: String,
+    pub amr: Vec<String>,
+    /// The browser session (what RP-initiated and back-channel logout name).
+    pub sid: String,
+    pub azp: String,
+    /// The left half of the access token's digest (Core §3.1.3.6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_hash: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub email: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub email_verified: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// The `at_hash` of `access_token` for an id_token signed with `alg`: the
+/// left half of the digest the algorithm uses (SHA-256 for ES256; SHA-512
+/// for EdDSA with Ed25519, as the OpenID Foundation settled it), base64url.
+pub fn token_hash(alg: jsonwebtoken::Algorithm, access_token: &str) -> String {
+    let digest = match alg {
+        jsonwebtoken::Algorithm::EdDSA => {
+            ring::digest::digest(&ring::digest::SHA512, access_token.as_bytes())
+        }
+        _ => ring::digest::digest(&ring::digest::SHA256, access_token.as_bytes()),
+    };
+    let d = digest.as_ref();
+    crate::crypto::b64url(&d[..d.len() / 2])
+}
+
+/// What an `id_token_hint` says, once its signature checked out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdHint {
+    pub sub: String,
+    /// The client it was issued to.
+    pub aud: String,
+    pub sid: Option<String>,
 }
 
 /// How and when a user authenticated for a session: every access token of
@@ -84,6 +139,8 @@ pub struct Subject<'a> {
     pub session_id: &'a str,
     pub client_id: &'a str,
     pub authn: &'a Authn,
+    /// The scope an OAuth client's session was granted.
+    pub scope: Option<&'a str>,
 }
 
 /// The `acr` of a multi-factor authentication, and of a single-factor one.

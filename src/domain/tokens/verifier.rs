@@ -212,6 +212,41 @@ impl Verifier {
         }
     }
 
+    /// Reads an `id_token_hint` (OpenID Connect Core §3.1.2.1, RP-Initiated
+    /// Logout §2): one of our id_tokens, by its signature and issuer; an
+    /// expired one is taken (a hint names someone, it grants nothing).
+    pub fn read_id_token_hint(&self, token: &str) -> Option<super::IdHint> {
+        if token.len() > 8192 {
+            return None;
+        }
+        let header = jsonwebtoken::decode_header(token).ok()?;
+        if !matches!(header.typ.as_deref(), None | Some("JWT") | Some("jwt")) {
+            return None;
+        }
+        let ring = self.ring();
+        let key = ring.by_kid.get(header.kid.as_ref()?)?;
+        if header.alg != key.alg {
+            return None;
+        }
+        let mut v = Validation::new(key.alg);
+        v.validate_exp = false;
+        v.validate_aud = false;
+        v.set_issuer(&[&self.settings.issuer]);
+        v.set_required_spec_claims(&["iss", "sub", "aud"]);
+        #[derive(serde::Deserialize)]
+        struct Hint {
+            sub: String,
+            aud: String,
+            sid: Option<String>,
+        }
+        let data = jsonwebtoken::decode::<Hint>(token, &key.decoding, &v).ok()?;
+        Some(super::IdHint {
+            sub: data.claims.sub,
+            aud: data.claims.aud,
+            sid: data.claims.sid,
+        })
+    }
+
     /// Full verification, no cache and no revocation check (benchmarks use it).
     pub fn verify(&self, token: &str) -> Result<Verified, Rejection> {
         let header = jsonwebtoken::decode_header(token).map_err(|_| Rejection::Malformed)?;

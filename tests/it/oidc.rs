@@ -1,0 +1,567 @@
+//! The OpenID Provider, driven by a certified relying party library
+//! (openid-client, `tests/support/oidc-rp/rp.mjs`): the test plays the
+//! browser through the hosted pages (forms, cookies, redirects), the
+//! library plays the application (discovery, PKCE, the code exchange,
+//! the id_token's signature, nonce, `at_hash` and `iss`, userinfo,
+//! refresh, the logout URL). Whatever the library refuses fails the test.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use crate::common::{unique_email, TestApp, PASSWORD};
+use latchkey::domain::oidc::client::{ClientKind, ClientSettings, ConsentMode};
+
+crate::on_every_backend!(
+    an_application_signs_a_user_in_and_a_certified_library_accepts_every_answer,
+    a_second_application_signs_in_from_the_browser_session_without_a_password,
+    logging_out_ends_the_browser_session_and_what_the_applications_hold,
+    a_public_client_signs_in_with_pkce_and_no_secret,
+    a_user_sees_and_withdraws_the_applications_they_let_in,
+);
+
+pub const ISSUER: &str = "http://latchkey.test";
+pub const CALLBACK: &str = "http://127.0.0.1/callback";
+pub const AFTER_LOGOUT: &str = "http://127.0.0.1/signed-out";
+
+/// Registers an application of the authorization code flow; its secret.
+pub async fn application(app: &TestApp, id: &str, kind: ClientKind, consent: ConsentMode) -> String {
+    let mut s = ClientSettings::new(kind, vec![CALLBACK.into()]);
+    s.consent = consent;
+    s.post_logout_redirect_uris = vec![AFTER_LOGOUT.into()];
+    app.services
+        .features
+        .clients
+        .add(id, Some(&format!("App {id}")), &[], Some(&s))
+        .await
+        .unwrap()
+        .expect("a new client")
+}
+
+/// The relying party: `start` or `finish` with its JSON input.
+///
+/// Run without blocking: the PostgreSQL tests run on one thread, which
+/// also serves the requests the library makes.
+pub async fn rp(command: &str, input: &Value) -> Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/oidc-rp/rp.mjs");
+    let args = [command.to_string(), input.to_string()];
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("node")
+            .arg(script)
+            .args(args)
+            .output()
+            .expect("node runs (tests/support/install-upstreams installs openid-client)")
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.trim())
+        .unwrap_or_else(|_| panic!("rp {command}: {text} {}", String::from_utf8_lossy(&out.stderr)))
+}
+
+/// A browser: cookies kept per name, no redirect followed on its own (the
+/// test reads each one), the issuer's name mapped to the app's address.
+pub struct Browser<'a> {
+    app: &'a TestApp,
+    http: reqwest::Client,
+    pub cookies: HashMap<String, String>,
+}
+
+pub struct Page {
+    pub status: StatusCode,
+    pub location: Option<String>,
+    pub body: String,
+    pub headers: reqwest::header::HeaderMap,
+}
+
+impl<'a> Browser<'a> {
+    pub fn new(app: &'a TestApp) -> Browser<'a> {
+        Browser {
+            app,
+            http: reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .unwrap(),
+            cookies: HashMap::new(),
+        }
+    }
+
+    fn address(&self, url: &str) -> String {
+        match url.strip_prefix(ISSUER) {
+            Some(path) => self.app.url(path),
+            None if url.starts_with('/') => self.app.url(url),
+            None => url.to_string(),
+        }
+    }
+
+    fn cookie_header(&self) -> String {
+        self.cookies
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    async fn read(&mut self, r: reqwest::Response) -> Page {
+        for v in r.headers().get_all(reqwest::header::SET_COOKIE) {
+            let text = v.to_str().unwrap();
+            let (pair, attrs) = text.split_once(';').unwrap_or((text, ""));
+            let (k, val) = pair.split_once('=').unwrap();
+            if attrs.contains("Max-Age=0") {
+                self.cookies.remove(k);
+            } else {
+                self.cookies.insert(k.to_string(), val.to_string());
+            }
+        }
+        let status = r.status();
+        let headers = r.headers().clone();
+        let location = headers
+            .get(reqwest::header::LOCATION)
+            .map(|v| v.to_str().unwrap().to_string());
+        let body = r.text().await.unwrap();
+        Page {
+            status,
+            location,
+            body,
+            headers,
+        }
+    }
+
+    pub async fn get(&mut self, url: &str) -> Page {
+        let r = self
+            .http
+            .get(self.address(url))
+            .header(reqwest::header::COOKIE, self.cookie_header())
+            .send()
+            .await
+            .unwrap();
+        self.read(r).await
+    }
+
+    pub async fn post(&mut self, url: &str, form: &[(&str, &str)]) -> Page {
+        let body: String = url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(form)
+            .finish();
+        let r = self
+            .http
+            .post(self.address(url))
+            .header(reqwest::header::COOKIE, self.cookie_header())
+            .header(reqwest::header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        self.read(r).await
+    }
+
+    /// Follows redirects within latchkey; stops at one that leaves it (an
+    /// application's URI) or at a page.
+    pub async fn follow(&mut self, mut page: Page) -> Page {
+        for _ in 0..10 {
+            match &page.location {
+                Some(to) if to.starts_with('/') || to.starts_with(ISSUER) => {
+                    let to = to.clone();
+                    page = self.get(&to).await;
+                }
+                _ => return page,
+            }
+        }
+        panic!("a redirect loop");
+    }
+
+    /// Signs in on the sign-in page `page` with a password.
+    pub async fn sign_in(&mut self, page: &Page, email: &str, password: &str) -> Page {
+        assert_eq!(page.status, StatusCode::OK, "the sign-in page: {}", page.body);
+        let authz = hidden(&page.body, "authz");
+        let csrf = hidden(&page.body, "csrf");
+        let r = self
+            .post(
+                "/oauth/login",
+                &[
+                    ("authz", &authz),
+                    ("csrf", &csrf),
+                    ("email", email),
+                    ("password", password),
+                ],
+            )
+            .await;
+        self.follow(r).await
+    }
+
+    /// Answers the consent page.
+    pub async fn consent(&mut self, page: &Page, decision: &str) -> Page {
+        assert!(
+            page.body.contains("/oauth/consent"),
+            "a consent page: {}",
+            page.body
+        );
+        let consent = hidden(&page.body, "consent");
+        let csrf = hidden(&page.body, "csrf");
+        let r = self
+            .post(
+                "/oauth/consent",
+                &[("consent", &consent), ("csrf", &csrf), ("decision", decision)],
+            )
+            .await;
+        self.follow(r).await
+    }
+}
+
+/// A session of `email` (password [`PASSWORD`], no second factor) for
+/// the application `id`, registered with [`application`] and consent
+/// `skip`, through the code flow without the relying party library (for
+/// tests of what an application's tokens may do): the token answer.
+pub async fn code_grant(app: &TestApp, id: &str, secret: &str, email: &str, scope: &str) -> Value {
+    use base64::Engine;
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+    let verifier = b64(ring::digest::digest(&ring::digest::SHA256, unique_email("pkce").as_bytes()).as_ref());
+    let digest = ring::digest::digest(&ring::digest::SHA256, verifier.as_bytes());
+    let challenge = b64(digest.as_ref());
+    let url = format!(
+        "/oauth/authorize?{}",
+        url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs([
+                ("response_type", "code"),
+                ("client_id", id),
+                ("redirect_uri", CALLBACK),
+                ("scope", scope),
+                ("code_challenge", &challenge),
+                ("code_challenge_method", "S256"),
+            ])
+            .finish()
+    );
+    let mut browser = Browser::new(app);
+    let page = browser.get(&url).await;
+    let page = browser.follow(page).await;
+    let back = browser.sign_in(&page, email, PASSWORD).await;
+    let callback = back
+        .location
+        .unwrap_or_else(|| panic!("back to the application: {}", back.body));
+    let code = query(&callback)["code"].clone();
+    let r = app
+        .http
+        .post(app.url("/oauth/token"))
+        .basic_auth(id, Some(secret))
+        .form(&[
+            ("grant_type", "authorization_code"),
+            ("code", &code),
+            ("redirect_uri", CALLBACK),
+            ("code_verifier", &verifier),
+        ])
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// The value of the hidden (or any) input `name` of a page.
+pub fn hidden(body: &str, name: &str) -> String {
+    let needle = format!("name=\"{name}\" value=\"");
+    let at = body
+        .find(&needle)
+        .unwrap_or_else(|| panic!("no field {name} in {body}"))
+        + needle.len();
+    let end = body[at..].find('"').unwrap() + at;
+    body[at..end]
+        .replace("&quot;", "\"")
+        .replace("&#39;", "'")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&")
+}
+
+/// The query parameters of a URL.
+pub fn query(url: &str) -> HashMap<String, String> {
+    url::Url::parse(url).unwrap().query_pairs().into_owned().collect()
+}
+
+fn rp_input(app: &TestApp, id: &str, secret: Option<&str>, scope: &str) -> Value {
+    let mut v = json!({
+        "issuer": ISSUER,
+        "base": app.url(""),
+        "client_id": id,
+        "redirect_uri": CALLBACK,
+        "scope": scope,
+        "post_logout_redirect_uri": AFTER_LOGOUT,
+    });
+    if let Some(s) = secret {
+        v["client_secret"] = s.into();
+    }
+    v
+}
+
+/// The application's half after the browser came back with `callback`.
+async fn finish(started: &Value, input: &Value, callback: &str) -> Value {
+    let mut f = input.clone();
+    f["callback"] = callback.into();
+    for k in ["code_verifier", "state", "nonce"] {
+        f[k] = started[k].clone();
+    }
+    let done = rp("finish", &f).await;
+    assert!(done.get("error").is_none(), "the library refused: {done}");
+    done
+}
+
+async fn user_id(app: &TestApp, email: &str) -> String {
+    app.services.store.user_by_email(email).await.unwrap().unwrap().id
+}
+
+async fn an_application_signs_a_user_in_and_a_certified_library_accepts_every_answer(app: &TestApp) {
+    let secret = application(app, "notes", ClientKind::Confidential, ConsentMode::Explicit).await;
+    let email = unique_email("oidc-code");
+    app.register_verified(&email, PASSWORD).await;
+    let input = rp_input(app, "notes", Some(&secret), "openid email profile offline_access");
+    let started = rp("start", &input).await;
+
+    let mut browser = Browser::new(app);
+    let page = browser.get(started["url"].as_str().unwrap()).await;
+    assert!(page.body.contains("App notes"), "the page names the application");
+    let csp = page.headers["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        csp.contains("frame-ancestors 'none'") && csp.contains("form-action 'self' http://127.0.0.1"),
+        "{csp}"
+    );
+    let page = browser.sign_in(&page, &email, PASSWORD).await;
+    let back = browser.consent(&page, "allow").await;
+    let callback = back
+        .location
+        .unwrap_or_else(|| panic!("back to the application: {}", back.body));
+    assert!(callback.starts_with(CALLBACK), "{callback}");
+    let q = query(&callback);
+    assert_eq!(q["iss"], ISSUER, "RFC 9207: the issuer in the response");
+    assert_eq!(q["state"], started["state"].as_str().unwrap());
+
+    let done = finish(&started, &input, &callback).await;
+    let claims = &done["claims"];
+    assert_eq!(claims["sub"], user_id(app, &email).await);
+    assert_eq!(claims["aud"], "notes");
+    assert_eq!(claims["email"], email);
+    assert_eq!(claims["amr"], json!(["pwd"]));
+    assert_eq!(claims["acr"], "1");
+    assert!(claims["sid"].is_string() && claims["at_hash"].is_string());
+    assert_eq!(done["userinfo"]["email"], email);
+    assert_eq!(done["userinfo"]["email_verified"], true);
+    assert!(
+        done["refreshed"]["access_token"].is_string(),
+        "offline_access: a refresh token that works"
+    );
+    // The access token is the application's: its scope, not the first-party one.
+    let at = done["access_token"].as_str().unwrap();
+    let v: Value = app.get_bearer("/auth/validate", at).await.json().await.unwrap();
+    assert_eq!(v["client_id"], "notes");
+    assert_eq!(v["scope"], "openid profile email offline_access");
+    // It cannot manage the account.
+    assert_eq!(app.get_bearer("/auth/sessions", at).await.status(), 403);
+    // The code was single use: a second exchange is refused and ends what
+    // the first one got.
+    let again = rp("finish", &{
+        let mut f = input.clone();
+        f["callback"] = callback.clone().into();
+        for k in ["code_verifier", "state", "nonce"] {
+            f[k] = started[k].clone();
+        }
+        f
+    })
+    .await;
+    assert!(again["error"].is_string(), "{again}");
+    assert_eq!(app.validate(at).await, 401, "the first exchange's session ended");
+}
+
+async fn a_second_application_signs_in_from_the_browser_session_without_a_password(app: &TestApp) {
+    let s1 = application(app, "mail", ClientKind::Confidential, ConsentMode::Skip).await;
+    let s2 = application(app, "calendar", ClientKind::Confidential, ConsentMode::Skip).await;
+    let email = unique_email("oidc-sso");
+    app.register_verified(&email, PASSWORD).await;
+    let mut browser = Browser::new(app);
+
+    let in1 = rp_input(app, "mail", Some(&s1), "openid email");
+    let st1 = rp("start", &in1).await;
+    let page = browser.get(st1["url"].as_str().unwrap()).await;
+    let back = browser.sign_in(&page, &email, PASSWORD).await;
+    let first = finish(&st1, &in1, back.location.as_deref().unwrap()).await;
+
+    // The second application: straight back with a code, no page at all.
+    let in2 = rp_input(app, "calendar", Some(&s2), "openid email");
+    let st2 = rp("start", &in2).await;
+    let back = browser.get(st2["url"].as_str().unwrap()).await;
+    assert_eq!(
+        back.status,
+        StatusCode::SEE_OTHER,
+        "no sign-in page: {}",
+        back.body
+    );
+    let second = finish(&st2, &in2, back.location.as_deref().unwrap()).await;
+    assert_eq!(second["claims"]["sub"], first["claims"]["sub"]);
+    assert_eq!(
+        second["claims"]["sid"], first["claims"]["sid"],
+        "one browser session"
+    );
+    assert_eq!(
+        second["claims"]["auth_time"], first["claims"]["auth_time"],
+        "the authentication of the browser session"
+    );
+
+    // prompt=none works with the session, and says login_required without.
+    let mut silent = in2.clone();
+    silent["extra"] = json!({"prompt": "none"});
+    let st3 = rp("start", &silent).await;
+    let back = browser.get(st3["url"].as_str().unwrap()).await;
+    assert!(query(back.location.as_deref().unwrap()).contains_key("code"));
+    let mut stranger = Browser::new(app);
+    let st4 = rp("start", &silent).await;
+    let back = stranger.get(st4["url"].as_str().unwrap()).await;
+    let q = query(back.location.as_deref().unwrap());
+    assert_eq!(q["error"], "login_required");
+    assert_eq!(q["iss"], ISSUER);
+}
+
+async fn logging_out_ends_the_browser_session_and_what_the_applications_hold(app: &TestApp) {
+    let secret = application(app, "shop", ClientKind::Confidential, ConsentMode::Skip).await;
+    let email = unique_email("oidc-logout");
+    app.register_verified(&email, PASSWORD).await;
+    let mut browser = Browser::new(app);
+    let input = rp_input(app, "shop", Some(&secret), "openid offline_access");
+    let started = rp("start", &input).await;
+    let page = browser.get(started["url"].as_str().unwrap()).await;
+    let back = browser.sign_in(&page, &email, PASSWORD).await;
+    let done = finish(&started, &input, back.location.as_deref().unwrap()).await;
+    let at = done["refreshed"]["access_token"].as_str().unwrap().to_string();
+    assert_eq!(app.validate(&at).await, 200);
+
+    // RP-initiated logout: a confirmation page, then back to the app with its state.
+    let page = browser.get(done["end_session"].as_str().unwrap()).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(page.body.contains("App shop"), "{}", page.body);
+    let mut form: Vec<(String, String)> = vec![("csrf".into(), hidden(&page.body, "csrf"))];
+    for k in ["id_token_hint", "post_logout_redirect_uri", "state"] {
+        form.push((k.into(), hidden(&page.body, k)));
+    }
+    let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let out = browser.post("/oauth/logout/confirm", &form).await;
+    assert_eq!(out.status, StatusCode::SEE_OTHER);
+    assert_eq!(
+        out.location.as_deref(),
+        Some(format!("{AFTER_LOGOUT}?state=bye").as_str())
+    );
+    assert!(
+        !browser.cookies.contains_key("latchkey_session"),
+        "the cookie is gone"
+    );
+    // The application's tokens ended with the browser session.
+    assert_eq!(app.validate(&at).await, 401);
+    let refreshed = app
+        .http
+        .post(app.url("/oauth/token"))
+        .basic_auth("shop", Some(&secret))
+        .form(&[
+            ("grant_type", "refresh_token"),
+            (
+                "refresh_token",
+                done["refreshed"]["refresh_token"].as_str().unwrap(),
+            ),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refreshed.status(), 400);
+    // And the next sign-in asks for the password again.
+    let started = rp("start", &input).await;
+    let page = browser.get(started["url"].as_str().unwrap()).await;
+    assert!(page.body.contains("/oauth/login"), "{}", page.body);
+}
+
+async fn a_public_client_signs_in_with_pkce_and_no_secret(app: &TestApp) {
+    application(app, "spa", ClientKind::Public, ConsentMode::Skip).await;
+    let email = unique_email("oidc-public");
+    app.register_verified(&email, PASSWORD).await;
+    let mut browser = Browser::new(app);
+    let input = rp_input(app, "spa", None, "openid offline_access");
+    let started = rp("start", &input).await;
+    let page = browser.get(started["url"].as_str().unwrap()).await;
+    let back = browser.sign_in(&page, &email, PASSWORD).await;
+    let done = finish(&started, &input, back.location.as_deref().unwrap()).await;
+    assert!(
+        done["refreshed"]["access_token"].is_string(),
+        "a public client refreshes with its id alone"
+    );
+    // Without PKCE, a public client's request goes back with an error.
+    let bare = format!(
+        "/oauth/authorize?response_type=code&client_id=spa&redirect_uri={}&scope=openid&state=s",
+        urlencode(CALLBACK)
+    );
+    let back = browser.get(&bare).await;
+    let q = query(back.location.as_deref().unwrap());
+    assert_eq!(q["error"], "invalid_request");
+    assert_eq!(q["state"], "s");
+}
+
+fn urlencode(s: &str) -> String {
+    url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+async fn a_user_sees_and_withdraws_the_applications_they_let_in(app: &TestApp) {
+    let secret = application(
+        app,
+        "photos",
+        ClientKind::Confidential,
+        ConsentMode::Remembered { days: 30 },
+    )
+    .await;
+    let email = unique_email("oidc-consent");
+    let pair = app.register_verified(&email, PASSWORD).await;
+    let account = pair["access_token"].as_str().unwrap().to_string();
+    let mut browser = Browser::new(app);
+    let input = rp_input(app, "photos", Some(&secret), "openid email");
+    let started = rp("start", &input).await;
+    let page = browser.get(started["url"].as_str().unwrap()).await;
+    let page = browser.sign_in(&page, &email, PASSWORD).await;
+    assert!(page.body.contains("See your email address"), "{}", page.body);
+    let back = browser.consent(&page, "allow").await;
+    let done = finish(&started, &input, back.location.as_deref().unwrap()).await;
+    // Remembered: the next sign-in does not ask.
+    let again = rp("start", &input).await;
+    let back = browser.get(again["url"].as_str().unwrap()).await;
+    assert!(
+        query(back.location.as_deref().unwrap()).contains_key("code"),
+        "{}",
+        back.body
+    );
+
+    let list: Value = app
+        .get_bearer("/auth/consents", &account)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list["consents"][0]["client_id"], "photos");
+    assert_eq!(list["consents"][0]["client_name"], "App photos");
+    assert_eq!(list["consents"][0]["scope"], "openid email");
+    let gone = app
+        .http
+        .delete(app.url("/auth/consents/photos"))
+        .bearer_auth(&account)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(gone.status(), 204);
+    assert_eq!(
+        app.validate(done["access_token"].as_str().unwrap()).await,
+        401,
+        "its sessions ended"
+    );
+    // Asked again next time.
+    let third = rp("start", &input).await;
+    let page = browser.get(third["url"].as_str().unwrap()).await;
+    assert!(page.body.contains("/oauth/consent"), "{}", page.body);
+    // Denying sends the application access_denied.
+    let back = browser.consent(&page, "deny").await;
+    assert_eq!(query(back.location.as_deref().unwrap())["error"], "access_denied");
+}

@@ -1,0 +1,537 @@
+//! Attacks on the OpenID Provider, as an outside attacker would try them
+//! (RFC 9700, the OAuth 2.0 Security Best Current Practice, names most of
+//! them): redirect URIs that almost match, a stolen code without its
+//! verifier or at another client, forms posted from another site, silent
+//! requests that would need the user, and a browser session that ended
+//! elsewhere. The browser is played in Rust (tests/it/oidc.rs); no
+//! relying party library is needed to attack.
+
+use base64::Engine;
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use crate::common::{unique_email, TestApp, PASSWORD};
+use crate::oidc::{application, hidden, query, Browser, Page, CALLBACK, ISSUER};
+use latchkey::domain::oidc::client::{ClientKind, ClientSettings, ConsentMode};
+
+crate::on_every_backend!(
+    a_redirect_uri_that_almost_matches_gets_an_error_page_and_no_redirect,
+    a_loopback_redirect_uri_matches_on_any_port_and_nothing_else,
+    mistakes_after_the_redirect_uri_is_known_go_back_to_it_with_state_and_iss,
+    a_stolen_code_is_useless_without_its_client_its_redirect_uri_and_its_verifier,
+    a_form_posted_without_this_browsers_csrf_token_is_refused,
+    a_silent_request_that_needs_the_user_answers_the_client_with_an_error,
+    prompt_login_and_max_age_zero_ask_for_the_password_again,
+    a_browser_session_ended_elsewhere_signs_nobody_in,
+    the_password_grant_is_off_by_default,
+    a_code_presented_twice_ends_the_session_it_started,
+);
+
+/// base64url without padding.
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+/// A fresh PKCE pair: (verifier, S256 challenge).
+fn pkce() -> (String, String) {
+    let verifier = b64(ring::digest::digest(&ring::digest::SHA256, unique_email("v").as_bytes()).as_ref());
+    let challenge = b64(ring::digest::digest(&ring::digest::SHA256, verifier.as_bytes()).as_ref());
+    (verifier, challenge)
+}
+
+/// `/oauth/authorize?...` of these parameters.
+fn authorize(params: &[(&str, &str)]) -> String {
+    format!(
+        "/oauth/authorize?{}",
+        url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(params)
+            .finish()
+    )
+}
+
+/// A well-formed request of `client` with `challenge`, and `extra`.
+fn request(client: &str, challenge: &str, extra: &[(&str, &str)]) -> String {
+    let mut p = vec![
+        ("response_type", "code"),
+        ("client_id", client),
+        ("redirect_uri", CALLBACK),
+        ("scope", "openid"),
+        ("state", "st-1"),
+        ("code_challenge", challenge),
+        ("code_challenge_method", "S256"),
+    ];
+    for (k, v) in extra {
+        p.retain(|(k2, _)| k2 != k);
+        p.push((k, v));
+    }
+    authorize(&p)
+}
+
+/// A user, signed in at the hosted page in `browser` for `client` (consent
+/// skipped): the code sent back.
+async fn signed_in_code(browser: &mut Browser<'_>, client: &str, email: &str, challenge: &str) -> String {
+    let page = browser.get(&request(client, challenge, &[])).await;
+    let back = browser.sign_in(&page, email, PASSWORD).await;
+    code_of(&back)
+}
+
+fn code_of(back: &Page) -> String {
+    let to = back
+        .location
+        .as_deref()
+        .unwrap_or_else(|| panic!("a redirect to the client: {} {}", back.status, back.body));
+    query(to)
+        .remove("code")
+        .unwrap_or_else(|| panic!("a code in {to}"))
+}
+
+async fn exchange(app: &TestApp, client: (&str, &str), fields: &[(&str, &str)]) -> (u16, Value) {
+    let mut form = vec![("grant_type", "authorization_code")];
+    form.extend_from_slice(fields);
+    let r = app
+        .http
+        .post(app.url("/oauth/token"))
+        .basic_auth(client.0, Some(client.1))
+        .form(&form)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+async fn user(app: &TestApp, tag: &str) -> String {
+    let email = unique_email(tag);
+    app.register_verified(&email, PASSWORD).await;
+    email
+}
+
+async fn a_redirect_uri_that_almost_matches_gets_an_error_page_and_no_redirect(app: &TestApp) {
+    let mut s = ClientSettings::new(
+        ClientKind::Confidential,
+        vec!["https://app.example.test/cb".into()],
+    );
+    s.consent = ConsentMode::Skip;
+    app.services
+        .features
+        .clients
+        .add("exact", None, &[], Some(&s))
+        .await
+        .unwrap()
+        .unwrap();
+    let (_, challenge) = pkce();
+    let mut browser = Browser::new(app);
+    for attempt in [
+        "https://app.example.test/cb/",
+        "https://app.example.test/cb/../evil",
+        "https://app.example.test/cb?next=https://evil.example",
+        "https://app.example.test/cb#x",
+        "https://app.example.test/CB",
+        "https://APP.example.test/cb",
+        "https://app.example.test:444/cb",
+        "http://app.example.test/cb",
+        "https://app.example.test.evil.example/cb",
+        "https://app.example.test@evil.example/cb",
+        "https://evil.example/cb",
+        "https://app.example.test/%63b",
+        "",
+    ] {
+        let page = browser
+            .get(&authorize(&[
+                ("response_type", "code"),
+                ("client_id", "exact"),
+                ("redirect_uri", attempt),
+                ("scope", "openid"),
+                ("code_challenge", &challenge),
+                ("code_challenge_method", "S256"),
+            ]))
+            .await;
+        assert_eq!(page.status, StatusCode::BAD_REQUEST, "{attempt}: {}", page.body);
+        assert_eq!(page.location, None, "{attempt}: never redirected");
+    }
+    // An unknown client gets the page too, whatever redirect_uri it names.
+    let page = browser
+        .get(&request("nobody-registered-this", &challenge, &[]))
+        .await;
+    assert_eq!((page.status, page.location), (StatusCode::BAD_REQUEST, None));
+    // And the registered one, exactly, goes on to the sign-in page.
+    let page = browser
+        .get(&request(
+            "exact",
+            &challenge,
+            &[("redirect_uri", "https://app.example.test/cb")],
+        ))
+        .await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(page.body.contains("/oauth/login"));
+}
+
+async fn a_loopback_redirect_uri_matches_on_any_port_and_nothing_else(app: &TestApp) {
+    application(app, "native", ClientKind::Public, ConsentMode::Skip).await;
+    let (_, challenge) = pkce();
+    let mut browser = Browser::new(app);
+    // RFC 8252 §7.3: a native app listens on a port of its choosing.
+    let page = browser
+        .get(&request(
+            "native",
+            &challenge,
+            &[("redirect_uri", "http://127.0.0.1:53124/callback")],
+        ))
+        .await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    for attempt in [
+        "http://127.0.0.1:53124/callback/other",
+        "http://127.0.0.2:53124/callback",
+        "https://127.0.0.1:53124/callback",
+        "http://127.0.0.1.evil.example:53124/callback",
+    ] {
+        let page = browser
+            .get(&request("native", &challenge, &[("redirect_uri", attempt)]))
+            .await;
+        assert_eq!(
+            (page.status, page.location.as_deref()),
+            (StatusCode::BAD_REQUEST, None),
+            "{attempt}"
+        );
+    }
+}
+
+async fn mistakes_after_the_redirect_uri_is_known_go_back_to_it_with_state_and_iss(app: &TestApp) {
+    application(app, "errs", ClientKind::Confidential, ConsentMode::Skip).await;
+    let (_, challenge) = pkce();
+    let mut browser = Browser::new(app);
+    for (extra, error) in [
+        (&[("response_type", "token")][..], "unsupported_response_type"),
+        (
+            &[("response_type", "code id_token")][..],
+            "unsupported_response_type",
+        ),
+        (&[("code_challenge_method", "plain")][..], "invalid_request"),
+        (&[("code_challenge", "too-short")][..], "invalid_request"),
+        (&[("scope", "openid admin")][..], "invalid_scope"),
+        (&[("prompt", "none login")][..], "invalid_request"),
+        (&[("max_age", "soon")][..], "invalid_request"),
+        (
+            &[("request", "eyJhbGciOiJub25lIn0.e30.")][..],
+            "request_not_supported",
+        ),
+        (
+            &[("request_uri", "https://evil.example/r")][..],
+            "request_uri_not_supported",
+        ),
+    ] {
+        let page = browser.get(&request("errs", &challenge, extra)).await;
+        let to = page
+            .location
+            .unwrap_or_else(|| panic!("{extra:?}: a redirect, got {}", page.body));
+        assert!(to.starts_with(CALLBACK), "{to}");
+        let q = query(&to);
+        assert_eq!(q["error"], error, "{extra:?}");
+        assert_eq!(q["state"], "st-1", "{extra:?}");
+        assert_eq!(q["iss"], ISSUER, "{extra:?}: RFC 9207");
+        assert!(!q.contains_key("code"));
+    }
+    // A parameter given twice (RFC 6749 §3.1).
+    let twice = format!("{}&scope=openid", request("errs", &challenge, &[]));
+    let page = browser.get(&twice).await;
+    assert_eq!(
+        query(page.location.as_deref().unwrap())["error"],
+        "invalid_request"
+    );
+}
+
+async fn a_stolen_code_is_useless_without_its_client_its_redirect_uri_and_its_verifier(app: &TestApp) {
+    let secret = application(app, "victim", ClientKind::Confidential, ConsentMode::Skip).await;
+    let other = application(app, "thief", ClientKind::Confidential, ConsentMode::Skip).await;
+    let email = user(app, "stolen-code").await;
+    let (verifier, challenge) = pkce();
+    let mut browser = Browser::new(app);
+    let code = signed_in_code(&mut browser, "victim", &email, &challenge).await;
+    let (wrong_verifier, _) = pkce();
+    for (who, fields) in [
+        (
+            ("thief", other.as_str()),
+            vec![
+                ("code", code.as_str()),
+                ("redirect_uri", CALLBACK),
+                ("code_verifier", verifier.as_str()),
+            ],
+        ),
+        (
+            ("victim", secret.as_str()),
+            vec![
+                ("code", code.as_str()),
+                ("redirect_uri", CALLBACK),
+                ("code_verifier", wrong_verifier.as_str()),
+            ],
+        ),
+        (
+            ("victim", secret.as_str()),
+            vec![("code", code.as_str()), ("redirect_uri", CALLBACK)],
+        ),
+        (
+            ("victim", secret.as_str()),
+            vec![
+                ("code", code.as_str()),
+                ("redirect_uri", "http://127.0.0.1/other"),
+                ("code_verifier", verifier.as_str()),
+            ],
+        ),
+    ] {
+        let (status, body) = exchange(app, who, &fields).await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (400, Some("invalid_grant")),
+            "{who:?} {fields:?}"
+        );
+    }
+    // A wrong secret is not a client at all.
+    let (status, body) = exchange(
+        app,
+        ("victim", "not-the-secret"),
+        &[
+            ("code", &code),
+            ("redirect_uri", CALLBACK),
+            ("code_verifier", &verifier),
+        ],
+    )
+    .await;
+    assert_eq!((status, body["error"].as_str()), (401, Some("invalid_client")));
+    // None of that spent it: the rightful exchange still works.
+    let (status, body) = exchange(
+        app,
+        ("victim", &secret),
+        &[
+            ("code", &code),
+            ("redirect_uri", CALLBACK),
+            ("code_verifier", &verifier),
+        ],
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body["id_token"].is_string());
+}
+
+async fn a_code_presented_twice_ends_the_session_it_started(app: &TestApp) {
+    let secret = application(app, "twice", ClientKind::Confidential, ConsentMode::Skip).await;
+    let email = user(app, "code-twice").await;
+    let (verifier, challenge) = pkce();
+    let mut browser = Browser::new(app);
+    let code = signed_in_code(&mut browser, "twice", &email, &challenge).await;
+    let fields = [
+        ("code", code.as_str()),
+        ("redirect_uri", CALLBACK),
+        ("code_verifier", verifier.as_str()),
+    ];
+    let (status, first) = exchange(app, ("twice", &secret), &fields).await;
+    assert_eq!(status, 200);
+    let at = first["access_token"].as_str().unwrap();
+    assert_eq!(app.validate(at).await, 200);
+    let (status, again) = exchange(app, ("twice", &secret), &fields).await;
+    assert_eq!((status, again["error"].as_str()), (400, Some("invalid_grant")));
+    // RFC 6749 §4.1.2: what the first exchange issued is revoked.
+    assert_eq!(app.validate(at).await, 401);
+    let r = app
+        .http
+        .post(app.url("/oauth/token"))
+        .basic_auth("twice", Some(&secret))
+        .form(&[
+            ("grant_type", "refresh_token"),
+            ("refresh_token", first["refresh_token"].as_str().unwrap_or("none")),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+}
+
+async fn a_form_posted_without_this_browsers_csrf_token_is_refused(app: &TestApp) {
+    application(app, "csrf", ClientKind::Confidential, ConsentMode::Explicit).await;
+    let email = user(app, "csrf").await;
+    let (_, challenge) = pkce();
+    let mut victim = Browser::new(app);
+    let page = victim.get(&request("csrf", &challenge, &[])).await;
+    let authz = hidden(&page.body, "authz");
+    let csrf = hidden(&page.body, "csrf");
+    // Another browser (the attacker's page posting into the victim's
+    // browser has the victim's cookies but cannot read the token; one with
+    // the token has no cookie): both are refused, and nobody is signed in.
+    let mut attacker = Browser::new(app);
+    for (attackers, token) in [(false, "guessed"), (false, ""), (true, csrf.as_str())] {
+        let browser = if attackers { &mut attacker } else { &mut victim };
+        let r = browser
+            .post(
+                "/oauth/login",
+                &[
+                    ("authz", &authz),
+                    ("csrf", token),
+                    ("email", &email),
+                    ("password", PASSWORD),
+                ],
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.body);
+        assert!(r.location.is_none());
+        assert!(!browser.cookies.contains_key("latchkey_session"));
+    }
+    // The consent form too: signed in properly, then a forged "allow".
+    let consent_page = victim.sign_in(&page, &email, PASSWORD).await;
+    let consent = hidden(&consent_page.body, "consent");
+    let r = victim
+        .post(
+            "/oauth/consent",
+            &[("consent", &consent), ("csrf", "guessed"), ("decision", "allow")],
+        )
+        .await;
+    assert_eq!((r.status, r.location), (StatusCode::FORBIDDEN, None));
+    // And the logout confirmation.
+    let r = victim.post("/oauth/logout/confirm", &[("csrf", "guessed")]).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    assert!(victim.cookies.contains_key("latchkey_session"), "still signed in");
+    // Every page refuses to be framed.
+    assert_eq!(page.headers["x-frame-options"], "DENY");
+    let csp = page.headers["content-security-policy"].to_str().unwrap();
+    assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
+}
+
+async fn a_silent_request_that_needs_the_user_answers_the_client_with_an_error(app: &TestApp) {
+    application(app, "silent", ClientKind::Confidential, ConsentMode::Explicit).await;
+    let email = user(app, "silent").await;
+    let (_, challenge) = pkce();
+    let mut browser = Browser::new(app);
+    let silent = request("silent", &challenge, &[("prompt", "none")]);
+    // Not signed in: login_required, and no page is shown.
+    let back = browser.get(&silent).await;
+    let q = query(back.location.as_deref().unwrap());
+    assert_eq!(
+        (q["error"].as_str(), q["state"].as_str()),
+        ("login_required", "st-1")
+    );
+    // Signed in but never asked: consent_required.
+    let page = browser.get(&request("silent", &challenge, &[])).await;
+    let consent_page = browser.sign_in(&page, &email, PASSWORD).await;
+    assert!(consent_page.body.contains("/oauth/consent"));
+    let back = browser.get(&silent).await;
+    assert_eq!(
+        query(back.location.as_deref().unwrap())["error"],
+        "consent_required"
+    );
+    // An id_token_hint of someone else: login_required, never a code for
+    // the browser's user.
+    let other = application(app, "hinted", ClientKind::Confidential, ConsentMode::Skip).await;
+    let someone = user(app, "silent-other").await;
+    let (v2, c2) = pkce();
+    let mut their_browser = Browser::new(app);
+    let code = signed_in_code(&mut their_browser, "hinted", &someone, &c2).await;
+    let (_, tokens) = exchange(
+        app,
+        ("hinted", &other),
+        &[
+            ("code", &code),
+            ("redirect_uri", CALLBACK),
+            ("code_verifier", &v2),
+        ],
+    )
+    .await;
+    let hint = tokens["id_token"].as_str().unwrap();
+    let mut mine = Browser::new(app);
+    let page = mine.get(&request("hinted", &challenge, &[])).await;
+    let back = mine.sign_in(&page, &email, PASSWORD).await;
+    assert!(query(back.location.as_deref().unwrap()).contains_key("code"));
+    let back = mine
+        .get(&request(
+            "hinted",
+            &challenge,
+            &[("prompt", "none"), ("id_token_hint", hint)],
+        ))
+        .await;
+    assert_eq!(
+        query(back.location.as_deref().unwrap())["error"],
+        "login_required"
+    );
+}
+
+async fn prompt_login_and_max_age_zero_ask_for_the_password_again(app: &TestApp) {
+    application(app, "fresh", ClientKind::Confidential, ConsentMode::Skip).await;
+    let email = user(app, "fresh").await;
+    let (_, challenge) = pkce();
+    let mut browser = Browser::new(app);
+    signed_in_code(&mut browser, "fresh", &email, &challenge).await;
+    // Signed in: a plain request gets a code at once.
+    let back = browser.get(&request("fresh", &challenge, &[])).await;
+    assert!(query(back.location.as_deref().unwrap()).contains_key("code"));
+    for extra in [("prompt", "login"), ("max_age", "0")] {
+        let page = browser.get(&request("fresh", &challenge, &[extra])).await;
+        assert_eq!(page.status, StatusCode::OK, "{extra:?}");
+        assert!(page.body.contains("/oauth/login"), "{extra:?}: the sign-in page");
+        // Signing in again satisfies it (no loop back to the page).
+        let back = browser.sign_in(&page, &email, PASSWORD).await;
+        assert!(
+            query(back.location.as_deref().unwrap()).contains_key("code"),
+            "{extra:?}"
+        );
+    }
+}
+
+async fn a_browser_session_ended_elsewhere_signs_nobody_in(app: &TestApp) {
+    application(app, "ended", ClientKind::Confidential, ConsentMode::Skip).await;
+    let email = user(app, "ended").await;
+    let (_, challenge) = pkce();
+    let mut browser = Browser::new(app);
+    signed_in_code(&mut browser, "ended", &email, &challenge).await;
+    // The user ends every session from another device (a new login there).
+    let pair: Value = app
+        .post(
+            "/auth/login",
+            serde_json::json!({"email": email, "password": PASSWORD}),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let r = app
+        .http
+        .delete(app.url("/auth/sessions?others=true"))
+        .bearer_auth(pair["access_token"].as_str().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    // The browser's cookie no longer signs anyone in.
+    let page = browser.get(&request("ended", &challenge, &[])).await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.body.contains("/oauth/login"), "{}", page.body);
+    let back = browser
+        .get(&request("ended", &challenge, &[("prompt", "none")]))
+        .await;
+    assert_eq!(
+        query(back.location.as_deref().unwrap())["error"],
+        "login_required"
+    );
+}
+
+async fn the_password_grant_is_off_by_default(app: &TestApp) {
+    let secret = crate::oauth::client(app, "legacy").await;
+    let email = user(app, "legacy").await;
+    let r = crate::oauth::form(
+        app,
+        "/oauth/token",
+        Some(("legacy", &secret)),
+        &[
+            ("grant_type", "password"),
+            ("username", &email),
+            ("password", PASSWORD),
+        ],
+    )
+    .await;
+    let status = r.status().as_u16();
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (400, Some("unsupported_grant_type")),
+        "{body}"
+    );
+    assert!(body["error_description"]
+        .as_str()
+        .unwrap()
+        .contains("oauth_password_grant"));
+}
