@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
-use super::extract::{query_bool, AccountBearer, Bearer, ClientIp, ClientOrigin, JsonBody};
+use super::extract::{query_bool, AccountBearer, ClientIp, ClientOrigin, JsonBody};
 use super::schema;
 use super::AppState;
 use crate::domain::input::{parse_name, parse_opaque, Code, Email, FieldError, Password};
@@ -215,8 +215,12 @@ pub async fn logout(
 }
 
 #[utoipa::path(get, path = "/auth/me", tag = "accounts", security(("bearer" = [])),
-    responses((status = 200, body = Profile), (status = 401, body = ErrorBody, description = "INVALID_TOKEN")))]
-pub async fn me(State(st): State<AppState>, Bearer(token): Bearer) -> Result<Json<Profile>, ApiError> {
+    responses((status = 200, body = Profile), (status = 401, body = ErrorBody, description = "INVALID_TOKEN"),
+              (status = 403, body = ErrorBody, description = "FIRST_PARTY_ONLY: a token an OAuth client holds (an application reads /oauth/userinfo, which answers by the scopes the user granted)")))]
+pub async fn me(
+    State(st): State<AppState>,
+    AccountBearer(token): AccountBearer,
+) -> Result<Json<Profile>, ApiError> {
     Ok(Json(st.sessions.profile(&token).await?))
 }
 

@@ -6,6 +6,7 @@
 
 pub mod accounts;
 pub mod admin;
+pub mod cors;
 
 pub mod error;
 pub mod extract;
@@ -307,7 +308,15 @@ pub fn router(state: AppState) -> Router {
     let table = routes();
     let templates: Vec<&'static str> = table.iter().map(|(path, _)| *path).collect();
     let router = table.into_iter().fold(Router::new(), |router, (path, methods)| {
-        router.route(path, methods)
+        if cors::CLIENT_PATHS.contains(&path) || cors::PUBLIC_PATHS.contains(&path) {
+            // The layer sees the methods the route lacks too (a preflight
+            // is an OPTIONS): the fallback is set before it is layered.
+            let cors = axum::middleware::from_fn_with_state(state.clone(), cors::layer);
+            let methods = methods.fallback(|| async { ApiError::MethodNotAllowed });
+            router.route(path, methods.layer(cors))
+        } else {
+            router.route(path, methods)
+        }
     });
     router
         .fallback(|| async { ApiError::NotFound })

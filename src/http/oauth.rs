@@ -492,10 +492,15 @@ pub async fn revoke(State(st): State<AppState>, headers: HeaderMap, body: Bytes)
         // docs/api.md: "200 always". Whoever holds a token may end its session (as
         // /auth/logout allows), so client credentials are optional here; when
         // given, they must be right (RFC 7009 §2.1).
-        let caller = if has_client_credentials(&headers, &form) {
-            Some(authenticate_client(&st, &headers, &form).await?)
-        } else {
-            None
+        // A public client (no secret) names itself with client_id, and
+        // revokes its own tokens so (RFC 7009 §5: its logout).
+        let public = !headers.contains_key(header::AUTHORIZATION) && !form.contains_key("client_secret");
+        let caller = match form.get("client_id") {
+            Some(id) if public => Some(st.provider.public_client(id).await?),
+            _ if has_client_credentials(&headers, &form) => {
+                Some(authenticate_client(&st, &headers, &form).await?)
+            }
+            _ => None,
         };
         let token = required(&form, "token")?;
         // RFC 7009 §2.1: a client revokes only tokens issued to it. First-party

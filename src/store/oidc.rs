@@ -139,6 +139,12 @@ impl Store {
             let Some((user_id, owner, issued)) = used else {
                 return Ok(CodeUse::Refused);
             };
+            // Only the client the code was issued to ends what it got: a
+            // spent code found elsewhere (a log, a history) presented by
+            // another client must not log the user out of this one.
+            if owner != client_id {
+                return Ok(CodeUse::Refused);
+            }
             let mut ended = None;
             if let Some(sid) = &issued {
                 let n = sqlx::query(
@@ -243,8 +249,9 @@ impl Store {
         })
     }
 
-    /// Withdraws the user's consent to `client_id` and ends the sessions
-    /// that client holds for the user; their ids (`None`: there was no
+    /// Withdraws the user's consent to `client_id`, drops the codes issued
+    /// to it for the user and not yet exchanged, and ends the sessions that
+    /// client holds for the user; their ids (`None`: there was no
     /// consent).
     pub async fn revoke_consent(
         &self,
@@ -263,6 +270,12 @@ impl Store {
             if n == 0 {
                 return Ok(None);
             }
+            // A code issued just before must not start a session after it.
+            sqlx::query("DELETE FROM authorization_codes WHERE user_id = $1 AND client_id = $2 AND used_at IS NULL")
+                .bind(user_id)
+                .bind(client_id)
+                .execute(&mut *tx)
+                .await?;
             let ended: Vec<(String,)> = sqlx::query_as(
                 "UPDATE sessions SET revoked_at = $3, revoked_reason = 'consent_revoked' \
                  WHERE user_id = $1 AND client_id = $2 AND revoked_at IS NULL RETURNING id",

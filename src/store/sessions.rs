@@ -155,6 +155,16 @@ pub(super) const INSERT_REFRESH: &str =
 pub(super) const MAY_START: &str = "EXISTS (SELECT 1 FROM users WHERE id = $2 AND disabled_at IS NULL) \
      AND ($9 OR NOT EXISTS (SELECT 1 FROM factors WHERE user_id = $2 AND confirmed_at IS NOT NULL))";
 
+/// A session started from another (`$12`, an application's session from
+/// the browser's) starts only while that one is live...
+pub(super) const PARENT_LIVE: &str = "($12 IS NULL OR EXISTS (SELECT 1 FROM sessions p \
+     WHERE p.id = $12 AND p.revoked_at IS NULL AND p.expires_at > $4))";
+
+/// ... and ends no later than it (`$5`: the session's own expiry).
+pub(super) const CHILD_EXPIRY: &str =
+    "CASE WHEN $12 IS NULL THEN $5 ELSE (SELECT CASE WHEN p.expires_at < $5 \
+     THEN p.expires_at ELSE $5 END FROM sessions p WHERE p.id = $12) END";
+
 /// Inserts a session and its first refresh token in the open transaction
 /// `$tx` (either backend: the statements are the same), if it may start
 /// ([`MAY_START`]); evaluates to a [`SessionStart`]. The check is part of
@@ -164,8 +174,10 @@ macro_rules! insert_session {
         let s: &$crate::store::NewSession<'_> = $s;
         let n = sqlx::query(&format!(
             "INSERT INTO sessions (id, user_id, client_id, created_at, expires_at, user_agent, ip, amr, auth_time, \
-             scope, parent_id) SELECT $1, $2, $3, $4, $5, $6, $7, $8, $10, $11, $12 WHERE {}",
-            $crate::store::sessions::MAY_START
+             scope, parent_id) SELECT $1, $2, $3, $4, {}, $6, $7, $8, $10, $11, $12 WHERE {} AND {}",
+            $crate::store::sessions::CHILD_EXPIRY,
+            $crate::store::sessions::MAY_START,
+            $crate::store::sessions::PARENT_LIVE,
         ))
         .bind(s.id)
         .bind(s.user_id)

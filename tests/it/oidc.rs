@@ -14,7 +14,10 @@ use serde_json::{json, Value};
 use crate::common::{unique_email, TestApp, PASSWORD};
 use latchkey::domain::oidc::client::{ClientKind, ClientSettings, ConsentMode};
 
+// The WebAuthn relying party of the browser test (localhost on any port).
 crate::on_every_backend!(
+    settings = crate::mfa::WEBAUTHN;
+    the_hosted_pages_sign_in_with_a_password_and_with_a_passkey_in_a_real_browser,
     an_application_signs_a_user_in_and_a_certified_library_accepts_every_answer,
     a_second_application_signs_in_from_the_browser_session_without_a_password,
     logging_out_ends_the_browser_session_and_what_the_applications_hold,
@@ -486,12 +489,49 @@ async fn a_public_client_signs_in_with_pkce_and_no_secret(app: &TestApp) {
     let input = rp_input(app, "spa", None, "openid offline_access");
     let started = rp("start", &input).await;
     let page = browser.get(started["url"].as_str().unwrap()).await;
-    let back = browser.sign_in(&page, &email, PASSWORD).await;
+    let page = browser.sign_in(&page, &email, PASSWORD).await;
+    // Registered as "skip", but its code goes to a loopback address, where
+    // any program of the machine may listen: the user is asked all the
+    // same (RFC 8252 §8.6), and a silent request cannot get a code.
+    let back = browser.consent(&page, "allow").await;
     let done = finish(&started, &input, back.location.as_deref().unwrap()).await;
     assert!(
         done["refreshed"]["access_token"].is_string(),
         "a public client refreshes with its id alone"
     );
+    let silent = rp("start", &{
+        let mut i = input.clone();
+        i["extra"] = json!({"prompt": "none"});
+        i
+    })
+    .await;
+    let back = browser.get(silent["url"].as_str().unwrap()).await;
+    assert_eq!(
+        query(back.location.as_deref().unwrap())["error"],
+        "consent_required"
+    );
+    // And revokes its session with its id alone (its logout, RFC 7009).
+    let rt = done["refreshed"]["refresh_token"].as_str().unwrap();
+    let r = app
+        .http
+        .post(app.url("/oauth/revoke"))
+        .form(&[("client_id", "spa"), ("token", rt)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = app
+        .http
+        .post(app.url("/oauth/token"))
+        .form(&[
+            ("grant_type", "refresh_token"),
+            ("client_id", "spa"),
+            ("refresh_token", rt),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400, "revoked");
     // Without PKCE, a public client's request goes back with an error.
     let bare = format!(
         "/oauth/authorize?response_type=code&client_id=spa&redirect_uri={}&scope=openid&state=s",
@@ -564,4 +604,75 @@ async fn a_user_sees_and_withdraws_the_applications_they_let_in(app: &TestApp) {
     // Denying sends the application access_denied.
     let back = browser.consent(&page, "deny").await;
     assert_eq!(query(back.location.as_deref().unwrap())["error"], "access_denied");
+}
+
+/// The pages in headless Chromium (tests/support/oidc_browser.py drives it
+/// through the DevTools protocol): a sign-in with the password and the
+/// consent page, a passkey enrolled on the account page and a sign-in with
+/// it alone, the logout page; no page's policy blocks anything it uses.
+async fn the_hosted_pages_sign_in_with_a_password_and_with_a_passkey_in_a_real_browser(app: &TestApp) {
+    application(app, "browser-app", ClientKind::Public, ConsentMode::Explicit).await;
+    let email = unique_email("oidc-browser");
+    app.register_verified(&email, PASSWORD).await;
+    let base = format!("http://localhost:{}", app.base.rsplit(':').next().unwrap());
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/oidc_browser.py");
+    let args = [
+        script.to_string(),
+        base,
+        "browser-app".to_string(),
+        email.clone(),
+        PASSWORD.to_string(),
+    ];
+    // Off the runtime's threads: the service answers the browser meanwhile.
+    let out = tokio::task::spawn_blocking(move || std::process::Command::new("python3").args(args).output())
+        .await
+        .unwrap()
+        .expect("python3 (with websocket-client) and chromium");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "the browser run failed:\n{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let line = |name: &str| {
+        lines
+            .iter()
+            .find(|l| l["step"] == name)
+            .unwrap_or_else(|| panic!("no step {name}:\n{text}"))
+            .clone()
+    };
+    let pages = line("pages");
+    assert_eq!(pages["csp_violations"], json!([]), "{pages}");
+    assert_eq!(pages["passkey_offered"], true, "pages.js ran under the policy");
+    let consent = pages["consent_text"].as_str().unwrap();
+    assert!(
+        consent.contains("App browser-app") && consent.contains(&email),
+        "{consent}"
+    );
+    assert_eq!(line("logout")["csp_violations"], json!([]));
+    for (name, amr) in [
+        ("password sign-in", json!(["pwd"])),
+        ("passkey sign-in", json!(["swk", "mfa"])),
+    ] {
+        let signed_in = line(name);
+        assert_eq!(signed_in["state_matches"], true, "{signed_in}");
+        assert_eq!(signed_in["query"]["iss"], ISSUER);
+        let tokens = &signed_in["tokens"];
+        let id_token = tokens["id_token"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name}: {tokens}"));
+        let claims: Value = {
+            use base64::Engine;
+            let payload = id_token.split('.').nth(1).unwrap();
+            serde_json::from_slice(
+                &base64::engine::general_purpose::URL_SAFE_NO_PAD
+                    .decode(payload)
+                    .unwrap(),
+            )
+            .unwrap()
+        };
+        assert_eq!(claims["amr"], amr, "{name}: {claims}");
+        assert_eq!(claims["email"], email);
+    }
 }

@@ -25,6 +25,9 @@ crate::on_every_backend!(
     a_browser_session_ended_elsewhere_signs_nobody_in,
     the_password_grant_is_off_by_default,
     a_code_presented_twice_ends_the_session_it_started,
+    cross_origin_calls_are_answered_only_for_origins_a_client_registered,
+    withdrawing_consent_voids_the_codes_not_yet_exchanged,
+    an_applications_token_tells_only_what_the_user_let_it_see,
 );
 
 /// base64url without padding.
@@ -326,6 +329,12 @@ async fn a_code_presented_twice_ends_the_session_it_started(app: &TestApp) {
     assert_eq!(status, 200);
     let at = first["access_token"].as_str().unwrap();
     assert_eq!(app.validate(at).await, 200);
+    // Another client presenting the spent code is refused and ends nothing:
+    // a code found in a log must not log the user out.
+    let other = application(app, "finder", ClientKind::Confidential, ConsentMode::Skip).await;
+    let (status, _) = exchange(app, ("finder", &other), &fields).await;
+    assert_eq!(status, 400);
+    assert_eq!(app.validate(at).await, 200);
     let (status, again) = exchange(app, ("twice", &secret), &fields).await;
     assert_eq!((status, again["error"].as_str()), (400, Some("invalid_grant")));
     // RFC 6749 §4.1.2: what the first exchange issued is revoked.
@@ -534,4 +543,191 @@ async fn the_password_grant_is_off_by_default(app: &TestApp) {
         .as_str()
         .unwrap()
         .contains("oauth_password_grant"));
+}
+
+async fn cross_origin_calls_are_answered_only_for_origins_a_client_registered(app: &TestApp) {
+    let mut s = ClientSettings::new(ClientKind::Public, vec![CALLBACK.into()]);
+    s.allowed_origins = vec!["https://spa.example.test".into()];
+    app.services
+        .features
+        .clients
+        .add("spa-cors", None, &[], Some(&s))
+        .await
+        .unwrap();
+    let preflight = |origin: &'static str, path: &'static str| {
+        app.http
+            .request(reqwest::Method::OPTIONS, app.url(path))
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header("access-control-request-headers", "authorization, content-type")
+            .send()
+    };
+    for path in [
+        "/oauth/token",
+        "/oauth/userinfo",
+        "/oauth/revoke",
+        "/oauth/introspect",
+    ] {
+        let r = preflight("https://spa.example.test", path).await.unwrap();
+        assert_eq!(r.status(), 204, "{path}");
+        let h = r.headers();
+        assert_eq!(
+            h["access-control-allow-origin"], "https://spa.example.test",
+            "{path}"
+        );
+        assert!(h["access-control-allow-methods"]
+            .to_str()
+            .unwrap()
+            .contains("POST"));
+        assert!(h["access-control-allow-headers"]
+            .to_str()
+            .unwrap()
+            .contains("authorization"));
+        assert!(
+            !h.contains_key("access-control-allow-credentials"),
+            "never cookies"
+        );
+        // Another origin, or the registered one with another port or scheme.
+        for other in [
+            "https://evil.example",
+            "https://spa.example.test:8443",
+            "http://spa.example.test",
+            "null",
+        ] {
+            let r = preflight(other, path).await.unwrap();
+            assert!(
+                !r.headers().contains_key("access-control-allow-origin"),
+                "{path} {other}"
+            );
+        }
+    }
+    // The request itself: the origin in the answer only for a registered one.
+    for (origin, allowed) in [
+        ("https://spa.example.test", true),
+        ("https://evil.example", false),
+    ] {
+        let r = app
+            .http
+            .post(app.url("/oauth/token"))
+            .header("origin", origin)
+            .form(&[
+                ("grant_type", "authorization_code"),
+                ("client_id", "spa-cors"),
+                ("code", "x"),
+            ])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400);
+        assert_eq!(
+            r.headers().contains_key("access-control-allow-origin"),
+            allowed,
+            "{origin}"
+        );
+    }
+    // Discovery and the JWKS are for anyone.
+    for path in ["/.well-known/openid-configuration", "/.well-known/jwks.json"] {
+        let r = app
+            .http
+            .get(app.url(path))
+            .header("origin", "https://anyone.example")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.headers()["access-control-allow-origin"], "*", "{path}");
+    }
+    // Without an Origin, nothing changes: OPTIONS is not a method of these.
+    let r = app
+        .http
+        .request(reqwest::Method::OPTIONS, app.url("/oauth/token"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    assert!(!r.headers().contains_key("access-control-allow-origin"));
+}
+
+async fn withdrawing_consent_voids_the_codes_not_yet_exchanged(app: &TestApp) {
+    let secret = application(
+        app,
+        "withdrawn",
+        ClientKind::Confidential,
+        ConsentMode::Remembered { days: 30 },
+    )
+    .await;
+    let email = user(app, "withdrawn").await;
+    let pair: Value = app
+        .post(
+            "/auth/login",
+            serde_json::json!({"email": email, "password": PASSWORD}),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let (verifier, challenge) = pkce();
+    let mut browser = Browser::new(app);
+    let page = browser.get(&request("withdrawn", &challenge, &[])).await;
+    let page = browser.sign_in(&page, &email, PASSWORD).await;
+    let code = code_of(&browser.consent(&page, "allow").await);
+    let r = app
+        .http
+        .delete(app.url("/auth/consents/withdrawn"))
+        .bearer_auth(pair["access_token"].as_str().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let (status, body) = exchange(
+        app,
+        ("withdrawn", &secret),
+        &[
+            ("code", &code),
+            ("redirect_uri", CALLBACK),
+            ("code_verifier", &verifier),
+        ],
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (400, Some("invalid_grant")),
+        "{body}"
+    );
+}
+
+async fn an_applications_token_tells_only_what_the_user_let_it_see(app: &TestApp) {
+    let secret = application(app, "openid-only", ClientKind::Confidential, ConsentMode::Skip).await;
+    let email = user(app, "openid-only").await;
+    let tokens = crate::oidc::code_grant(app, "openid-only", &secret, &email, "openid").await;
+    let at = tokens["access_token"].as_str().unwrap();
+    let claims: Value = {
+        let payload = at.split('.').nth(1).unwrap();
+        serde_json::from_slice(
+            &base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(payload)
+                .unwrap(),
+        )
+        .unwrap()
+    };
+    assert_eq!(
+        claims["email"], "",
+        "no email scope, no email in the token: {claims}"
+    );
+    let v: Value = app.get_bearer("/auth/validate", at).await.json().await.unwrap();
+    assert_eq!(v["email"], "");
+    // Nor through the account's own endpoint, which is first-party only.
+    let r = app.get_bearer("/auth/me", at).await;
+    assert_eq!(r.status(), 403);
+    // userinfo answers by scope.
+    let info: Value = app.get_bearer("/oauth/userinfo", at).await.json().await.unwrap();
+    assert!(info.get("email").is_none(), "{info}");
+    // With the email scope, it may.
+    let tokens = crate::oidc::code_grant(app, "openid-only", &secret, &email, "openid email").await;
+    let v: Value = app
+        .get_bearer("/auth/validate", tokens["access_token"].as_str().unwrap())
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["email"], email);
 }

@@ -82,6 +82,30 @@ class Page:
         return self.js(f"document.getElementById({json.dumps(element_id)}).textContent")
 
 
+def start_chromium():
+    """Headless Chromium with a throwaway profile: (process, profile dir, a
+    Page on a new tab). The caller kills the process and removes the dir."""
+    profile = tempfile.mkdtemp(prefix="latchkey-chromium-")
+    browser = subprocess.Popen(
+        [BROWSER, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--remote-debugging-port=0", "about:blank"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        port_file = os.path.join(profile, "DevToolsActivePort")
+        deadline = time.time() + 30
+        while not (os.path.exists(port_file) and len(open(port_file).read().split("\n")) >= 2):
+            if time.time() > deadline or browser.poll() is not None:
+                raise RuntimeError("chromium did not start")
+            time.sleep(0.1)
+        port, path = open(port_file).read().split("\n")[:2]
+        return browser, profile, Page(f"ws://127.0.0.1:{port}{path}")
+    except BaseException:
+        browser.kill()
+        browser.wait()
+        shutil.rmtree(profile, ignore_errors=True)
+        raise
+
+
 def step(page, name, action, expect_done=True, **extra):
     page.js("document.getElementById('status').dataset.state = 'busy'")
     action()
@@ -98,20 +122,8 @@ def main():
     if not BROWSER:
         print(json.dumps({"step": "start", "state": "error", "status": "no chromium on PATH (apt-get install chromium)"}))
         sys.exit(1)
-    profile = tempfile.mkdtemp(prefix="latchkey-chromium-")
-    browser = subprocess.Popen(
-        [BROWSER, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--remote-debugging-port=0", "about:blank"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    browser, profile, page = start_chromium()
     try:
-        port_file = os.path.join(profile, "DevToolsActivePort")
-        deadline = time.time() + 30
-        while not (os.path.exists(port_file) and len(open(port_file).read().split("\n")) >= 2):
-            if time.time() > deadline or browser.poll() is not None:
-                raise RuntimeError("chromium did not start")
-            time.sleep(0.1)
-        port, path = open(port_file).read().split("\n")[:2]
-        page = Page(f"ws://127.0.0.1:{port}{path}")
         page.call("Page.enable")
         page.call("WebAuthn.enable", {"enableUI": False})
         page.call("WebAuthn.addVirtualAuthenticator", {"options": {

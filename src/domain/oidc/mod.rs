@@ -145,6 +145,11 @@ pub struct ConsentInfo {
     pub expires_at: Option<String>,
 }
 
+/// Whether the client's current registration still allows `req`.
+fn still_allowed(settings: &ClientSettings, req: &AuthorizationRequest) -> bool {
+    settings.allows("authorization_code") && redirect::matches(&settings.redirect_uris, &req.redirect_uri)
+}
+
 /// A logout request (RP-Initiated Logout 1.0 §2) once checked.
 #[derive(Debug, PartialEq, Eq)]
 pub struct LogoutRequest {
@@ -208,6 +213,23 @@ impl Provider {
             return Ok(None);
         };
         Ok(Some((rec, settings)))
+    }
+
+    /// Whether some client registered `origin` for its browser calls
+    /// (CORS, `http/cors.rs`). A database failure answers no: the browser
+    /// then refuses the call, which the application retries.
+    pub async fn origin_allowed(&self, origin: &str) -> bool {
+        let Ok(clients) = self.shared.store.clients().await else {
+            return false;
+        };
+        clients
+            .iter()
+            .filter_map(|c| c.oidc.as_deref().and_then(ClientSettings::from_json))
+            .any(|s| {
+                s.allowed_origins
+                    .iter()
+                    .any(|o| o.trim_end_matches('/') == origin)
+            })
     }
 
     /// The browser session of a session cookie: the refresh token of a
@@ -297,21 +319,37 @@ impl Provider {
         origin: &Origin,
     ) -> Result<Next, AuthError> {
         let now = now_ms();
+        // The client as it is registered now: a pending request may be up
+        // to half an hour old, and a redirect URI removed since is dead.
+        if !still_allowed(settings, req) {
+            return Ok(Next::Page(
+                "The application no longer signs in through this address: start again from it.".into(),
+            ));
+        }
         let hint = req
             .id_token_hint
             .as_deref()
             .map(|h| self.verifier().read_id_token_hint(h));
         let hint_subject = hint.as_ref().map(|h| h.as_ref().map(|h| h.sub.as_str()));
         let view = session.map(BrowserSession::view);
+        // Never approved without the user when any local program could
+        // be the one receiving the code (RFC 8252 §8.6).
+        let unattended =
+            !(settings.kind == ClientKind::Public && redirect::reaches_any_local_program(&req.redirect_uri));
+        // A stored consent counts while the client remembers consents (an
+        // operator may have switched it to ask every time since).
+        let remembers = matches!(settings.consent, ConsentMode::Remembered { .. });
         let consented = match session {
-            Some(s) => self.consent_covers(&s.user_id, &rec.id, &req.scope, now).await?,
-            None => false,
+            Some(s) if remembers && unattended => {
+                self.consent_covers(&s.user_id, &rec.id, &req.scope, now).await?
+            }
+            _ => false,
         };
         let ctx = Context {
             session: view.as_ref(),
             hint_subject,
             consented,
-            consent_skipped: settings.consent == ConsentMode::Skip,
+            consent_skipped: settings.consent == ConsentMode::Skip && unattended,
             now_ms: now,
         };
         let client = client_view(rec, &req.redirect_uri);
@@ -359,6 +397,11 @@ impl Provider {
         let Some((rec, settings)) = self.client(&req.client_id).await? else {
             return Ok(Next::Page("The application is no longer registered.".into()));
         };
+        if !still_allowed(&settings, &req) {
+            return Ok(Next::Page(
+                "The application no longer signs in through this address: start again from it.".into(),
+            ));
+        }
         if !allow {
             return Ok(Next::Redirect(self.error_redirect(
                 &req.redirect_uri,

@@ -81,6 +81,21 @@ fn without_loopback_port(uri: &str) -> Option<String> {
     None
 }
 
+/// Whether a code sent to `uri` could land in any program of the user's
+/// machine: a loopback address (any local process can listen on a port) or
+/// a private-use scheme (any app can claim it). A public client's requests
+/// to such a URI are never approved without the user (RFC 8252 §8.6).
+pub fn reaches_any_local_program(uri: &str) -> bool {
+    match url::Url::parse(uri) {
+        Ok(u) => match u.scheme() {
+            "https" => false,
+            "http" => is_loopback(&u),
+            _ => true,
+        },
+        Err(_) => true,
+    }
+}
+
 /// `uri` with `params` added to its query (the authorization response,
 /// RFC 6749 §4.1.2: a query it already has is kept).
 pub fn with_params(uri: &str, params: &[(&str, &str)]) -> String {
@@ -102,6 +117,19 @@ pub fn with_params(uri: &str, params: &[(&str, &str)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loopback_and_private_use_uris_reach_any_local_program_and_https_ones_do_not() {
+        for uri in [
+            "http://127.0.0.1:5000/cb",
+            "http://[::1]/cb",
+            "http://localhost/cb",
+            "com.example.app:/cb",
+        ] {
+            assert!(reaches_any_local_program(uri), "{uri}");
+        }
+        assert!(!reaches_any_local_program("https://app.example.com/cb"));
+    }
 
     fn reg(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| s.to_string()).collect()

@@ -40,8 +40,9 @@ pub struct AuthorizationRequest {
     pub scope: Vec<String>,
     pub state: Option<String>,
     pub nonce: Option<String>,
-    /// PKCE: base64url(SHA-256(code_verifier)); `None` only for a
-    /// confidential client that does not require it.
+    /// PKCE: base64url(SHA-256(code_verifier)). Always present once
+    /// [`check`] passed (every client must use PKCE); an `Option` as the
+    /// stored code's column is.
     pub code_challenge: Option<String>,
     pub prompt: Prompt,
     /// Seconds (`max_age`).

@@ -86,11 +86,18 @@ impl Issuer {
             .await?)
     }
 
-    /// Signs an access token of a user's session.
+    /// Signs an access token of a user's session. A token an application
+    /// got through the code flow names the user's email only if the user
+    /// let it see it (the `email` scope): the token is readable by its
+    /// holder and by every service it is shown to.
     pub fn issue(&self, s: &Subject<'_>) -> anyhow::Result<String> {
+        let email = match s.scope {
+            Some(scope) if !scope.split(' ').any(|x| x == "email") => "",
+            _ => s.email,
+        };
         self.sign(
             s.user_id,
-            s.email,
+            email,
             s.session_id,
             s.client_id,
             s.scope.map(str::to_string),
