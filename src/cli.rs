@@ -365,6 +365,18 @@ async fn serve(config: Config, started: Instant) -> anyhow::Result<()> {
             "LATCHKEY_RATE_LIMIT=off: every rate limit and brute-force delay is OFF (lab use only)"
         );
     }
+    if config.oidc.password_grant {
+        tracing::warn!(
+            "LATCHKEY_OAUTH_PASSWORD_GRANT=true: clients may send users' passwords to /oauth/token \
+             (RFC 9700 says they must not); turn it off once they use the authorization code flow"
+        );
+    }
+    if config.issuer_is_plain_http_off_loopback() {
+        tracing::warn!(
+            "LATCHKEY_ISSUER is http:// on a non-loopback address: the sign-in pages' cookies go without \
+             Secure and the __Host- prefix; set the https:// URL browsers reach"
+        );
+    }
     if matches!(config.mail.transport, crate::mail::MailConfig::Log) {
         tracing::info!(
             "LATCHKEY_MAIL=log: mail (codes included) goes to the log; use file: or smtp:// in production"

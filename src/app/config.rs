@@ -92,12 +92,42 @@ impl Config {
     pub fn is_sqlite(&self) -> bool {
         self.database.is_sqlite()
     }
+
+    /// Whether browsers reach the service over plain HTTP on an address
+    /// other than loopback (the issuer is their URL): the sign-in pages'
+    /// cookies then cannot be `Secure`.
+    pub fn issuer_is_plain_http_off_loopback(&self) -> bool {
+        let Ok(u) = url::Url::parse(&self.tokens.issuer) else {
+            return false;
+        };
+        let loopback = match u.host() {
+            Some(url::Host::Ipv4(a)) => a.is_loopback(),
+            Some(url::Host::Ipv6(a)) => a.is_loopback(),
+            Some(url::Host::Domain(d)) => d == "localhost",
+            None => true,
+        };
+        u.scheme() == "http" && !loopback
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::mail::MailConfig;
+
+    #[test]
+    fn an_http_issuer_is_flagged_only_off_loopback() {
+        let with = |issuer: &str| {
+            Config::from_sources(&Sources::from_pairs([("issuer", issuer)]))
+                .unwrap()
+                .issuer_is_plain_http_off_loopback()
+        };
+        assert!(with("http://id.example.com"));
+        assert!(with("http://10.0.0.5:8080"));
+        assert!(!with("http://127.0.0.1:8080"));
+        assert!(!with("http://localhost:8080"));
+        assert!(!with("https://id.example.com"));
+    }
 
     #[test]
     fn defaults_are_the_embedded_setup() {

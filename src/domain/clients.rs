@@ -118,7 +118,7 @@ impl Clients {
     /// own tokens, on every instance within the revocations' usual second (by
     /// Redis at once, and through the database's `revoked_sids` for instances
     /// that cannot hear this process). `false`: no such client.
-    pub async fn remove(&self, id: &str) -> anyhow::Result<bool> {
+    pub async fn remove(&self, id: &str) -> Result<bool, AuthError> {
         let Some(client) = self.store.client(id).await? else {
             return Ok(false);
         };
@@ -137,8 +137,29 @@ impl Clients {
     }
 
     /// Every client, by id.
-    pub async fn list(&self) -> anyhow::Result<Vec<ClientRecord>> {
+    pub async fn list(&self) -> Result<Vec<ClientRecord>, AuthError> {
         Ok(self.store.clients().await?)
+    }
+
+    /// One client.
+    pub async fn get(&self, id: &str) -> Result<Option<ClientRecord>, AuthError> {
+        if id.is_empty() || id.len() > 128 {
+            return Ok(None);
+        }
+        Ok(self.store.client(id).await?)
+    }
+
+    /// Replaces a client's settings for the authorization code flow
+    /// (`None`: it no longer signs users in). A sign-in under way is held
+    /// to the new settings when it resumes. `false`: no such client.
+    pub async fn set_oidc(&self, id: &str, oidc: Option<&ClientSettings>) -> Result<bool, AuthError> {
+        if let Some(settings) = oidc {
+            settings.check().map_err(AuthError::BadRequest)?;
+        }
+        Ok(self
+            .store
+            .set_client_oidc(id, oidc.map(ClientSettings::to_json).as_deref())
+            .await?)
     }
 
     /// Creates a client that may ask for `scopes`; returns its secret, shown once.
@@ -148,12 +169,15 @@ impl Clients {
         name: Option<&str>,
         scopes: &[String],
         oidc: Option<&ClientSettings>,
-    ) -> anyhow::Result<Option<String>> {
+    ) -> Result<Option<String>, AuthError> {
+        let bad = |m: String| Err(AuthError::BadRequest(m));
         if let Some(settings) = oidc {
-            settings.check().map_err(anyhow::Error::msg)?;
+            settings.check().map_err(AuthError::BadRequest)?;
         }
-        if let Some(bad) = scopes.iter().find(|s| !valid_scope(s)) {
-            anyhow::bail!("scope {bad:?} must be 1..=64 characters of A-Z a-z 0-9 : . _ -");
+        if let Some(s) = scopes.iter().find(|s| !valid_scope(s)) {
+            return bad(format!(
+                "scope {s:?} must be 1..=64 characters of A-Z a-z 0-9 : . _ -"
+            ));
         }
         if id.is_empty()
             || id.len() > 128
@@ -161,10 +185,12 @@ impl Clients {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
         {
-            anyhow::bail!("client id must be 1..=128 characters of A-Z a-z 0-9 - _ .");
+            return bad("client id must be 1..=128 characters of A-Z a-z 0-9 - _ .".into());
         }
         if id == FIRST_PARTY_CLIENT {
-            anyhow::bail!("client id {id:?} is reserved: it names tokens of the first-party endpoints");
+            return bad(format!(
+                "client id {id:?} is reserved: it names tokens of the first-party endpoints"
+            ));
         }
         let secret = random_token();
         let rec = ClientRecord {

@@ -12,7 +12,9 @@ use super::error::{ApiError, ErrorBody};
 use super::extract::{query_bool, AdminToken, JsonBody};
 use super::AppState;
 use crate::domain::admin::{AdminUser, EventFilter, EventPage, UserChange, UserFilter, UserPage, MAX_PAGE};
+use crate::domain::clients::ClientRecord;
 use crate::domain::input::{parse_name, FieldError};
+use crate::domain::oidc::client::{ClientKind, ClientSettings};
 use crate::domain::webhooks::{DeliveryPage, NewWebhook, Webhook};
 use crate::domain::AuthError;
 
@@ -382,4 +384,159 @@ pub async fn webhook_deliveries(
         }
     }
     Ok(Json(st.webhooks.deliveries(&id, before, limit).await?))
+}
+
+/// A client as the admin API shows it (never its secret).
+#[derive(Serialize, ToSchema)]
+pub struct ClientView {
+    client_id: String,
+    name: Option<String>,
+    /// Scopes of its own tokens (client_credentials).
+    scopes: Vec<String>,
+    /// RFC 3339, UTC.
+    created_at: String,
+    /// Its settings for signing users in (docs/oidc.md), if it has some.
+    oidc: Option<ClientSettings>,
+}
+
+impl From<ClientRecord> for ClientView {
+    fn from(c: ClientRecord) -> ClientView {
+        ClientView {
+            scopes: c
+                .scopes
+                .split(' ')
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect(),
+            created_at: crate::clock::rfc3339(c.created_at),
+            oidc: c.oidc.as_deref().and_then(ClientSettings::from_json),
+            client_id: c.id,
+            name: c.name,
+        }
+    }
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClientRequest {
+    /// 1 to 128 characters of `A-Z a-z 0-9 - _ .`.
+    client_id: String,
+    name: Option<String>,
+    /// Scopes of its own tokens (`latchkey:admin` for the admin API).
+    #[serde(default)]
+    scopes: Vec<String>,
+    /// To sign users in with the authorization code flow.
+    oidc: Option<ClientSettings>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct NewClient {
+    client_id: String,
+    /// Shown only now; absent for a public client, which has none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    client_secret: Option<String>,
+}
+
+#[utoipa::path(post, path = "/admin/clients", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
+    request_body = ClientRequest,
+    responses((status = 201, body = NewClient, description = "Registered; a confidential client's secret is shown only now"),
+              (status = 400, body = ErrorBody, description = "INVALID_REQUEST: the message names the field"),
+              (status = 401, body = ErrorBody, description = "INVALID_TOKEN"),
+              (status = 403, body = ErrorBody, description = "INSUFFICIENT_SCOPE"),
+              (status = 409, body = ErrorBody, description = "CONFLICT: a client has that id")))]
+pub async fn add_client(
+    State(st): State<AppState>,
+    _: AdminToken,
+    JsonBody(req): JsonBody<ClientRequest>,
+) -> Result<(StatusCode, Json<NewClient>), ApiError> {
+    let name = parse_name("name", req.name.as_deref())?;
+    let secret = st
+        .clients
+        .add(&req.client_id, name.as_deref(), &req.scopes, req.oidc.as_ref())
+        .await?
+        .ok_or(AuthError::Conflict("a client has that id"))?;
+    let public = req.oidc.as_ref().is_some_and(|s| s.kind == ClientKind::Public);
+    Ok((
+        StatusCode::CREATED,
+        Json(NewClient {
+            client_id: req.client_id,
+            client_secret: (!public).then_some(secret),
+        }),
+    ))
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ClientList {
+    clients: Vec<ClientView>,
+}
+
+#[utoipa::path(get, path = "/admin/clients", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
+    responses((status = 200, body = ClientList), (status = 401, body = ErrorBody, description = "INVALID_TOKEN"),
+              (status = 403, body = ErrorBody, description = "INSUFFICIENT_SCOPE")))]
+pub async fn clients(State(st): State<AppState>, _: AdminToken) -> Result<Json<ClientList>, ApiError> {
+    let list = st.clients.list().await?;
+    Ok(Json(ClientList {
+        clients: list.into_iter().map(ClientView::from).collect(),
+    }))
+}
+
+fn client_id(id: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    id.map(|Path(id)| id)
+        .map_err(|_| AuthError::NotFound("client").into())
+}
+
+#[utoipa::path(get, path = "/admin/clients/{id}", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
+    params(("id" = String, Path, description = "A client id")),
+    responses((status = 200, body = ClientView), (status = 401, body = ErrorBody, description = "INVALID_TOKEN"),
+              (status = 403, body = ErrorBody, description = "INSUFFICIENT_SCOPE"), (status = 404, body = ErrorBody, description = "NOT_FOUND")))]
+pub async fn client(
+    State(st): State<AppState>,
+    _: AdminToken,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Json<ClientView>, ApiError> {
+    let id = client_id(id)?;
+    let c = st.clients.get(&id).await?.ok_or(AuthError::NotFound("client"))?;
+    Ok(Json(c.into()))
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClientOidcRequest {
+    /// The new settings; `null`: the client no longer signs users in.
+    oidc: Option<ClientSettings>,
+}
+
+#[utoipa::path(put, path = "/admin/clients/{id}/oidc", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
+    params(("id" = String, Path, description = "A client id")), request_body = ClientOidcRequest,
+    responses((status = 204, description = "Replaced; sign-ins under way are held to the new settings"),
+              (status = 400, body = ErrorBody, description = "INVALID_REQUEST"), (status = 401, body = ErrorBody, description = "INVALID_TOKEN"),
+              (status = 403, body = ErrorBody, description = "INSUFFICIENT_SCOPE"), (status = 404, body = ErrorBody, description = "NOT_FOUND")))]
+pub async fn set_client_oidc(
+    State(st): State<AppState>,
+    _: AdminToken,
+    id: Result<Path<String>, PathRejection>,
+    JsonBody(req): JsonBody<ClientOidcRequest>,
+) -> Result<StatusCode, ApiError> {
+    let id = client_id(id)?;
+    if !st.clients.set_oidc(&id, req.oidc.as_ref()).await? {
+        return Err(AuthError::NotFound("client").into());
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(delete, path = "/admin/clients/{id}", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
+    params(("id" = String, Path, description = "A client id")),
+    responses((status = 204, description = "Removed; the sessions it held for users and its own tokens end at once"),
+              (status = 401, body = ErrorBody, description = "INVALID_TOKEN"), (status = 403, body = ErrorBody, description = "INSUFFICIENT_SCOPE"),
+              (status = 404, body = ErrorBody, description = "NOT_FOUND")))]
+pub async fn remove_client(
+    State(st): State<AppState>,
+    _: AdminToken,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    let id = client_id(id)?;
+    if !st.clients.remove(&id).await? {
+        return Err(AuthError::NotFound("client").into());
+    }
+    Ok(StatusCode::NO_CONTENT)
 }

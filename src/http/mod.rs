@@ -116,7 +116,8 @@ pub type AppState = Arc<ApiState>;
         accounts::password_reset_confirm, accounts::sessions, accounts::end_session, accounts::end_sessions,
         admin::users, admin::create_user, admin::user, admin::events, admin::add_webhook, admin::webhooks,
         admin::remove_webhook, admin::webhook_deliveries, admin::unlock, admin::update_user, admin::delete_user, admin::end_sessions,
-        admin::password_reset, admin::reset_factors, mfa::verify, mfa::passkey_login, mfa::passkey_login_finish,
+        admin::password_reset, admin::reset_factors, admin::add_client, admin::clients, admin::client,
+        admin::set_client_oidc, admin::remove_client, mfa::verify, mfa::passkey_login, mfa::passkey_login_finish,
         mfa::factors, mfa::start_totp, mfa::confirm_totp, mfa::start_passkey, mfa::finish_passkey,
         mfa::rename_factor, mfa::remove_factor, mfa::recovery_codes, tokens::validate, tokens::jwks, tokens::discovery,
         oauth::token, oauth::introspect, oauth::revoke, oidc::authorize_get, oidc::authorize_post, oidc::logout_get, oidc::logout_post,
@@ -248,6 +249,15 @@ fn routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ("/admin/events", get(admin::events)),
         ("/admin/webhooks", get(admin::webhooks).post(admin::add_webhook)),
         ("/admin/webhooks/{id}", delete(admin::remove_webhook)),
+        ("/admin/clients", get(admin::clients).post(admin::add_client)),
+        (
+            "/admin/clients/{id}",
+            get(admin::client).delete(admin::remove_client),
+        ),
+        (
+            "/admin/clients/{id}/oidc",
+            axum::routing::put(admin::set_client_oidc),
+        ),
         ("/admin/webhooks/{id}/deliveries", get(admin::webhook_deliveries)),
         (
             "/admin/users/{id}",

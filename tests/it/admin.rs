@@ -22,6 +22,7 @@ crate::on_every_backend!(
     a_code_left_by_a_purged_sign_up_activates_nothing_at_the_address,
     a_login_or_refresh_that_raced_a_disable_gets_no_session,
     a_refused_change_changes_nothing,
+    clients_are_registered_listed_changed_and_removed_through_the_admin_api,
 );
 crate::on_redis_cluster!(an_unlock_lifts_the_brute_force_delays_of_every_address,);
 
@@ -175,6 +176,19 @@ fn admin_routes(id: &str, hook: &str) -> Vec<(reqwest::Method, String, Option<Va
         (Method::POST, format!("/admin/users/{id}/password-reset"), None),
         (Method::DELETE, format!("/admin/users/{id}/factors"), None),
         (Method::DELETE, format!("/admin/users/{id}"), None),
+        (Method::GET, "/admin/clients".into(), None),
+        (
+            Method::POST,
+            "/admin/clients".into(),
+            Some(json!({"client_id": "never-added", "scopes": ["latchkey:admin"]})),
+        ),
+        (Method::GET, "/admin/clients/never-added".into(), None),
+        (
+            Method::PUT,
+            "/admin/clients/never-added/oidc".into(),
+            Some(json!({"oidc": null})),
+        ),
+        (Method::DELETE, "/admin/clients/never-added".into(), None),
     ]
 }
 
@@ -831,4 +845,161 @@ async fn a_refused_change_changes_nothing(app: &TestApp) {
     );
     assert!(u["name"].is_null(), "{u}");
     assert_eq!(app.validate(pair["access_token"].as_str().unwrap()).await, 200);
+}
+
+async fn clients_are_registered_listed_changed_and_removed_through_the_admin_api(app: &TestApp) {
+    use crate::oidc::CALLBACK;
+    let admin = admin_token(app).await;
+    let settings = json!({
+        "kind": "confidential",
+        "redirect_uris": [CALLBACK],
+        "consent": {"mode": "skip"},
+    });
+    let r = call(
+        app,
+        reqwest::Method::POST,
+        "/admin/clients",
+        Some(&admin),
+        Some(json!({"client_id": "admin-made", "name": "Made by an admin", "oidc": settings})),
+    )
+    .await;
+    assert_eq!(r.status(), 201);
+    let made: Value = r.json().await.unwrap();
+    let secret = made["client_secret"].as_str().unwrap().to_string();
+    // Its id is taken; settings that cannot work are refused by name.
+    let again = call(
+        app,
+        reqwest::Method::POST,
+        "/admin/clients",
+        Some(&admin),
+        Some(json!({"client_id": "admin-made"})),
+    )
+    .await;
+    assert_eq!(again.status(), 409);
+    let bad = call(
+        app,
+        reqwest::Method::POST,
+        "/admin/clients",
+        Some(&admin),
+        Some(json!({"client_id": "bad-uri", "oidc": {"kind": "public", "redirect_uris": ["https://app.example.com/cb#x"]}})),
+    )
+    .await;
+    assert_eq!(bad.status(), 400);
+    let body: Value = bad.json().await.unwrap();
+    assert!(
+        body["message"].as_str().unwrap().contains("redirect_uris[0]"),
+        "{body}"
+    );
+    assert!(
+        app.services
+            .features
+            .clients
+            .get("bad-uri")
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing written"
+    );
+    // A public client gets no secret.
+    let r = call(
+        app,
+        reqwest::Method::POST,
+        "/admin/clients",
+        Some(&admin),
+        Some(json!({"client_id": "admin-spa", "oidc": {"kind": "public", "redirect_uris": [CALLBACK]}})),
+    )
+    .await;
+    assert_eq!(r.status(), 201);
+    assert!(r.json::<Value>().await.unwrap().get("client_secret").is_none());
+
+    let list: Value = call(app, reqwest::Method::GET, "/admin/clients", Some(&admin), None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let listed = list["clients"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["client_id"] == "admin-made")
+        .unwrap()
+        .clone();
+    assert_eq!(listed["name"], "Made by an admin");
+    assert_eq!(listed["oidc"]["redirect_uris"], json!([CALLBACK]));
+    assert_eq!(
+        listed["oidc"]["grant_types"],
+        json!(["authorization_code", "refresh_token"])
+    );
+    assert!(listed.get("secret_hash").is_none() && listed.get("client_secret").is_none());
+
+    // It signs users in.
+    let email = unique_email("admin-made");
+    app.register_verified(&email, PASSWORD).await;
+    let tokens = crate::oidc::code_grant(app, "admin-made", &secret, &email, "openid").await;
+    let at = tokens["access_token"].as_str().unwrap().to_string();
+    assert_eq!(app.validate(&at).await, 200);
+
+    // Its redirect URI replaced: the old one is refused with a page.
+    let r = call(
+        app,
+        reqwest::Method::PUT,
+        "/admin/clients/admin-made/oidc",
+        Some(&admin),
+        Some(json!({"oidc": {"kind": "confidential", "redirect_uris": ["https://app.example.com/cb"]}})),
+    )
+    .await;
+    assert_eq!(r.status(), 204);
+    let one: Value = call(
+        app,
+        reqwest::Method::GET,
+        "/admin/clients/admin-made",
+        Some(&admin),
+        None,
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(
+        one["oidc"]["redirect_uris"],
+        json!(["https://app.example.com/cb"])
+    );
+    let page = app
+        .get(&format!(
+            "/oauth/authorize?response_type=code&client_id=admin-made&scope=openid&redirect_uri={}\
+             &code_challenge=E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM&code_challenge_method=S256",
+            url::form_urlencoded::byte_serialize(CALLBACK.as_bytes()).collect::<String>()
+        ))
+        .await;
+    assert_eq!(page.status(), 400);
+
+    // Removed: its users' tokens end at once.
+    let r = call(
+        app,
+        reqwest::Method::DELETE,
+        "/admin/clients/admin-made",
+        Some(&admin),
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), 204);
+    assert_eq!(app.validate(&at).await, 401);
+    let r = call(
+        app,
+        reqwest::Method::GET,
+        "/admin/clients/admin-made",
+        Some(&admin),
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), 404);
+    let r = call(
+        app,
+        reqwest::Method::DELETE,
+        "/admin/clients/admin-made",
+        Some(&admin),
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), 404);
 }

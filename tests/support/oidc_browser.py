@@ -1,22 +1,35 @@
-"""Signs in to an application through latchkey's hosted sign-in pages in
+"""Signs in to applications through latchkey's hosted sign-in pages in
 headless Chromium, the way a user would: the OpenID Connect authorization
 code flow from the authorization request to the application's callback,
-pressing the pages' buttons. Two sign-ins: with the password (then the
-consent page), and with a passkey alone (enrolled first on /ui/account in
-the same browser, with the DevTools protocol's virtual authenticator); then
-the logout page. Every page's Content-Security-Policy violations are
-collected: the pages must work under their own policy.
+typing into the pages and pressing their buttons.
 
-usage: oidc_browser.py BASE_URL CLIENT_ID EMAIL PASSWORD
+  1. the password, then the consent page (application A);
+  2. single sign-on: application B with the browser's session, no password;
+  3. an authenticator app and a passkey enrolled on /ui/account (the
+     DevTools protocol's virtual authenticator; pyotp as the app);
+  4. the password and the authenticator's code as the second step;
+  5. the password and the passkey as the second step (prompt=login);
+  6. the passkey alone;
+  7. the sign-up and reset pages, and logout.
+
+Every page's Content-Security-Policy violations are collected (the pages
+must work under their own policy), each page is saved as a screenshot, and
+axe-core (an accessibility checker, from npm) reports its violations.
+
+usage: oidc_browser.py BASE_URL CLIENT_A CLIENT_B EMAIL PASSWORD SHOTS_DIR AXE_JS
   BASE_URL: the service at http://localhost:PORT (WebAuthn wants a domain)
-  CLIENT_ID: a public client with the redirect URI http://127.0.0.1/callback
-             (a loopback URI: this script listens on a port of its own)
+  CLIENT_A, CLIENT_B: public clients with the redirect URI
+             http://127.0.0.1/callback (loopback: this script listens on a
+             port of its own)
+  SHOTS_DIR: where the screenshots go (one PNG per page)
+  AXE_JS: axe.min.js of the axe-core package
 Prints one JSON line per step; the sign-ins' lines carry the callback's
 query and the token endpoint's answer to the code (exchanged at once, as
 the application would). Exits 1 at
 the first step that fails. Needs Chromium and websocket-client.
 """
 import base64
+import os
 import hashlib
 import http.server
 import json
@@ -28,6 +41,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+
+import pyotp
 
 from passkey_browser import BROWSER, start_chromium, step
 
@@ -82,10 +97,12 @@ def report(**line):
 
 
 def main():
-    base, client_id, email, password = sys.argv[1:5]
+    base, client_a, client_b, email, password, shots, axe_path = sys.argv[1:8]
     if not BROWSER:
         report(step="start", state="error", status="no chromium on PATH (apt-get install chromium)")
         sys.exit(1)
+    os.makedirs(shots, exist_ok=True)
+    axe_source = open(axe_path).read()
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Callback)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     redirect_uri = f"http://127.0.0.1:{server.server_address[1]}/callback"
@@ -99,19 +116,34 @@ def main():
             "hasResidentKey": True, "hasUserVerification": True, "isUserVerified": True,
             "automaticPresenceSimulation": True}})
 
-        def authorize():
+        def examine(name):
+            """Screenshot, accessibility check and policy violations of the page."""
+            shot = page.call("Page.captureScreenshot", {"format": "png"})["data"]
+            with open(os.path.join(shots, f"{name}.png"), "wb") as f:
+                f.write(base64.b64decode(shot))
+            # Evaluated by the DevTools protocol, which the page's policy
+            # does not govern.
+            page.js(axe_source)
+            found = page.js("axe.run(document, {resultTypes: ['violations']}).then(r => ({passes: r.passes.length,"
+                            " violations: r.violations.map(v => ({id: v.id, impact: v.impact, nodes: v.nodes.length}))}))")
+            report(step="page", page=name, axe=found["violations"], axe_rules_passed=found["passes"],
+                   csp_violations=csp_violations(page))
+
+        def authorize(client_id, extra=None):
             """Navigates to a fresh authorization request: its verifier and state."""
             verifier = b64url(secrets.token_bytes(32))
             state = b64url(secrets.token_bytes(12))
-            query = urllib.parse.urlencode({
+            params = {
                 "response_type": "code", "client_id": client_id, "redirect_uri": redirect_uri,
                 "scope": "openid email", "state": state, "nonce": b64url(secrets.token_bytes(12)),
                 "code_challenge": b64url(hashlib.sha256(verifier.encode()).digest()),
-                "code_challenge_method": "S256"})
-            page.call("Page.navigate", {"url": f"{base}/oauth/authorize?{query}"})
-            return verifier, state
+                "code_challenge_method": "S256"}
+            params.update(extra or {})
+            page.call("Page.navigate", {"url": f"{base}/oauth/authorize?{urllib.parse.urlencode(params)}"})
+            return client_id, verifier, state
 
-        def back_at_the_application(name, verifier, state):
+        def back_at_the_application(name, request):
+            client_id, verifier, state = request
             wait_for(page, "document.getElementById('callback')", f"{name}: the callback")
             got = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(page.js("location.href")).query))
             # The application exchanges the code at once (a public client:
@@ -126,22 +158,39 @@ def main():
                 tokens = {"status": e.code, "body": e.read().decode()}
             report(step=name, state="done", query=got, tokens=tokens, state_matches=got.get("state") == state)
 
-        # 1. The password, then the consent page.
-        verifier, state = authorize()
-        wait_for(page, "document.getElementById('password')", "the sign-in page")
-        passkey_offered = page.js("!document.getElementById('passkey-login').hidden")
-        page.fill("email", email)
-        page.fill("password", password)
-        page.js("document.querySelector('form[action=\"/oauth/login\"]').requestSubmit()")
-        wait_for(page, "document.querySelector('form[action=\"/oauth/consent\"]')", "the consent page")
-        consent_text = page.js("document.querySelector('main').innerText")
-        violations = csp_violations(page)
-        page.js("document.querySelector('button[value=\"allow\"]').click()")
-        report(step="pages", state="done", passkey_offered=passkey_offered,
-               consent_text=consent_text, csp_violations=violations)
-        back_at_the_application("password sign-in", verifier, state)
+        def sign_in_page():
+            wait_for(page, "document.getElementById('password')", "the sign-in page")
 
-        # 2. A passkey enrolled on the account page of this browser...
+        def type_password():
+            page.fill("email", email)
+            page.fill("password", password)
+            page.js("document.querySelector('form[action=\"/oauth/login\"]').requestSubmit()")
+
+        def consent(name=None):
+            wait_for(page, "document.querySelector('form[action=\"/oauth/consent\"]')", "the consent page")
+            if name:
+                examine(name)
+            page.js("document.querySelector('button[value=\"allow\"]').click()")
+
+        # 1. The password, then the consent page.
+        request = authorize(client_a)
+        sign_in_page()
+        report(step="passkey offered", offered=page.js("!document.getElementById('passkey-login').hidden"))
+        examine("sign-in")
+        type_password()
+        consent("consent")
+        back_at_the_application("password sign-in", request)
+
+        # 2. Single sign-on: another application, no password (the user is
+        # asked to consent: a loopback client is never approved silently).
+        request = authorize(client_b)
+        wait_for(page, "document.querySelector('form[action=\"/oauth/consent\"]') || document.getElementById('password')",
+                 "the second application's first page")
+        report(step="single sign-on: first page", asked_password=page.js("!!document.getElementById('password')"))
+        consent()
+        back_at_the_application("single sign-on", request)
+
+        # 3. An authenticator app and a passkey, on the account page.
         page.call("Page.navigate", {"url": base + "/ui/account"})
         wait_for(page, "document.getElementById('login')", "the account page")
 
@@ -150,37 +199,82 @@ def main():
             page.fill("password", password)
             page.click("login")
 
-        step(page, "account page: password login", password_login)
-
         def add_passkey():
             page.fill("current-password", password)
             page.fill("passkey-name", "Virtual authenticator")
             page.check("passkey-passwordless", True)
             page.click("passkey-add")
 
+        step(page, "account page: password login", password_login)
+        report(step="account page: applications",
+               apps=page.js("[...document.querySelectorAll('#apps li')].map(li => li.dataset.client)"))
         step(page, "account page: add passkey", add_passkey)
+        # Another factor needs a recent sign-in with the first one.
+        step(page, "account page: sign out", lambda: page.click("logout"))
+        step(page, "account page: password again", password_login)
+        step(page, "account page: passkey", lambda: page.click("passkey-verify"))
+        step(page, "account page: start TOTP", lambda: page.click("totp-start"))
+        totp = pyotp.TOTP(page.text("totp-secret"))
+
+        def confirm_totp():
+            page.fill("totp-confirm-code", totp.now())
+            page.click("totp-confirm")
+
+        step(page, "account page: confirm TOTP", confirm_totp)
         step(page, "account page: sign out", lambda: page.click("logout"))
 
-        # ... signs in alone at the next application sign-in. The browser
-        # session of the first sign-in ended with the new factor (a first
-        # factor ends the other sessions), so the sign-in page shows.
-        verifier, state = authorize()
+        # 4. The password, then the authenticator's code.
+        request = authorize(client_a)
+        sign_in_page()
+        type_password()
+        wait_for(page, "document.getElementById('code')", "the second step")
+        examine("second-step")
+        # The next step's code: the one that confirmed the app is spent.
+        page.fill("code", totp.at(time.time() + 30))
+        page.js("document.getElementById('code').form.requestSubmit()")
+        consent()
+        back_at_the_application("password and authenticator code", request)
+
+        # 5. The password again (prompt=login), then the passkey.
+        request = authorize(client_a, {"prompt": "login"})
+        sign_in_page()
+        type_password()
+        wait_for(page, "!document.getElementById('webauthn-verify').hidden", "the passkey button of the second step")
+        page.js("document.getElementById('webauthn-verify').click()")
+        consent()
+        back_at_the_application("password and passkey", request)
+
+        # 6. The passkey alone.
+        request = authorize(client_a, {"prompt": "login"})
+        sign_in_page()
         wait_for(page, "!document.getElementById('passkey-login').hidden", "the passkey button")
         page.js("document.getElementById('passkey-login').click()")
-        # The client asks every time (consent "explicit").
-        wait_for(page, "document.querySelector('form[action=\"/oauth/consent\"]')", "the consent page again")
-        page.js("document.querySelector('button[value=\"allow\"]').click()")
-        back_at_the_application("passkey sign-in", verifier, state)
+        consent()
+        back_at_the_application("passkey alone", request)
 
-        # 3. Logout: a confirmation page, then signed out.
+        # 7. The other pages, and logout.
+        authorize(client_a, {"prompt": "login"})
+        sign_in_page()
+        page.js("document.querySelector('a[href^=\"/oauth/signup\"]').click()")
+        wait_for(page, "document.querySelector('form[action=\"/oauth/signup\"]')", "the sign-up page")
+        examine("sign-up")
+        page.js("history.back()")
+        sign_in_page()
+        page.js("document.querySelector('a[href^=\"/oauth/reset\"]').click()")
+        wait_for(page, "document.querySelector('form[action=\"/oauth/reset\"]')", "the reset page")
+        examine("reset")
         page.call("Page.navigate", {"url": base + "/oauth/logout"})
         wait_for(page, "document.querySelector('form[action=\"/oauth/logout/confirm\"]')", "the logout page")
-        violations = csp_violations(page)
+        examine("logout")
         page.js("document.querySelector('form[action=\"/oauth/logout/confirm\"] button').click()")
         wait_for(page, "document.title.startsWith('Signed out')", "signed out")
-        verifier, state = authorize()
-        wait_for(page, "document.getElementById('password')", "the sign-in page after logout")
-        report(step="logout", state="done", csp_violations=violations + csp_violations(page))
+        examine("signed-out")
+        authorize(client_a)
+        sign_in_page()
+        report(step="after logout", signed_in_page=True)
+        page.call("Page.navigate", {"url": base + "/oauth/authorize?client_id=nobody"})
+        wait_for(page, "document.title.startsWith('Something is wrong')", "the error page")
+        examine("error")
         report(step="end", state="done")
     except Exception as e:  # reported to the test, which fails on it
         report(step="crash", state="error", status=repr(e))

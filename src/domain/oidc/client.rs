@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::redirect;
 
 /// Whether a client can keep a secret (OAuth 2.0, RFC 6749 §2.1).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ClientKind {
     /// A server-side application: authenticates at the token endpoint with
@@ -19,7 +19,7 @@ pub enum ClientKind {
 }
 
 /// How the users of a client consent to what it asks for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase", tag = "mode")]
 pub enum ConsentMode {
     /// Asked every time.
@@ -35,7 +35,7 @@ pub enum ConsentMode {
 pub const OIDC_SCOPES: [&str; 4] = ["openid", "profile", "email", "offline_access"];
 
 /// A client's settings for the authorization code flow.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ClientSettings {
     pub kind: ClientKind,
     /// Matched exactly (RFC 9700 §4.1.3), but for loopback ones, whose
@@ -45,7 +45,9 @@ pub struct ClientSettings {
     pub post_logout_redirect_uris: Vec<String>,
     /// `authorization_code`, `refresh_token` (and the older grants the
     /// client's scopes already allow: `client_credentials`, `password`).
+    #[serde(default = "default_grants")]
     pub grant_types: Vec<String>,
+    #[serde(default = "default_consent")]
     pub consent: ConsentMode,
     /// A refresh token with every code exchange, without `offline_access`
     /// (a first-party app that keeps its users signed in).
@@ -57,6 +59,14 @@ pub struct ClientSettings {
     pub allowed_origins: Vec<String>,
 }
 
+fn default_grants() -> Vec<String> {
+    vec!["authorization_code".into(), "refresh_token".into()]
+}
+
+fn default_consent() -> ConsentMode {
+    ConsentMode::Explicit
+}
+
 impl ClientSettings {
     /// The defaults of `latchkey clients add --redirect-uri ...`.
     pub fn new(kind: ClientKind, redirect_uris: Vec<String>) -> ClientSettings {
@@ -64,8 +74,8 @@ impl ClientSettings {
             kind,
             redirect_uris,
             post_logout_redirect_uris: Vec::new(),
-            grant_types: vec!["authorization_code".into(), "refresh_token".into()],
-            consent: ConsentMode::Explicit,
+            grant_types: default_grants(),
+            consent: default_consent(),
             refresh_without_offline_access: false,
             allowed_origins: Vec::new(),
         }

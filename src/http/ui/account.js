@@ -43,6 +43,7 @@ async function signedIn(pair) {
   $("acr").textContent = v.body.acr || "";
   show("signed-in");
   await listFactors();
+  await listApps();
   status("Signed in with " + (v.body.amr || []).join(" "), "done");
 }
 
@@ -94,6 +95,31 @@ async function listFactors() {
     ul.append(li);
   }
   $("recovery-left").textContent = r.body.recovery_codes_left + " recovery codes left";
+}
+
+// The applications the user consented to (GET /auth/consents).
+async function listApps() {
+  const r = await api("GET", "/auth/consents", undefined, true);
+  if (r.status !== 200) return failed(r);
+  const ul = $("apps");
+  ul.replaceChildren();
+  for (const c of r.body.consents) {
+    const li = document.createElement("li");
+    li.dataset.client = c.client_id;
+    li.textContent = (c.client_name || c.client_id) + ": " + c.scope + " ";
+    const rm = document.createElement("button");
+    rm.type = "button";
+    rm.textContent = "Withdraw";
+    rm.className = "remove";
+    rm.addEventListener("click", () => run(async () => {
+      const d = await api("DELETE", "/auth/consents/" + encodeURIComponent(c.client_id), undefined, true);
+      if (d.status !== 204) return failed(d);
+      await listApps();
+      status("Withdrawn: " + (c.client_name || c.client_id), "done");
+    }));
+    li.append(rm);
+    ul.append(li);
+  }
 }
 
 function showRecovery(codes) {
