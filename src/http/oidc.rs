@@ -222,15 +222,42 @@ fn login_page(
         Some((s, m)) => (s, message(m, s.is_client_error() || s.is_server_error())),
         None => (StatusCode::OK, String::new()),
     };
+    pending_page(
+        st,
+        v,
+        client,
+        status,
+        "Sign in",
+        "login.html",
+        pending,
+        email,
+        &msg,
+    )
+}
+
+/// A page of a pending sign-in that carries its form's hidden fields (the
+/// sealed request, the CSRF token), the email typed, and a message.
+#[allow(clippy::too_many_arguments)]
+fn pending_page(
+    st: &AppState,
+    v: &Visit,
+    client: &ClientView,
+    status: StatusCode,
+    title: &str,
+    template: &str,
+    pending: &str,
+    email: &str,
+    msg: &str,
+) -> Response {
     v.finish(
         st,
         st.pages.page(
             status,
-            "Sign in",
-            "login.html",
+            title,
+            template,
             &[
                 ("client", &client.name),
-                ("message", &msg),
+                ("message", msg),
                 ("authz", pending),
                 ("csrf", &v.csrf),
                 ("email", email),
@@ -639,22 +666,7 @@ async fn form_page(
             "This link is damaged or too old: start again from the application.",
         );
     };
-    v.finish(
-        st,
-        st.pages.page(
-            StatusCode::OK,
-            title,
-            template,
-            &[
-                ("client", &client.name),
-                ("authz", pending),
-                ("csrf", &v.csrf),
-                ("email", ""),
-                ("message", ""),
-            ],
-            &[&client.redirect_origin],
-        ),
-    )
+    pending_page(st, &v, &client, StatusCode::OK, title, template, pending, "", "")
 }
 
 /// `POST /oauth/signup`: a new account; its code goes by mail.
@@ -726,20 +738,16 @@ pub async fn verify(
         Err(e) => {
             let (status, text) = refusal(&e);
             let msg = message(&text, true);
-            v.finish(
+            pending_page(
                 &st,
-                st.pages.page(
-                    status,
-                    "Check your email",
-                    "verify.html",
-                    &[
-                        ("authz", pending),
-                        ("csrf", &v.csrf),
-                        ("email", email_text),
-                        ("message", &msg),
-                    ],
-                    &[&client.redirect_origin],
-                ),
+                &v,
+                &client,
+                status,
+                "Check your email",
+                "verify.html",
+                pending,
+                email_text,
+                &msg,
             )
         }
     }
@@ -774,20 +782,8 @@ pub async fn reset(
             (status, "Reset your password", "reset.html", message(&text, true))
         }
     };
-    v.finish(
-        &st,
-        st.pages.page(
-            status,
-            title,
-            template,
-            &[
-                ("authz", pending),
-                ("csrf", &v.csrf),
-                ("email", email_text),
-                ("message", &msg),
-            ],
-            &[&client.redirect_origin],
-        ),
+    pending_page(
+        &st, &v, &client, status, title, template, pending, email_text, &msg,
     )
 }
 
@@ -824,20 +820,16 @@ pub async fn reset_confirm(
         Err(e) => {
             let (status, text) = refusal(&e);
             let msg = message(&text, true);
-            v.finish(
+            pending_page(
                 &st,
-                st.pages.page(
-                    status,
-                    "Choose a new password",
-                    "reset_confirm.html",
-                    &[
-                        ("authz", pending),
-                        ("csrf", &v.csrf),
-                        ("email", email_text),
-                        ("message", &msg),
-                    ],
-                    &[&client.redirect_origin],
-                ),
+                &v,
+                &client,
+                status,
+                "Choose a new password",
+                "reset_confirm.html",
+                pending,
+                email_text,
+                &msg,
             )
         }
     }

@@ -95,7 +95,7 @@ pub async fn discovery(State(st): State<AppState>) -> Response {
         "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post", "none"],
         "introspection_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
         "revocation_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
-        "id_token_signing_alg_values_supported": crate::domain::tokens::signing_algorithms(),
+        "id_token_signing_alg_values_supported": st.provider.id_token_algorithms(),
         "access_token_signing_alg_values_supported": crate::domain::tokens::signing_algorithms(),
         "claims_supported": ["sub", "iss", "aud", "exp", "iat", "auth_time", "nonce", "acr", "amr", "sid", "azp",
                              "at_hash", "email", "email_verified", "name"],

@@ -99,7 +99,13 @@ async fn a_hash_over_the_budget_is_refused_at_import_and_never_verified(app: &Te
 /// threads and every other login and sign-up answered 503 OVERLOADED.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn imported_hashes_cannot_hold_the_hashing_pool() {
-    let app = TestApp::embedded(&[("rate_limit", "off"), ("hash_threads", "2")]).await;
+    // The default objective: a hash that cannot get a thread in time is shed.
+    let app = TestApp::embedded(&[
+        ("rate_limit", "off"),
+        ("hash_threads", "2"),
+        ("hash_latency_objective_ms", "500"),
+    ])
+    .await;
     let token = admin(&app).await;
     let slow: Vec<String> = (0..4).map(|i| unique_email(&format!("slow{i}"))).collect();
     for email in &slow {

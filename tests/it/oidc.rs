@@ -23,6 +23,7 @@ crate::on_every_backend!(
     logging_out_ends_the_browser_session_and_what_the_applications_hold,
     a_public_client_signs_in_with_pkce_and_no_secret,
     a_user_sees_and_withdraws_the_applications_they_let_in,
+    a_provider_signing_with_rs256_satisfies_a_library_left_at_its_defaults,
 );
 
 pub const ISSUER: &str = "http://latchkey.test";
@@ -712,4 +713,42 @@ async fn the_hosted_pages_sign_in_with_a_password_and_with_a_passkey_in_a_real_b
         assert!(amr.iter().all(|m| got.contains(m)), "{name}: {claims}");
         assert_eq!(claims["email"], email);
     }
+}
+
+/// OpenID Connect Discovery §3 makes RS256 the algorithm every provider
+/// supports, and openid-client expects it of an id_token unless told
+/// otherwise: with `signing_algorithm = RS256`, the library's defaults work.
+async fn a_provider_signing_with_rs256_satisfies_a_library_left_at_its_defaults(app: &TestApp) {
+    let rs = app.twin_with(&[("signing_algorithm", "RS256")]).await;
+    rs.services.tokens.rotate().await.unwrap();
+    let d: Value = rs
+        .get("/.well-known/openid-configuration")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(d["id_token_signing_alg_values_supported"], json!(["RS256"]));
+    let secret = application(&rs, "rsa-app", ClientKind::Confidential, ConsentMode::Skip).await;
+    let email = unique_email("oidc-rs256");
+    rs.register_verified(&email, PASSWORD).await;
+    let mut input = rp_input(&rs, "rsa-app", Some(&secret), "openid email");
+    input["id_token_alg"] = "RS256".into();
+    let started = rp("start", &input).await;
+    let mut browser = Browser::new(&rs);
+    let page = browser.get(started["url"].as_str().unwrap()).await;
+    let back = browser.sign_in(&page, &email, PASSWORD).await;
+    let done = finish(&started, &input, back.location.as_deref().unwrap()).await;
+    assert_eq!(done["claims"]["email"], email);
+    let header: Value = {
+        use base64::Engine;
+        let h = done["id_token"].as_str().unwrap().split('.').next().unwrap();
+        serde_json::from_slice(
+            &base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(h)
+                .unwrap(),
+        )
+        .unwrap()
+    };
+    assert_eq!(header["alg"], "RS256");
+    rs.stop().await;
 }

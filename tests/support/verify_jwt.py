@@ -20,7 +20,7 @@ def main() -> int:
         claims = jwt.decode(
             token,
             key.key,
-            algorithms=["EdDSA", "ES256"],
+            algorithms=["EdDSA", "ES256", "RS256"],
             audience=audience,
             issuer=issuer,
             options={"require": ["exp", "iat", "iss", "aud", "sub", "jti"]},

@@ -215,6 +215,12 @@ impl Provider {
         Ok(Some((rec, settings)))
     }
 
+    /// The algorithms id_tokens are signed with (discovery): the current
+    /// key's (one algorithm per deployment, `signing_algorithm`).
+    pub fn id_token_algorithms(&self) -> Vec<&'static str> {
+        self.issuer.signing_algorithm().into_iter().collect()
+    }
+
     /// Whether some client registered `origin` for its browser calls
     /// (CORS, `http/cors.rs`). A database failure answers no: the browser
     /// then refuses the call, which the application retries.

@@ -120,6 +120,15 @@ impl Issuer {
         signing.sign_id_token(&claims(key.alg))
     }
 
+    /// The algorithm of the key that signs now (`None`: no key yet).
+    pub fn signing_algorithm(&self) -> Option<&'static str> {
+        self.signer.current().map(|k| match k.alg {
+            super::Algorithm::ES256 => "ES256",
+            super::Algorithm::RS256 => "RS256",
+            _ => "EdDSA",
+        })
+    }
+
     /// The issuer's URL (`iss`).
     pub fn issuer(&self) -> &str {
         &self.settings.issuer

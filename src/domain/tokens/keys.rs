@@ -8,7 +8,9 @@ use std::sync::{Arc, RwLock};
 use bytes::Bytes;
 use jsonwebtoken::{Algorithm, DecodingKey};
 use ring::rand::SystemRandom;
-use ring::signature::{EcdsaKeyPair, Ed25519KeyPair, KeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
+use ring::signature::{
+    EcdsaKeyPair, Ed25519KeyPair, KeyPair, RsaKeyPair, ECDSA_P256_SHA256_FIXED_SIGNING, RSA_PKCS1_SHA256,
+};
 
 use super::SigningAlgorithm;
 use crate::clock::now_ms;
@@ -55,6 +57,7 @@ pub(super) struct SigningKey {
 enum PrivatePair {
     Ed25519(Ed25519KeyPair),
     Es256(EcdsaKeyPair, SystemRandom),
+    Rs256(RsaKeyPair, SystemRandom),
 }
 
 impl SigningKey {
@@ -71,6 +74,10 @@ impl SigningKey {
                     EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8, &rng).map_err(bad)?;
                 (PrivatePair::Es256(pair, rng), "ES256")
             }
+            Algorithm::RS256 => (
+                PrivatePair::Rs256(RsaKeyPair::from_pkcs8(pkcs8).map_err(bad)?, SystemRandom::new()),
+                "RS256",
+            ),
             other => anyhow::bail!("{other:?} keys do not sign here"),
         };
         let header = serde_json::json!({"typ": "at+jwt", "alg": alg_name, "kid": kid});
@@ -107,6 +114,12 @@ impl SigningKey {
                 .map_err(|_| anyhow::anyhow!("ES256 signing failed"))?
                 .as_ref()
                 .to_vec(),
+            PrivatePair::Rs256(pair, rng) => {
+                let mut sig = vec![0; pair.public().modulus_len()];
+                pair.sign(&RSA_PKCS1_SHA256, rng, token.as_bytes(), &mut sig)
+                    .map_err(|_| anyhow::anyhow!("RS256 signing failed"))?;
+                sig
+            }
         };
         token.push('.');
         token.push_str(&b64url(&signature));
@@ -166,6 +179,21 @@ pub(super) fn generate_key(alg: SigningAlgorithm, sealer: &Sealer) -> anyhow::Re
                 serde_json::json!({"crv": "P-256", "kty": "EC", "x": x, "y": y}),
             )
         }
+        SigningAlgorithm::Rs256 => {
+            use rsa::pkcs8::EncodePrivateKey;
+            use rsa::traits::PublicKeyParts;
+            // The rsa crate only generates the key (ring cannot); ring signs.
+            let key = rsa::RsaPrivateKey::new(&mut rsa::rand_core::OsRng, 2048)
+                .map_err(|e| anyhow::anyhow!("key generation failed: {e}"))?;
+            let doc = key
+                .to_pkcs8_der()
+                .map_err(|e| anyhow::anyhow!("key encoding failed: {e}"))?;
+            let (n, e) = (b64url(&key.n().to_bytes_be()), b64url(&key.e().to_bytes_be()));
+            (
+                doc.as_bytes().to_vec(),
+                serde_json::json!({"e": e, "kty": "RSA", "n": n}),
+            )
+        }
     };
     // RFC 7638 thumbprint: the required members in lexicographic order, no spaces.
     let kid = b64url(&sha256(serde_json::to_string(&jwk)?.as_bytes()));
@@ -208,19 +236,30 @@ pub(super) fn open_key(rec: &KeyRecord, sealer: &Sealer) -> anyhow::Result<Key> 
 }
 
 /// The verification key of a public JWK, pinned to the algorithm its type allows:
-/// OKP/Ed25519 is EdDSA, EC/P-256 is ES256; anything else is refused.
+/// OKP/Ed25519 is EdDSA, EC/P-256 is ES256, RSA is RS256; anything else is refused.
 pub(super) fn decoding_key(jwk: &serde_json::Value) -> anyhow::Result<(Algorithm, DecodingKey)> {
     let field = |name: &str| -> anyhow::Result<&str> {
         jwk[name]
             .as_str()
             .ok_or_else(|| anyhow::anyhow!("JWK lacks {name}"))
     };
-    match (field("kty")?, field("crv")?) {
+    match (field("kty")?, jwk["crv"].as_str().unwrap_or("")) {
         ("OKP", "Ed25519") => Ok((Algorithm::EdDSA, DecodingKey::from_ed_components(field("x")?)?)),
         ("EC", "P-256") => Ok((
             Algorithm::ES256,
             DecodingKey::from_ec_components(field("x")?, field("y")?)?,
         )),
+        // RS256 only (not PS256, not an RSA key under an HMAC): 2048 bits at least.
+        ("RSA", "") => {
+            let n = field("n")?;
+            if n.len() < 342 {
+                anyhow::bail!("RSA keys of fewer than 2048 bits are refused");
+            }
+            Ok((
+                Algorithm::RS256,
+                DecodingKey::from_rsa_components(n, field("e")?)?,
+            ))
+        }
         (kty, crv) => anyhow::bail!("unsupported key type {kty}/{crv}"),
     }
 }

@@ -280,6 +280,10 @@ impl TokenSettings {
 pub enum SigningAlgorithm {
     EdDsa,
     Es256,
+    /// RSASSA-PKCS1-v1_5 with SHA-256 and a 2048-bit key: what OpenID
+    /// Connect Discovery §3 names as the one every provider supports, and
+    /// the id_token algorithm relying-party libraries assume unless told.
+    Rs256,
 }
 
 impl SigningAlgorithm {
@@ -287,6 +291,7 @@ impl SigningAlgorithm {
         match self {
             SigningAlgorithm::EdDsa => "EdDSA",
             SigningAlgorithm::Es256 => "ES256",
+            SigningAlgorithm::Rs256 => "RS256",
         }
     }
 }
@@ -297,14 +302,15 @@ impl FromStr for SigningAlgorithm {
         match s {
             "EdDSA" | "eddsa" | "ed25519" => Ok(SigningAlgorithm::EdDsa),
             "ES256" | "es256" => Ok(SigningAlgorithm::Es256),
-            _ => Err("expected EdDSA or ES256".into()),
+            "RS256" | "rs256" => Ok(SigningAlgorithm::Rs256),
+            _ => Err("expected EdDSA, ES256 or RS256".into()),
         }
     }
 }
 
 /// The algorithms a token may be signed with (discovery).
 pub fn signing_algorithms() -> Vec<&'static str> {
-    vec!["EdDSA", "ES256"]
+    vec!["EdDSA", "ES256", "RS256"]
 }
 
 /// Extracts the token from an `Authorization` header value: `Bearer <t>`
