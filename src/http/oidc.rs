@@ -409,8 +409,11 @@ fn signed_in(st: &AppState, v: &Visit, pair: &TokenPair, pending: &str) -> Respo
     let mut r = see_other(&format!("/oauth/continue?authz={pending}"));
     r.headers_mut().append(
         header::SET_COOKIE,
-        st.pages
-            .set_cookie(SESSION, &pair.refresh_token, pair.refresh_expires_in),
+        st.pages.set_cookie(
+            SESSION,
+            &st.provider.browser_cookie(&pair.refresh_token),
+            pair.refresh_expires_in,
+        ),
     );
     v.finish(st, r)
 }

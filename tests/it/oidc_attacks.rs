@@ -28,6 +28,7 @@ crate::on_every_backend!(
     cross_origin_calls_are_answered_only_for_origins_a_client_registered,
     withdrawing_consent_voids_the_codes_not_yet_exchanged,
     an_applications_token_tells_only_what_the_user_let_it_see,
+    the_browsers_session_cookie_is_no_refresh_token,
 );
 
 /// base64url without padding.
@@ -730,4 +731,28 @@ async fn an_applications_token_tells_only_what_the_user_let_it_see(app: &TestApp
         .await
         .unwrap();
     assert_eq!(v["email"], email);
+}
+
+async fn the_browsers_session_cookie_is_no_refresh_token(app: &TestApp) {
+    application(app, "cookie", ClientKind::Confidential, ConsentMode::Skip).await;
+    let email = user(app, "cookie").await;
+    let (_, challenge) = pkce();
+    let mut browser = Browser::new(app);
+    signed_in_code(&mut browser, "cookie", &email, &challenge).await;
+    let cookie = browser.cookies["latchkey_session"].clone();
+    // Stolen, it is no credential of the JSON API...
+    let r = app
+        .post("/auth/refresh", serde_json::json!({"refresh_token": cookie}))
+        .await;
+    assert_eq!(r.status(), 401);
+    // ... while it still signs the browser in (single sign-on).
+    let back = browser.get(&request("cookie", &challenge, &[])).await;
+    assert!(query(back.location.as_deref().unwrap()).contains_key("code"));
+    // A cookie made up by the client is nobody's session.
+    let mut forged = Browser::new(app);
+    forged
+        .cookies
+        .insert("latchkey_session".into(), "AAAA".repeat(30));
+    let page = forged.get(&request("cookie", &challenge, &[])).await;
+    assert!(page.body.contains("/oauth/login"), "{}", page.body);
 }

@@ -172,6 +172,7 @@ pub struct Provider {
 /// The associated data of a sealed pending request.
 const PENDING_AAD: &[u8] = b"latchkey authorization request v1";
 const CONSENT_AAD: &[u8] = b"latchkey consent v1";
+const BROWSER_AAD: &[u8] = b"latchkey browser session v1";
 
 impl Provider {
     pub fn new(
@@ -221,6 +222,14 @@ impl Provider {
         self.issuer.signing_algorithm().into_iter().collect()
     }
 
+    /// The browser's session cookie for a session the pages started: its
+    /// refresh token, sealed. Only this service can open it, so a cookie
+    /// that leaks signs in through the pages (while the session lives) but
+    /// is no refresh token anywhere else (`/auth/refresh` refuses it).
+    pub fn browser_cookie(&self, refresh_token: &str) -> String {
+        b64url(&self.sealer.seal(refresh_token.as_bytes(), BROWSER_AAD))
+    }
+
     /// Whether some client registered `origin` for its browser calls
     /// (CORS, `http/cors.rs`). A database failure answers no: the browser
     /// then refuses the call, which the application retries.
@@ -244,12 +253,10 @@ impl Provider {
         if cookie.is_empty() || cookie.len() > 256 {
             return Ok(None);
         }
-        let Some(rec) = self
-            .shared
-            .store
-            .refresh_token(&sha256(cookie.as_bytes()))
-            .await?
-        else {
+        let Some(token) = b64url_decode(cookie).and_then(|c| self.sealer.open(&c, BROWSER_AAD)) else {
+            return Ok(None);
+        };
+        let Some(rec) = self.shared.store.refresh_token(&sha256(&token)).await? else {
             return Ok(None);
         };
         let live = refresh::decide(RefreshState::from(&rec), now_ms(), self.refresh_grace_ms)
