@@ -418,14 +418,14 @@ fn signed_in(st: &AppState, v: &Visit, pair: &TokenPair, pending: &str) -> Respo
     v.finish(st, r)
 }
 
-/// A posted form of a pending request: its CSRF field and its request
-/// checked, or the page to answer instead.
-async fn posted(
+/// A posted form whose CSRF field is this browser's (the cookie's), with
+/// the browser's visit, or the page to answer instead.
+async fn checked_form(
     st: &AppState,
     ip: std::net::IpAddr,
     headers: &HeaderMap,
     body: &[u8],
-) -> Result<(Visit, Fields, ClientView), Response> {
+) -> Result<(Visit, Fields), Response> {
     let v = visit(st, headers, ip).await.map_err(|e| unavailable(st, e))?;
     let f = fields(body);
     if !v.csrf_ok(st, &f) {
@@ -436,6 +436,18 @@ async fn posted(
             "This form did not come from this service's page (or your browser refused its cookie): go back and try again.",
         ));
     }
+    Ok((v, f))
+}
+
+/// A posted form of a pending request: its CSRF field and its request
+/// checked, or the page to answer instead.
+async fn posted(
+    st: &AppState,
+    ip: std::net::IpAddr,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(Visit, Fields, ClientView), Response> {
+    let (v, f) = checked_form(st, ip, headers, body).await?;
     let client = match pending_client(st, field(&f, "authz")).await {
         Some(c) => c,
         None => {
@@ -845,19 +857,10 @@ pub async fn consent(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let v = match visit(&st, &headers, ip).await {
-        Ok(v) => v,
-        Err(e) => return unavailable(&st, e),
+    let (v, f) = match checked_form(&st, ip, &headers, &body).await {
+        Ok(x) => x,
+        Err(r) => return r,
     };
-    let f = fields(&body);
-    if !v.csrf_ok(&st, &f) {
-        return error_page(
-            &st,
-            &v,
-            StatusCode::FORBIDDEN,
-            "This form did not come from this service's page: go back and try again.",
-        );
-    }
     let Some(session) = v.session.clone() else {
         return error_page(
             &st,
@@ -991,19 +994,10 @@ pub async fn logout_confirm(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let v = match visit(&st, &headers, ip).await {
-        Ok(v) => v,
-        Err(e) => return unavailable(&st, e),
+    let (v, f) = match checked_form(&st, ip, &headers, &body).await {
+        Ok(x) => x,
+        Err(r) => return r,
     };
-    let f = fields(&body);
-    if !v.csrf_ok(&st, &f) {
-        return error_page(
-            &st,
-            &v,
-            StatusCode::FORBIDDEN,
-            "This form did not come from this service's page: go back and try again.",
-        );
-    }
     let params: Vec<(String, String)> = LOGOUT_PARAMS
         .iter()
         .filter_map(|k| f.get(*k).map(|val| (k.to_string(), val.clone())))

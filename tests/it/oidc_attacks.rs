@@ -79,6 +79,17 @@ async fn signed_in_code(browser: &mut Browser<'_>, client: &str, email: &str, ch
     code_of(&back)
 }
 
+/// A new user signed in, in a new browser, to a new application `client`
+/// that skips consent: (the browser, the user's email, a PKCE challenge).
+async fn signed_in_browser<'a>(app: &'a TestApp, client: &str, tag: &str) -> (Browser<'a>, String, String) {
+    application(app, client, ClientKind::Confidential, ConsentMode::Skip).await;
+    let email = user(app, tag).await;
+    let (_, challenge) = pkce();
+    let mut browser = Browser::new(app);
+    signed_in_code(&mut browser, client, &email, &challenge).await;
+    (browser, email, challenge)
+}
+
 fn code_of(back: &Page) -> String {
     let to = back
         .location
@@ -461,11 +472,7 @@ async fn a_silent_request_that_needs_the_user_answers_the_client_with_an_error(a
 }
 
 async fn prompt_login_and_max_age_zero_ask_for_the_password_again(app: &TestApp) {
-    application(app, "fresh", ClientKind::Confidential, ConsentMode::Skip).await;
-    let email = user(app, "fresh").await;
-    let (_, challenge) = pkce();
-    let mut browser = Browser::new(app);
-    signed_in_code(&mut browser, "fresh", &email, &challenge).await;
+    let (mut browser, email, challenge) = signed_in_browser(app, "fresh", "fresh").await;
     // Signed in: a plain request gets a code at once.
     let back = browser.get(&request("fresh", &challenge, &[])).await;
     assert!(query(back.location.as_deref().unwrap()).contains_key("code"));
@@ -483,11 +490,7 @@ async fn prompt_login_and_max_age_zero_ask_for_the_password_again(app: &TestApp)
 }
 
 async fn a_browser_session_ended_elsewhere_signs_nobody_in(app: &TestApp) {
-    application(app, "ended", ClientKind::Confidential, ConsentMode::Skip).await;
-    let email = user(app, "ended").await;
-    let (_, challenge) = pkce();
-    let mut browser = Browser::new(app);
-    signed_in_code(&mut browser, "ended", &email, &challenge).await;
+    let (mut browser, email, challenge) = signed_in_browser(app, "ended", "ended").await;
     // The user ends every session from another device (a new login there).
     let pair: Value = app
         .post(
@@ -734,11 +737,7 @@ async fn an_applications_token_tells_only_what_the_user_let_it_see(app: &TestApp
 }
 
 async fn the_browsers_session_cookie_is_no_refresh_token(app: &TestApp) {
-    application(app, "cookie", ClientKind::Confidential, ConsentMode::Skip).await;
-    let email = user(app, "cookie").await;
-    let (_, challenge) = pkce();
-    let mut browser = Browser::new(app);
-    signed_in_code(&mut browser, "cookie", &email, &challenge).await;
+    let (mut browser, _, challenge) = signed_in_browser(app, "cookie", "cookie").await;
     let cookie = browser.cookies["latchkey_session"].clone();
     // Stolen, it is no credential of the JSON API...
     let r = app
