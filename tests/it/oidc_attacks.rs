@@ -29,6 +29,7 @@ crate::on_every_backend!(
     withdrawing_consent_voids_the_codes_not_yet_exchanged,
     an_applications_token_tells_only_what_the_user_let_it_see,
     the_browsers_session_cookie_is_no_refresh_token,
+    a_sign_up_on_the_pages_needs_the_emailed_code_and_then_signs_in,
 );
 
 /// base64url without padding.
@@ -754,4 +755,54 @@ async fn the_browsers_session_cookie_is_no_refresh_token(app: &TestApp) {
         .insert("latchkey_session".into(), "AAAA".repeat(30));
     let page = forged.get(&request("cookie", &challenge, &[])).await;
     assert!(page.body.contains("/oauth/login"), "{}", page.body);
+}
+
+async fn a_sign_up_on_the_pages_needs_the_emailed_code_and_then_signs_in(app: &TestApp) {
+    application(app, "newcomer", ClientKind::Confidential, ConsentMode::Skip).await;
+    let (_, challenge) = pkce();
+    let mut browser = Browser::new(app);
+    let page = browser.get(&request("newcomer", &challenge, &[])).await;
+    let authz = hidden(&page.body, "authz");
+    let csrf = hidden(&page.body, "csrf");
+    let email = unique_email("pages-signup");
+    let form = |token: &'static str| -> Vec<(&str, &str)> {
+        vec![
+            ("authz", &authz),
+            ("csrf", token),
+            ("email", &email),
+            ("password", PASSWORD),
+        ]
+    };
+    // Without the browser's CSRF token: refused, nothing registered.
+    let r = browser.post("/oauth/signup", &form("guessed")).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    assert!(app.mails_to(&email).is_empty());
+    // With it: the verification page, and a code by mail.
+    let real = vec![
+        ("authz", authz.as_str()),
+        ("csrf", &csrf),
+        ("email", &email),
+        ("password", PASSWORD),
+    ];
+    let page = browser.post("/oauth/signup", &real).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(page.body.contains("/oauth/signup/verify"), "{}", page.body);
+    let code = app.wait_for_code(&email, 1).await;
+    let r = browser
+        .post(
+            "/oauth/signup/verify",
+            &[
+                ("authz", &authz),
+                ("csrf", &csrf),
+                ("email", &email),
+                ("code", &code),
+            ],
+        )
+        .await;
+    let back = browser.follow(r).await;
+    let to = back
+        .location
+        .as_deref()
+        .unwrap_or_else(|| panic!("{}", back.body));
+    assert!(query(to).contains_key("code"), "{to}");
 }

@@ -198,15 +198,6 @@ pub async fn signup(
         let password = Password::parse("password", field(&f, "password"))?;
         st.signup.register(v.origin.ip, email, password, None).await
     };
-    let values = |msg: &str| -> Vec<(&str, String)> {
-        vec![
-            ("client", client.name.clone()),
-            ("authz", pending.to_string()),
-            ("csrf", v.csrf.clone()),
-            ("email", email_text.to_string()),
-            ("message", msg.to_string()),
-        ]
-    };
     let (status, title, template, msg) = match attempt.await {
         // The same answer whether or not the address had an account.
         Ok(()) => (StatusCode::OK, "Check your email", "verify.html", String::new()),
@@ -215,12 +206,8 @@ pub async fn signup(
             (status, "Create an account", "signup.html", message(&text, true))
         }
     };
-    let vals = values(&msg);
-    let refs: Vec<(&str, &str)> = vals.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    v.finish(
-        &st,
-        st.pages
-            .page(status, title, template, &refs, &[&client.redirect_origin]),
+    pending_page(
+        &st, &v, &client, status, title, template, pending, email_text, &msg,
     )
 }
 
