@@ -24,8 +24,20 @@
 //!                                                              password, expired or not
 //! ```
 //!
-//! A *contested* code verifies the mailbox but activates no password
-//! (`Store::verify_email`): two parties claimed the address before it was
+//! Proving the mailbox with the code is decided here too
+//! ([`activation`]), and applied by `Store::verify_email` with the same
+//! compare-and-set:
+//!
+//! ```text
+//!   the code used                     the account's password
+//!   ───────────────────────────────   ─────────────────────────────────────
+//!   contested                      ─► none (NoPassword): chosen next
+//!   carries a registration's hash  ─► that hash and name (Credentials)
+//!   carries none                   ─► its own, unchanged (Keep: an admin,
+//!                                     an import or a reset gave it one)
+//! ```
+//!
+//! A *contested* code verifies the mailbox but activates no password: two parties claimed the address before it was
 //! verified, and the one who proves the mailbox sets a password after. An
 //! expired code contests as a live one does: otherwise, once the owner's
 //! sign-up code had expired, someone without the mailbox could register
@@ -39,7 +51,7 @@
 //! (`tests/it/registration_properties.rs`).
 
 use super::codes::{MAX_FAILURES, RESEND_QUIET_MS};
-pub use crate::store::{AccountState, LiveCode, RegistrationState};
+pub use crate::store::{AccountState, Activation, LiveCode, RegistrationState};
 
 /// What a registration knows of itself.
 #[derive(Clone, Copy, Debug)]
@@ -124,6 +136,19 @@ pub fn decide(state: &RegistrationState, a: Attempt<'_>) -> Plan {
     }
 }
 
+/// What proving the mailbox with `code` does to the account's password
+/// (see the module notes).
+pub fn activation(code: &LiveCode) -> Activation {
+    match (&code.pending, code.contested) {
+        (_, true) => Activation::NoPassword,
+        (Some(hash), false) => Activation::Credentials {
+            hash: hash.clone(),
+            name: code.pending_name.clone(),
+        },
+        (None, false) => Activation::Keep,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,6 +160,7 @@ mod tests {
     fn code(pending: Option<&str>, age: i64, failures: i32, contested: bool) -> LiveCode {
         LiveCode {
             pending: pending.map(str::to_string),
+            pending_name: pending.map(|p| format!("name of {p}")),
             created_at: NOW - age,
             expires_at: NOW - age + CODE_TTL_MS,
             failures,
@@ -294,5 +320,24 @@ mod tests {
             },
             "the last try decides"
         );
+    }
+
+    #[test]
+    fn a_contested_code_activates_no_password_whatever_it_carries() {
+        for pending in [None, Some("h")] {
+            assert_eq!(activation(&code(pending, 10, 0, true)), Activation::NoPassword);
+        }
+    }
+
+    #[test]
+    fn an_uncontested_code_activates_the_registration_it_carries_or_keeps_the_password() {
+        assert_eq!(
+            activation(&code(Some("h"), 10, 0, false)),
+            Activation::Credentials {
+                hash: "h".into(),
+                name: Some("name of h".into())
+            }
+        );
+        assert_eq!(activation(&code(None, 10, 0, false)), Activation::Keep);
     }
 }

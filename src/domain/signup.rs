@@ -2,7 +2,9 @@
 //! and verifying it, which starts the account's first session. Who a
 //! registration may take over is decided by `registration::decide` from the
 //! address's state; the store applies the plan only to the state it was
-//! decided on (`store::apply_registration`).
+//! decided on (`store::apply_registration`). What verifying the address
+//! activates is decided by `registration::activation` and applied the same
+//! way (`store::verify_email`).
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -203,12 +205,23 @@ impl SignUp {
         if user.disabled_at.is_some() {
             return Err(AuthError::AccountDisabled);
         }
+        // The code as it is now: still the one accepted, or nothing changes.
+        let state = s.store.registration_state(email.as_str(), now_ms()).await?;
+        let Some(code) = state.live.filter(|c| c.created_at == code_id) else {
+            return Err(AuthError::InvalidOtp);
+        };
         let (session, refresh) = self
             .sessions
             .draft(None, origin, Authn::new("email", now_ms()), false);
         let started = s
             .store
-            .verify_email(email.as_str(), code_id, MAX_FAILURES, &session.as_new(&user.id))
+            .verify_email(
+                email.as_str(),
+                &code,
+                &registration::activation(&code),
+                MAX_FAILURES,
+                &session.as_new(&user.id),
+            )
             .await?;
         let (started, has_password) = match started {
             // Used concurrently, or verified by a reset; or disabled meanwhile.

@@ -9,7 +9,7 @@
 use sqlx::Connection;
 
 use super::outbox::INSERT_OUTBOX;
-use super::sessions::{insert_session, revoke_user_sessions, NewSession};
+use super::sessions::revoke_user_sessions;
 use super::{db_op, Store, StoreResult};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,7 +57,7 @@ pub const UNUSABLE_PASSWORD: &str = "!contested";
 
 /// Marks the code used, only if it is the same code, unused and not dead.
 /// `$1 email, $2 purpose, $3 created_at, $4 now, $5 max failures`.
-const CONSUME_CODE: &str = "UPDATE codes SET consumed_at = $4 \
+pub(super) const CONSUME_CODE: &str = "UPDATE codes SET consumed_at = $4 \
      WHERE email = $1 AND purpose = $2 AND created_at = $3 AND consumed_at IS NULL \
      AND failed_attempts < $5 AND expires_at > $4";
 
@@ -77,6 +77,7 @@ macro_rules! consume_code {
             == 1
     };
 }
+pub(super) use consume_code;
 
 impl Store {
     pub async fn code_for(&self, email: &str, purpose: Purpose) -> StoreResult<Option<CodeRecord>> {
@@ -171,62 +172,6 @@ impl Store {
         .await?
         .rows_affected()))?;
         Ok(n == 1)
-    }
-
-    /// Activates the credentials of the registration the verification code
-    /// was issued for (none if the email was contested), marks the email
-    /// verified, consumes the code and starts a session, in one transaction.
-    /// `None` when the code was used concurrently, is no longer usable, or
-    /// the account is already verified; `Some(Disabled)` changes nothing;
-    /// `Some(FactorRequired)` verifies without a session (the login goes on
-    /// with the second factor). With the outcome: whether the account has a
-    /// password now (`false`: the email was contested). Rows are locked
-    /// users first, then codes, as registration does, so that the two
-    /// cannot deadlock.
-    pub async fn verify_email(
-        &self,
-        email: &str,
-        code_created_at: i64,
-        max_failures: i32,
-        session: &NewSession<'_>,
-    ) -> StoreResult<Option<(super::SessionStart, bool)>> {
-        db_op!(self, "verify_email", conn => {
-            let mut tx = conn.begin().await?;
-            let n: Option<(String,)> = sqlx::query_as(
-                "UPDATE users SET \
-                 password_hash = CASE WHEN c.contested = 1 THEN $5 \
-                   ELSE COALESCE(c.pending_password_hash, users.password_hash) END, \
-                 name = CASE WHEN c.contested = 1 THEN NULL \
-                   WHEN c.pending_password_hash IS NULL THEN users.name ELSE c.pending_name END, \
-                 email_verified_at = $2, updated_at = $2 \
-                 FROM codes c WHERE users.id = $1 AND users.email_verified_at IS NULL \
-                 AND c.email = users.email AND c.purpose = 'verify_email' AND c.created_at = $3 \
-                 AND c.consumed_at IS NULL AND c.failed_attempts < $4 AND c.expires_at > $2 \
-                 RETURNING users.password_hash",
-            )
-            .bind(session.user_id)
-            .bind(session.now)
-            .bind(code_created_at)
-            .bind(max_failures)
-            .bind(UNUSABLE_PASSWORD)
-            .fetch_optional(&mut *tx)
-            .await?;
-            let Some((hash,)) = n else {
-                return Ok(None); // verified meanwhile (a reset), or the code changed
-            };
-            let has_password = hash != UNUSABLE_PASSWORD;
-            if !consume_code!(tx, email, Purpose::VerifyEmail, code_created_at, session.now, max_failures) {
-                return Ok(None);
-            }
-            super::events::record_event!(tx, &super::Event::new("user.verified", session.now).user(session.user_id).ip(session.ip));
-            let started = insert_session!(tx, session);
-            if started == super::SessionStart::Disabled {
-                return Ok(Some((started, has_password))); // disabled meanwhile: nothing changes
-            }
-            // With a factor to pass, the email is verified all the same.
-            tx.commit().await?;
-            Ok(Some((started, has_password)))
-        })
     }
 
     /// Sets the new password if the reset code is still usable (the email

@@ -36,7 +36,7 @@ pub use factors::{ChallengeRecord, FactorAdded, FactorChange, FactorRecord};
 pub use keys::KeyRecord;
 pub use oidc::{AuthorizationCode, CodeUse, ConsentRecord};
 pub use outbox::OutboxRow;
-pub use registration::{AccountState, CodeWrite, LiveCode, RegistrationState, RegistrationWrite};
+pub use registration::{AccountState, Activation, CodeWrite, LiveCode, RegistrationState, RegistrationWrite};
 pub use sessions::{
     KeepSessions, LiveRotation, NewSession, RefreshRecord, SessionRecord, SessionStart, MAX_LISTED_SESSIONS,
 };

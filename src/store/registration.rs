@@ -6,9 +6,11 @@
 
 use sqlx::Connection;
 
+use super::codes::{consume_code, Purpose, CONSUME_CODE, UNUSABLE_PASSWORD};
 use super::events::record_event;
 use super::outbox::INSERT_OUTBOX;
-use super::{db_op, Event, Store, StoreResult};
+use super::sessions::{insert_session, NewSession};
+use super::{db_op, Event, SessionStart, Store, StoreResult};
 
 /// The account an email names, as a registration sees it (from its three
 /// timestamps: verified, moved to the address by an admin, created or
@@ -41,6 +43,8 @@ pub struct LiveCode {
     /// The password hash of the registration it would activate (none: a
     /// shadow, or the code of an account that keeps its own password).
     pub pending: Option<String>,
+    /// The name the registration gave with it.
+    pub pending_name: Option<String>,
     pub created_at: i64,
     pub expires_at: i64,
     pub failures: i32,
@@ -92,12 +96,26 @@ pub enum RegistrationWrite<'a> {
     },
 }
 
+/// What proving the mailbox with a verification code does to the
+/// account's password (decided by `domain::registration::activation`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// The password hash and name of the registration the code carries.
+    Credentials { hash: String, name: Option<String> },
+    /// Nothing: the account keeps the password it has (the code of an
+    /// account that was given one: by an admin, an import, or a reset).
+    Keep,
+    /// No password: two registrations claimed the address before it was
+    /// verified; whoever proves the mailbox chooses one next.
+    NoPassword,
+}
+
 /// The columns of a user row a registration reads.
 const ACCOUNT: &str = "SELECT id, email_verified_at IS NOT NULL, \
      (email_changed_at IS NOT NULL OR imported_at IS NOT NULL) FROM users WHERE email = $1";
 /// The email's verification code if unused (`$2`, the time, is unused: the
 /// decision judges expiry).
-const LIVE_CODE: &str = "SELECT pending_password_hash, created_at, expires_at, failed_attempts, contested \
+const LIVE_CODE: &str = "SELECT pending_password_hash, pending_name, created_at, expires_at, failed_attempts, contested \
      FROM codes WHERE email = $1 AND purpose = 'verify_email' AND consumed_at IS NULL AND $2 = $2";
 /// Inserts or replaces the email's verification code: `$1 email, $2 code
 /// hash, $3 created at, $4 expires at, $5 pending hash, $6 pending name,
@@ -112,22 +130,27 @@ const PUT_CODE: &str = "INSERT INTO codes \
      pending_name = excluded.pending_name, contested = excluded.contested";
 
 type AccountRow = (String, bool, bool);
-type CodeRow = (Option<String>, i64, i64, i32, i32);
+type CodeRow = (Option<String>, Option<String>, i64, i64, i32, i32);
+
+fn live_code(
+    (pending, pending_name, created_at, expires_at, failures, contested): CodeRow,
+) -> LiveCode {
+    LiveCode {
+        pending,
+        pending_name,
+        created_at,
+        expires_at,
+        failures,
+        contested: contested != 0,
+    }
+}
 
 fn state(account: Option<AccountRow>, code: Option<CodeRow>) -> RegistrationState {
     RegistrationState {
         account: account.map_or(AccountState::None, |(id, verified, held)| {
             AccountState::of(id, verified, held)
         }),
-        live: code.map(
-            |(pending, created_at, expires_at, failures, contested)| LiveCode {
-                pending,
-                created_at,
-                expires_at,
-                failures,
-                contested: contested != 0,
-            },
-        ),
+        live: code.map(live_code),
     }
 }
 
@@ -245,6 +268,84 @@ impl Store {
             }
             tx.commit().await?;
             Ok(true)
+        })
+    }
+
+    /// Verifies account `session.user_id`'s email with the code `expected`
+    /// (the email's unused verification code as the caller read it), if
+    /// the account is still unverified and the code is still that one
+    /// (compare-and-set, with the account's row locked first, as
+    /// registration locks it) and usable: applies `activation`, consumes
+    /// the code and starts a session, in one transaction. `None` when
+    /// anything changed meanwhile (the code was used, replaced or died; a
+    /// reset verified the account); `Some(Disabled)` changes nothing;
+    /// `Some(FactorRequired)` verifies without a session (the login goes on
+    /// with the second factor). With the outcome: whether the account has
+    /// a password now.
+    pub async fn verify_email(
+        &self,
+        email: &str,
+        expected: &LiveCode,
+        activation: &Activation,
+        max_failures: i32,
+        session: &NewSession<'_>,
+    ) -> StoreResult<Option<(SessionStart, bool)>> {
+        let now = session.now;
+        db_op!(self, "verify_email", conn => {
+            let mut tx = conn.begin().await?;
+            // Locks the account's row (SQLite: the write lock of the file).
+            let n = sqlx::query(
+                "UPDATE users SET email_verified_at = $2, updated_at = $2 \
+                 WHERE id = $1 AND email = $3 AND email_verified_at IS NULL",
+            )
+            .bind(session.user_id)
+            .bind(now)
+            .bind(email)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            let live: Option<CodeRow> = sqlx::query_as(LIVE_CODE)
+                .bind(email)
+                .bind(now)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if n != 1 || live.map(live_code).as_ref() != Some(expected) {
+                tx.rollback().await?;
+                return Ok(None);
+            }
+            match activation {
+                Activation::Credentials { hash, name } => {
+                    sqlx::query("UPDATE users SET password_hash = $2, name = $3 WHERE id = $1")
+                        .bind(session.user_id)
+                        .bind(hash)
+                        .bind(name)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                Activation::Keep => {}
+                Activation::NoPassword => {
+                    sqlx::query("UPDATE users SET password_hash = $2, name = NULL WHERE id = $1")
+                        .bind(session.user_id)
+                        .bind(UNUSABLE_PASSWORD)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+            }
+            let (hash,): (String,) = sqlx::query_as("SELECT password_hash FROM users WHERE id = $1")
+                .bind(session.user_id)
+                .fetch_one(&mut *tx)
+                .await?;
+            if !consume_code!(tx, email, Purpose::VerifyEmail, expected.created_at, now, max_failures) {
+                return Ok(None);
+            }
+            record_event!(tx, &Event::new("user.verified", now).user(session.user_id).ip(session.ip));
+            let started = insert_session!(tx, session);
+            if started == SessionStart::Disabled {
+                return Ok(Some((started, hash != UNUSABLE_PASSWORD))); // disabled meanwhile: nothing changes
+            }
+            // With a factor to pass, the email is verified all the same.
+            tx.commit().await?;
+            Ok(Some((started, hash != UNUSABLE_PASSWORD)))
         })
     }
 }
