@@ -76,6 +76,16 @@ pub trait Source {
         }
     }
 
+    /// Setting `key` parsed by `parse`; an error naming it when it is not
+    /// set, or set empty.
+    fn required<T>(&self, key: &str, parse: impl Fn(&str) -> Result<T, String>) -> Result<T, ConfigError> {
+        match self.text(key)? {
+            Some((v, name)) if !v.trim().is_empty() => parse(v.trim()).map_err(|m| ConfigError::new(name, m)),
+            Some((_, name)) => Err(ConfigError::new(name, "is required")),
+            None => Err(ConfigError::new(self.name_of(key), "is required")),
+        }
+    }
+
     /// List `key` with each item parsed by `parse` (empty when not set).
     fn list<T>(&self, key: &str, parse: impl Fn(&str) -> Result<T, String>) -> Result<Vec<T>, ConfigError> {
         self.items(key)?
@@ -232,7 +242,26 @@ pub fn switch(s: &str) -> Result<bool, String> {
     match s.to_ascii_lowercase().as_str() {
         "on" | "true" | "1" | "yes" => Ok(true),
         "off" | "false" | "0" | "no" => Ok(false),
-        _ => Err(format!("expected on or off, got {s:?}")),
+        _ => Err(format!("expected on or off (true or false), got {s:?}")),
+    }
+}
+
+/// One of the named `options`, spelled exactly.
+pub fn one_of<T: Copy>(options: &'static [(&'static str, T)]) -> impl Fn(&str) -> Result<T, String> {
+    move |s| {
+        options
+            .iter()
+            .find(|(name, _)| *name == s)
+            .map(|(_, v)| *v)
+            .ok_or_else(|| {
+                let names: Vec<String> = options.iter().map(|(n, _)| format!("{n:?}")).collect();
+                let (last, rest) = names.split_last().expect("options are listed");
+                if rest.is_empty() {
+                    format!("expected {last}, got {s:?}")
+                } else {
+                    format!("expected {} or {last}, got {s:?}", rest.join(", "))
+                }
+            })
     }
 }
 
