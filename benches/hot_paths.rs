@@ -45,6 +45,7 @@ async fn tokens(alg: SigningAlgorithm) -> Issuer {
         issuer: "http://bench".into(),
         audience: "latchkey".into(),
         algorithm: alg,
+        id_token_algorithms: Vec::new(),
         access_ttl: Duration::from_secs(900),
         cache_capacity: 100_000,
         key_refresh_interval: Duration::from_secs(10),

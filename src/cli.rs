@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 
 use crate::app::config::Config;
 use crate::app::{Application, Services};
+use crate::lifecycle::Program;
 
 #[derive(Parser)]
 #[command(name = "latchkey", version, about = "Authentication service and API gateway")]
@@ -92,6 +93,13 @@ pub enum ClientsCommand {
         /// (CORS); repeat for several.
         #[arg(long = "allowed-origin")]
         allowed_origins: Vec<String>,
+        /// Where a logout token is posted when a session of this client
+        /// ends (OpenID Connect Back-Channel Logout 1.0).
+        #[arg(long)]
+        backchannel_logout_uri: Option<String>,
+        /// The algorithm of this client's id_tokens (EdDSA, ES256, RS256).
+        #[arg(long = "id-token-alg")]
+        id_token_alg: Option<String>,
     },
     /// List clients.
     List,
@@ -162,33 +170,21 @@ pub fn main() -> ExitCode {
         // The gateway's file is its own format, not the service's settings.
         return crate::gateway::main(cli.config.as_deref(), started);
     }
-    let config = match Config::load(cli.config.as_deref()) {
+    let program = Program("latchkey");
+    let config = match program.settings(Config::load(cli.config.as_deref())) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("latchkey: {e}");
-            return ExitCode::from(2);
-        }
+        Err(status) => return status,
     };
     crate::telemetry::init(&config.telemetry);
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("latchkey: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let result = rt.block_on(run(cli.command, config, started));
-    // The spans of the last requests, if traces are exported.
-    crate::telemetry::otlp::shutdown(std::time::Duration::from_secs(2));
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            // One line: the chain of causes, without secrets (settings are never echoed).
-            let msg = format!("{e:#}").replace('\n', " ");
-            eprintln!("latchkey: {msg}");
-            ExitCode::FAILURE
-        }
-    }
+    program.run(None, async move {
+        let result = run(cli.command, config, started).await;
+        // The spans of the last requests, if traces are exported.
+        let flushed = tokio::task::spawn_blocking(|| {
+            crate::telemetry::otlp::shutdown(std::time::Duration::from_secs(2))
+        });
+        let _ = flushed.await;
+        result
+    })
 }
 
 async fn run(command: Command, config: Config, started: Instant) -> anyhow::Result<()> {
@@ -212,10 +208,14 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
                     consent,
                     refresh_without_offline_access,
                     allowed_origins,
+                    backchannel_logout_uri,
+                    id_token_alg,
                 } => {
                     let oidc = if redirect_uris.is_empty() {
-                        if public {
-                            anyhow::bail!("--public is for the authorization code flow: give --redirect-uri");
+                        if public || backchannel_logout_uri.is_some() || id_token_alg.is_some() {
+                            anyhow::bail!(
+                                "--public, --backchannel-logout-uri and --id-token-alg are for the authorization code flow: give --redirect-uri"
+                            );
                         }
                         None
                     } else {
@@ -239,6 +239,8 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
                         };
                         s.refresh_without_offline_access = refresh_without_offline_access;
                         s.allowed_origins = allowed_origins;
+                        s.backchannel_logout_uri = backchannel_logout_uri;
+                        s.id_token_signed_response_alg = id_token_alg;
                         Some(s)
                     };
                     match st

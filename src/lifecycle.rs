@@ -11,11 +11,20 @@
 //!   receiver of one [`Trigger`]); a task polls it in its `select!`.
 //! - [`Tasks`] is a set of background tasks sharing one trigger: spawned
 //!   with [`Tasks::spawn`], stopped together with [`Tasks::stop`].
-//! - [`Ticks`] is the loop of a periodic task (housekeeping): one tick a
-//!   period until shutdown; [`Every`] says when a slower chore is due.
+//! - [`Housekeeping`] is a process's periodic work: named chores, each due
+//!   on its own period, run one after another by one task, each failure
+//!   logged once per outage and counted
+//!   (`latchkey_housekeeping_failures_total{chore}`). It is built on
+//!   [`Ticks`] (one tick a period until shutdown) and [`Every`] (when a
+//!   chore is due).
+//! - [`Program`] is the shape of both programs' `main`: settings read (a
+//!   mistake is one line and exit status 2), a runtime, the program run on
+//!   it (an error is one line and exit status 1).
 //! - [`Readiness`] builds the answer of `/health/ready` from named checks.
 
 use std::future::Future;
+use std::pin::Pin;
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
@@ -200,6 +209,144 @@ impl Every {
     }
 }
 
+/// The work of one chore of [`Housekeeping`]: `Err` says in one line what
+/// failed. A closure returning a future is one; a chore with state of its
+/// own (where the last run got to) implements it on that state.
+pub trait Chore: Send {
+    fn run(&mut self) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>>;
+}
+
+impl<F, Fut> Chore for F
+where
+    F: FnMut() -> Fut + Send,
+    Fut: Future<Output = Result<(), String>> + Send + 'static,
+{
+    fn run(&mut self) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+        Box::pin(self())
+    }
+}
+
+/// A process's periodic work, one task: chores run in the order added,
+/// each when its period has passed. A chore that fails is logged at `warn`
+/// when it starts failing and at `info` when it works again (not once per
+/// period through an outage), and counted every time.
+pub struct Housekeeping {
+    chores: Vec<Scheduled>,
+}
+
+struct Scheduled {
+    name: &'static str,
+    every: Every,
+    failing: bool,
+    work: Box<dyn Chore>,
+}
+
+impl Housekeeping {
+    pub fn new() -> Housekeeping {
+        Housekeeping { chores: Vec::new() }
+    }
+
+    /// Adds chore `name`, first due one `period` from the start.
+    pub fn every(mut self, name: &'static str, period: Duration, work: impl Chore + 'static) -> Housekeeping {
+        self.chores.push(Scheduled {
+            name,
+            every: Every::new(period),
+            failing: false,
+            work: Box::new(work),
+        });
+        self
+    }
+
+    /// Runs the chores until `shutdown`. It wakes at half the shortest
+    /// period (a second at most), so that no chore runs a whole tick late.
+    pub async fn run(mut self, shutdown: Shutdown) {
+        let tick = self
+            .chores
+            .iter()
+            .map(|c| c.every.period / 2)
+            .min()
+            .unwrap_or(Duration::from_secs(1))
+            .clamp(Duration::from_millis(10), Duration::from_secs(1));
+        let mut ticks = Ticks::every(tick, shutdown);
+        while ticks.next().await {
+            for c in &mut self.chores {
+                if c.every.due() {
+                    c.run_once().await;
+                }
+            }
+        }
+    }
+}
+
+impl Scheduled {
+    async fn run_once(&mut self) {
+        match self.work.run().await {
+            Ok(()) => {
+                if std::mem::take(&mut self.failing) {
+                    tracing::info!(chore = self.name, "a housekeeping chore works again");
+                }
+            }
+            Err(error) => {
+                metrics::counter!("latchkey_housekeeping_failures_total", "chore" => self.name).increment(1);
+                if !std::mem::replace(&mut self.failing, true) {
+                    tracing::warn!(chore = self.name, %error, "a housekeeping chore failed; retrying every period");
+                }
+            }
+        }
+    }
+}
+
+impl Default for Housekeeping {
+    fn default() -> Self {
+        Housekeeping::new()
+    }
+}
+
+/// The shape of both programs' `main` (`latchkey serve` and the other
+/// service commands, `latchkey gateway`), so that they start, fail and
+/// end alike.
+pub struct Program(pub &'static str);
+
+impl Program {
+    /// The settings `read`, or, for a mistake in them, its one line on
+    /// stderr and exit status 2 (nothing was started).
+    pub fn settings<S>(&self, read: Result<S, impl std::fmt::Display>) -> Result<S, ExitCode> {
+        read.map_err(|e| self.refuse(e))
+    }
+
+    /// Exit status 2 for a mistake in how the program was called, with its
+    /// one line on stderr.
+    pub fn refuse(&self, mistake: impl std::fmt::Display) -> ExitCode {
+        eprintln!("{}: {mistake}", self.0);
+        ExitCode::from(2)
+    }
+
+    /// Runs `work` on a multi-threaded runtime of `threads` worker threads
+    /// (`None`: one per core): exit status 0 when it ends well; else 1, and
+    /// the chain of causes on one line on stderr (settings are never in it).
+    pub fn run(&self, threads: Option<usize>, work: impl Future<Output = anyhow::Result<()>>) -> ExitCode {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        if let Some(n) = threads {
+            builder.worker_threads(n.max(1));
+        }
+        let rt = match builder.enable_all().build() {
+            Ok(rt) => rt,
+            Err(e) => {
+                eprintln!("{}: cannot start the runtime: {e}", self.0);
+                return ExitCode::FAILURE;
+            }
+        };
+        match rt.block_on(work) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                let msg = format!("{e:#}").replace('\n', " ");
+                eprintln!("{}: {msg}", self.0);
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
 /// The answer of `/health/ready`: `200 {"status":"ok","checks":{...}}`, or
 /// `503 {"error":"UNAVAILABLE","failing":[...],...}` naming the checks that
 /// failed. Informational checks and extra fields never fail it.
@@ -327,6 +474,50 @@ mod tests {
         assert!(!e.due());
         let mut now = Every::new(Duration::ZERO);
         assert!(now.due());
+    }
+
+    #[tokio::test]
+    async fn housekeeping_runs_each_chore_on_its_period_and_goes_on_past_a_failure() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let (fast, failing, slow) = (
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+        );
+        let (f, x, s) = (fast.clone(), failing.clone(), slow.clone());
+        let trigger = Trigger::new();
+        let task = tokio::spawn(
+            Housekeeping::new()
+                .every("fast", Duration::from_millis(20), move || {
+                    f.fetch_add(1, Ordering::Relaxed);
+                    async { Ok(()) }
+                })
+                .every("failing", Duration::from_millis(20), move || {
+                    x.fetch_add(1, Ordering::Relaxed);
+                    async { Err("down".to_string()) }
+                })
+                .every("slow", Duration::from_secs(3600), move || {
+                    s.fetch_add(1, Ordering::Relaxed);
+                    async { Ok(()) }
+                })
+                .run(trigger.subscribe()),
+        );
+        // Runs until both fast chores ran a few times (bounded: ~10 s).
+        for _ in 0..1000 {
+            if fast.load(Ordering::Relaxed) >= 3 && failing.load(Ordering::Relaxed) >= 3 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        trigger.fire();
+        task.await.unwrap();
+        assert!(fast.load(Ordering::Relaxed) >= 3);
+        assert!(
+            failing.load(Ordering::Relaxed) >= 3,
+            "a failure does not stop a chore"
+        );
+        assert_eq!(slow.load(Ordering::Relaxed), 0, "not due within the run");
     }
 
     #[tokio::test]

@@ -254,6 +254,10 @@ fn describe() {
             "latchkey_otlp_dropped_spans_total",
             "Spans not exported: queue_full (the export queue was full) or export_failed",
         ),
+        (
+            "latchkey_housekeeping_failures_total",
+            "Runs of a periodic chore (purges, resyncs, key reloads) that failed, by chore",
+        ),
     ];
     for (name, help) in counters {
         describe_counter!(*name, *help);

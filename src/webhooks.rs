@@ -27,6 +27,13 @@
 //! `webhook-signature` (`v1,` and the base64 HMAC-SHA256, under the secret's
 //! bytes, of `id.timestamp.body`). The body is
 //! `{"type": kind, "timestamp": RFC 3339, "data": {the event}}`.
+//!
+//! A client's back-channel logout URI is a webhook of its own
+//! (`client_id` set), queued when a session of that client ends: its
+//! delivery is OpenID Connect Back-Channel Logout 1.0's request instead, a
+//! form post of `logout_token`, a JWT signed by the token issuer
+//! ([`LogoutTokens`]) and made at each attempt, with the same queue,
+//! retries, address rule and history.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -212,11 +219,19 @@ type HttpsClient = Client<
 
 type Request = hyper::Request<Full<Bytes>>;
 
+/// Signs the logout tokens of back-channel logout: what the token issuer
+/// (`domain::tokens`) gives the delivery worker, which cannot sign itself.
+pub trait LogoutTokens: Send + Sync {
+    /// A logout token for client `client_id`: session `sid` of user `sub` ended.
+    fn logout_token(&self, client_id: &str, sub: &str, sid: &str) -> anyhow::Result<String>;
+}
+
 pub struct DeliveryWorker {
     store: Store,
     sealer: Arc<Sealer>,
     settings: WebhookSettings,
     client: HttpsClient,
+    logout: Arc<dyn LogoutTokens>,
 }
 
 /// What one attempt came to.
@@ -226,7 +241,12 @@ enum Attempt {
 }
 
 impl DeliveryWorker {
-    pub fn new(store: Store, sealer: Arc<Sealer>, settings: WebhookSettings) -> DeliveryWorker {
+    pub fn new(
+        store: Store,
+        sealer: Arc<Sealer>,
+        settings: WebhookSettings,
+        logout: Arc<dyn LogoutTokens>,
+    ) -> DeliveryWorker {
         let mut http =
             hyper_util::client::legacy::connect::HttpConnector::new_with_resolver(PublicResolver {
                 inner: hyper_util::client::legacy::connect::dns::GaiResolver::new(),
@@ -243,6 +263,7 @@ impl DeliveryWorker {
             sealer,
             settings,
             client: Client::builder(TokioExecutor::new()).build(https),
+            logout,
         }
     }
 
@@ -358,9 +379,6 @@ impl DeliveryWorker {
         let Some(event) = self.store.event(row.event_id).await? else {
             return Ok(Err("the event is gone (retention)".into()));
         };
-        let Some(secret) = open_secret(&webhook.secret, &self.sealer) else {
-            return Ok(Err("the secret cannot be unsealed (secret key changed?)".into()));
-        };
         // An address literal never reaches the resolver: checked here.
         match url::Url::parse(&webhook.url) {
             Ok(u) => {
@@ -370,6 +388,12 @@ impl DeliveryWorker {
             }
             Err(e) => return Ok(Err(format!("url: {e}"))),
         }
+        if let Some(client_id) = &webhook.client_id {
+            return Ok(self.logout_request(&webhook.url, client_id, &event, row.sid.as_deref()));
+        }
+        let Some(secret) = open_secret(&webhook.secret, &self.sealer) else {
+            return Ok(Err("the secret cannot be unsealed (secret key changed?)".into()));
+        };
         let body = payload(&event);
         let id = format!("msg_{}", event.id);
         let timestamp = now_ms() / 1000;
@@ -387,6 +411,36 @@ impl DeliveryWorker {
             .header("webhook-signature", sig)
             .body(Full::new(Bytes::from(body)));
         Ok(request.map_err(|e| format!("request: {e}")))
+    }
+
+    /// Back-Channel Logout 1.0 §2.5: `logout_token=<JWT>` posted as a form
+    /// to client `client_id`'s `url`, for the session that `event` ended,
+    /// which the client knew as `sid`.
+    fn logout_request(
+        &self,
+        url: &str,
+        client_id: &str,
+        event: &EventRecord,
+        sid: Option<&str>,
+    ) -> Result<Request, String> {
+        let (Some(sub), Some(sid)) = (event.user_id.as_deref(), sid) else {
+            return Err("the logout names no user or session".into());
+        };
+        let token = self
+            .logout
+            .logout_token(client_id, sub, sid)
+            .map_err(|e| format!("signing the logout token: {e}"))?;
+        let body = url::form_urlencoded::Serializer::new(String::new())
+            .append_pair("logout_token", &token)
+            .finish();
+        hyper::Request::post(url)
+            .header(hyper::header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .header(
+                hyper::header::USER_AGENT,
+                concat!("latchkey/", env!("CARGO_PKG_VERSION")),
+            )
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| format!("request: {e}"))
     }
 
     /// The POST, within `TIMEOUT` (name resolution, connect, TLS and the

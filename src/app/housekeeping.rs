@@ -1,123 +1,268 @@
-//! The service's periodic work, one task.
+//! The service's periodic work: one [`Housekeeping`] task whose chores are
+//! listed here, each with its period. A chore that fails is logged when it
+//! starts failing and when it works again, and counted
+//! (`latchkey_housekeeping_failures_total{chore}`).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::Services;
 use crate::clock::now_ms;
-use crate::lifecycle::{Every, Shutdown, Ticks};
+use crate::lifecycle::{Chore, Every, Housekeeping};
 
-/// Periodic work, one task: key reloads (rotation reaches every instance),
-/// revocation resync from the database (a safety net under Redis), purges,
-/// and the outbox gauges.
-pub(super) async fn run(st: Arc<Services>, shutdown: Shutdown) {
-    // Each chore has its own period; the tick only bounds how late one runs.
-    let mut ticks = Ticks::every(Duration::from_millis(250), shutdown);
-    let mut keys = Every::new(st.config.tokens.key_refresh_interval);
-    // Revocations are reloaded from the database every 5 s while Redis
-    // carries them (a safety net), every half second while it cannot: then
-    // a logout on one instance reaches every other within a second. On
-    // SQLite too: its file has one server, but the command line writes to
-    // it as well (a client removed there is refused within a second).
-    let mut resync = Every::new(Duration::from_secs(5));
-    let mut fast_resync = Every::new(Duration::from_millis(500));
-    let mut resync_failing = false;
-    let mut purge = Every::new(Duration::from_secs(60));
-    let mut resync_from = now_ms() - 10_000;
-    let mut users_from = now_ms() - 10_000;
-    while ticks.next().await {
-        if keys.due() {
-            if let Err(e) = st.tokens.reload().await {
-                tracing::warn!(error = %e, "reloading signing keys failed");
-            }
-        }
-        let upkeep = resync.due();
-        if upkeep || (fast_resync.due() && !st.revocations.hears_other_instances()) {
-            let now = now_ms();
-            match st.revocations.load_from_store(&st.store, resync_from).await {
-                Ok(()) => {
-                    resync_from = now - 10_000; // overlap absorbs commit delays
-                    if std::mem::take(&mut resync_failing) {
-                        tracing::info!("revocation resync works again");
-                    }
-                }
-                // Once per outage, not twice a second.
-                Err(e) if !resync_failing => {
-                    resync_failing = true;
-                    tracing::warn!(error = %e, "revocation resync failed");
-                }
-                Err(_) => {}
-            }
-        }
-        if upkeep {
-            let now = now_ms();
-            // Histogram samples wait in lock-free buckets until drained: drain
-            // them even when nothing scrapes /metrics, or they pile up.
-            st.metrics.run_upkeep();
-            if let Ok((backlog, oldest, dead)) = st.store.outbox_backlog().await {
+/// How long what ended stays for audit, or for a late second presentation
+/// to be recognised (sessions, codes, authorization codes).
+const A_DAY_MS: i64 = 86_400_000;
+
+/// Key reloads (rotation reaches every instance), the revocation resync
+/// from the database (a safety net under Redis), the user cache's resync,
+/// the gauges, and the purges.
+pub(super) fn chores(st: &Arc<Services>) -> Housekeeping {
+    let minute = Duration::from_secs(60);
+    let upkeep = Duration::from_secs(5);
+    Housekeeping::new()
+        .every(
+            "signing_key_reload",
+            st.config.tokens.key_refresh_interval,
+            with(st, |st| async move {
+                st.tokens.refresh().await.map_err(|e| e.to_string())
+            }),
+        )
+        // Every half second it may run: see `RevocationResync`.
+        .every(
+            "revocation_resync",
+            Duration::from_millis(500),
+            RevocationResync::new(st),
+        )
+        .every(
+            "histogram_upkeep",
+            upkeep,
+            with(st, |st| async move {
+                // Histogram samples wait in lock-free buckets until drained:
+                // drain them even when nothing scrapes /metrics, or they pile up.
+                st.metrics.run_upkeep();
+                Ok(())
+            }),
+        )
+        .every(
+            "outbox_gauges",
+            upkeep,
+            with(st, |st| async move {
+                let (backlog, oldest, dead) = st.store.outbox_backlog().await.map_err(|e| e.to_string())?;
                 metrics::gauge!("latchkey_outbox_backlog").set(backlog as f64);
-                let age = oldest.map(|t| (now - t).max(0) as f64 / 1000.0).unwrap_or(0.0);
+                let age = oldest
+                    .map(|t| (now_ms() - t).max(0) as f64 / 1000.0)
+                    .unwrap_or(0.0);
                 metrics::gauge!("latchkey_outbox_oldest_age_seconds").set(age);
                 metrics::gauge!("latchkey_outbox_dead_letters").set(dead as f64);
-            }
-            // The safety net under "user changed" events: a password changed
-            // on another instance whose Redis publish was lost is forgotten
-            // here within seconds, not at the end of the cache's lifetime.
-            match st.store.users_changed_since(users_from).await {
-                Ok(emails) => {
-                    users_from = now - 10_000;
-                    for e in emails {
-                        st.users.forget(&e);
-                    }
+                Ok(())
+            }),
+        )
+        .every("user_cache_resync", upkeep, UserCacheResync::new(st))
+        .every(
+            "purge_local_state",
+            minute,
+            with(st, |st| async move {
+                st.revocations.purge();
+                st.limiter.purge();
+                st.shared.brute_force.purge();
+                Ok(())
+            }),
+        )
+        // Ended sessions stay a day for audit.
+        .every(
+            "purge_sessions",
+            minute,
+            with(st, |st| async move {
+                st.store
+                    .purge_sessions(now_ms() - A_DAY_MS)
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            }),
+        )
+        .every(
+            "purge_retired_keys",
+            minute,
+            with(st, |st| async move {
+                st.tokens
+                    .purge_retired()
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            }),
+        )
+        // Codes, real and shadow alike, a day after they expired.
+        .every(
+            "purge_codes",
+            minute,
+            with(st, |st| async move {
+                st.store
+                    .purge_codes(now_ms() - A_DAY_MS)
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            }),
+        )
+        // Authorization codes a day after they expired: until then a second
+        // presentation is still recognised (and ends the session the first
+        // one started) rather than answered as unknown.
+        .every(
+            "purge_authorization_codes",
+            minute,
+            with(st, |st| async move {
+                let before = now_ms() - A_DAY_MS;
+                st.store
+                    .purge_authorization_codes(before)
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            }),
+        )
+        .every(
+            "purge_unverified_accounts",
+            minute,
+            with(st, |st| async move {
+                let ttl = st.config.accounts.unverified_ttl.as_millis() as i64;
+                let n = st
+                    .store
+                    .purge_unverified_users(now_ms() - ttl)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if n > 0 {
+                    tracing::info!(accounts = n, "deleted accounts never verified");
                 }
-                Err(e) => tracing::warn!(error = %e, "user cache resync failed"),
-            }
+                Ok(())
+            }),
+        )
+        // Audit events past their retention, and the delivery history that
+        // goes with the events it delivered.
+        .every(
+            "purge_events",
+            minute,
+            with(st, |st| async move {
+                let before = now_ms() - st.config.accounts.event_retention.as_millis() as i64;
+                st.store.purge_events(before).await.map_err(|e| e.to_string())?;
+                st.store
+                    .purge_deliveries(before)
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            }),
+        )
+        // Logins that never passed their second factor, ceremonies never
+        // finished, TOTP enrolments never confirmed.
+        .every(
+            "purge_factor_challenges",
+            minute,
+            with(st, |st| async move {
+                st.features
+                    .factors
+                    .purge()
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            }),
+        )
+        .every(
+            "purge_dead_letters",
+            minute,
+            with(st, |st| async move {
+                let before = now_ms() - st.config.mail.dead_letter_ttl.as_millis() as i64;
+                st.store
+                    .purge_dead_letters(before)
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            }),
+        )
+}
+
+/// A chore that needs only the services.
+fn with<F, Fut>(st: &Arc<Services>, work: F) -> impl Chore + 'static
+where
+    F: Fn(Arc<Services>) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<(), String>> + Send + 'static,
+{
+    let st = st.clone();
+    move || work(st.clone())
+}
+
+/// Revocations are reloaded from the database every 5 s while Redis
+/// carries them (a safety net), every half second while it cannot: then a
+/// logout on one instance reaches every other within a second. On SQLite
+/// too: its file has one server, but the command line writes to it as well
+/// (a client removed there is refused within a second).
+struct RevocationResync {
+    st: Arc<Services>,
+    slow: Every,
+    /// Where the next read starts: 10 s before the last one began (the
+    /// overlap absorbs commit delays).
+    from: i64,
+}
+
+impl RevocationResync {
+    fn new(st: &Arc<Services>) -> RevocationResync {
+        RevocationResync {
+            st: st.clone(),
+            slow: Every::new(Duration::from_secs(5)),
+            from: now_ms() - 10_000,
         }
-        if purge.due() {
-            st.revocations.purge();
-            st.limiter.purge();
-            st.shared.brute_force.purge();
-            // Keep ended sessions a day for audit, then drop them.
-            if let Err(e) = st.store.purge_sessions(now_ms() - 86_400_000).await {
-                tracing::warn!(error = %e, "purging sessions failed");
-            }
-            if let Err(e) = st.tokens.purge_retired().await {
-                tracing::warn!(error = %e, "purging retired keys failed");
+    }
+}
+
+impl Chore for RevocationResync {
+    fn run(&mut self) -> std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+        Box::pin(async move {
+            if !self.slow.due() && self.st.revocations.hears_other_instances() {
+                return Ok(());
             }
             let now = now_ms();
-            // Codes, real and shadow alike, a day after they expired.
-            if let Err(e) = st.store.purge_codes(now - 86_400_000).await {
-                tracing::warn!(error = %e, "purging codes failed");
-            }
-            // Authorization codes a day after they expired: until then a
-            // second presentation is still recognised (and ends the session
-            // the first one started) rather than answered as unknown.
-            if let Err(e) = st.store.purge_authorization_codes(now - 86_400_000).await {
-                tracing::warn!(error = %e, "purging authorization codes failed");
-            }
-            let ttl = st.config.accounts.unverified_ttl.as_millis() as i64;
-            match st.store.purge_unverified_users(now - ttl).await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(accounts = n, "deleted accounts never verified"),
-                Err(e) => tracing::warn!(error = %e, "purging unverified accounts failed"),
-            }
-            let keep = st.config.accounts.event_retention.as_millis() as i64;
-            if let Err(e) = st.store.purge_events(now - keep).await {
-                tracing::warn!(error = %e, "purging audit events failed");
-            }
-            // The delivery history goes with the events it delivered.
-            if let Err(e) = st.store.purge_deliveries(now - keep).await {
-                tracing::warn!(error = %e, "purging webhook deliveries failed");
-            }
-            // Logins that never passed their second factor, ceremonies never
-            // finished, TOTP enrolments never confirmed.
-            if let Err(e) = st.features.factors.purge().await {
-                tracing::warn!(error = %e, "purging second-factor challenges failed");
-            }
-            let ttl = st.config.mail.dead_letter_ttl.as_millis() as i64;
-            if let Err(e) = st.store.purge_dead_letters(now - ttl).await {
-                tracing::warn!(error = %e, "purging dead letters failed");
-            }
+            self.st
+                .revocations
+                .load_from_store(&self.st.store, self.from)
+                .await
+                .map_err(|e| e.to_string())?;
+            self.from = now - 10_000;
+            Ok(())
+        })
+    }
+}
+
+/// The safety net under "user changed" events: a password changed on
+/// another instance whose Redis publish was lost is forgotten here within
+/// seconds, not at the end of the cache's lifetime.
+struct UserCacheResync {
+    st: Arc<Services>,
+    /// As [`RevocationResync::from`].
+    from: i64,
+}
+
+impl UserCacheResync {
+    fn new(st: &Arc<Services>) -> UserCacheResync {
+        UserCacheResync {
+            st: st.clone(),
+            from: now_ms() - 10_000,
         }
+    }
+}
+
+impl Chore for UserCacheResync {
+    fn run(&mut self) -> std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+        Box::pin(async move {
+            let now = now_ms();
+            let emails = self
+                .st
+                .store
+                .users_changed_since(self.from)
+                .await
+                .map_err(|e| e.to_string())?;
+            self.from = now - 10_000;
+            for e in emails {
+                self.st.users.forget(&e);
+            }
+            Ok(())
+        })
     }
 }

@@ -150,8 +150,9 @@ fn spawn_background(st: &Arc<Services>, tasks: &mut Tasks) {
         st.store.clone(),
         st.shared.outbox.sealer.clone(),
         st.config.webhooks.clone(),
+        st.tokens.clone(),
     );
     tasks.spawn(deliveries.run(tasks.shutdown()));
     tasks.spawn(st.revocations.clone().listen(tasks.shutdown()));
-    tasks.spawn(housekeeping::run(st.clone(), tasks.shutdown()));
+    tasks.spawn(housekeeping::chores(st).run(tasks.shutdown()));
 }

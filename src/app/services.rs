@@ -175,7 +175,12 @@ impl Services {
                 sessions.clone(),
             )),
             admin: Arc::new(Admin::new(shared.clone(), codebook)),
-            clients: Arc::new(Clients::new(store.clone(), tokens.clone(), revocations.clone())),
+            clients: Arc::new(Clients::new(
+                store.clone(),
+                tokens.clone(),
+                revocations.clone(),
+                config.webhooks.allow_private,
+            )),
             webhooks: Arc::new(Webhooks::new(
                 store.clone(),
                 shared.outbox.sealer.clone(),

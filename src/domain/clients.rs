@@ -64,14 +64,23 @@ pub struct Clients {
     store: Store,
     tokens: Arc<Issuer>,
     revocations: Arc<Revocations>,
+    /// Whether back-channel logout URIs may be at non-public addresses
+    /// (the webhooks' rule: `webhook_allow_private_addresses`).
+    allow_private: bool,
 }
 
 impl Clients {
-    pub fn new(store: Store, tokens: Arc<Issuer>, revocations: Arc<Revocations>) -> Clients {
+    pub fn new(
+        store: Store,
+        tokens: Arc<Issuer>,
+        revocations: Arc<Revocations>,
+        allow_private: bool,
+    ) -> Clients {
         Clients {
             store,
             tokens,
             revocations,
+            allow_private,
         }
     }
 
@@ -153,13 +162,42 @@ impl Clients {
     /// (`None`: it no longer signs users in). A sign-in under way is held
     /// to the new settings when it resumes. `false`: no such client.
     pub async fn set_oidc(&self, id: &str, oidc: Option<&ClientSettings>) -> Result<bool, AuthError> {
-        if let Some(settings) = oidc {
-            settings.check().map_err(AuthError::BadRequest)?;
-        }
+        self.check(oidc)?;
         Ok(self
             .store
-            .set_client_oidc(id, oidc.map(ClientSettings::to_json).as_deref())
+            .set_client_oidc(
+                id,
+                oidc.map(ClientSettings::to_json).as_deref(),
+                logout_uri(oidc),
+                now_ms(),
+            )
             .await?)
+    }
+
+    /// Settings as registration takes them: well formed, and a back-channel
+    /// logout URI at an address the delivery worker may reach (a name is
+    /// checked again at each delivery, where it resolves).
+    fn check(&self, oidc: Option<&ClientSettings>) -> Result<(), AuthError> {
+        let Some(settings) = oidc else {
+            return Ok(());
+        };
+        settings.check().map_err(AuthError::BadRequest)?;
+        if let Some(alg) = settings.id_token_algorithm() {
+            let signed_with = self.tokens.id_token_algorithms();
+            if !signed_with.contains(&alg.as_str()) {
+                return Err(AuthError::BadRequest(format!(
+                    "id_token_signed_response_alg: this provider signs id_tokens with {} \
+                     (add {} to id_token_signing_algorithms)",
+                    signed_with.join(", "),
+                    alg.as_str()
+                )));
+            }
+        }
+        if let Some(uri) = logout_uri(oidc).and_then(|u| url::Url::parse(u).ok()) {
+            crate::webhooks::refuse_private_host(&uri, self.allow_private)
+                .map_err(|why| AuthError::BadRequest(format!("backchannel_logout_uri: {why}")))?;
+        }
+        Ok(())
     }
 
     /// Creates a client that may ask for `scopes`; returns its secret, shown once.
@@ -171,9 +209,7 @@ impl Clients {
         oidc: Option<&ClientSettings>,
     ) -> Result<Option<String>, AuthError> {
         let bad = |m: String| Err(AuthError::BadRequest(m));
-        if let Some(settings) = oidc {
-            settings.check().map_err(AuthError::BadRequest)?;
-        }
+        self.check(oidc)?;
         if let Some(s) = scopes.iter().find(|s| !valid_scope(s)) {
             return bad(format!(
                 "scope {s:?} must be 1..=64 characters of A-Z a-z 0-9 : . _ -"
@@ -201,6 +237,15 @@ impl Clients {
             scopes: scopes.join(" "),
             oidc: oidc.map(ClientSettings::to_json),
         };
-        Ok(self.store.add_client(&rec).await?.then_some(secret))
+        Ok(self
+            .store
+            .add_client(&rec, logout_uri(oidc))
+            .await?
+            .then_some(secret))
     }
+}
+
+/// The back-channel logout URI of these settings, if any.
+fn logout_uri(oidc: Option<&ClientSettings>) -> Option<&str> {
+    oidc.and_then(|s| s.backchannel_logout_uri.as_deref())
 }

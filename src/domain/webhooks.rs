@@ -162,6 +162,7 @@ impl Webhooks {
             secret: crate::webhooks::seal_secret(&secret, &self.sealer),
             kinds,
             created_at: now_ms(),
+            client_id: None,
         };
         self.store.add_webhook(&rec, actor).await?;
         tracing::info!(webhook = %rec.id, "webhook registered");

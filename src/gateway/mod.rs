@@ -48,7 +48,7 @@ use tokio::net::TcpListener;
 use crate::cache::{RedisHandle, Revocations};
 use crate::clock::now_ms;
 use crate::domain::tokens::LEEWAY_SECS;
-use crate::lifecycle::{drain, Tasks, Trigger};
+use crate::lifecycle::{drain, Program, Tasks, Trigger};
 use crate::limits::Limiter;
 use crate::server::connections::{self, Connections};
 pub use config::GatewayConfig;
@@ -166,7 +166,7 @@ impl Gateway {
         };
         let mut tasks = Tasks::new();
         tasks.spawn(st.revocations.clone().listen(tasks.shutdown()));
-        tasks.spawn(ops::housekeeping(st.clone(), tasks.shutdown()));
+        tasks.spawn(ops::housekeeping(&st).run(tasks.shutdown()));
         // Serve once logouts can be heard (Redis subscribed or a poll
         // answered), for a few seconds at most: before that, authenticated
         // routes would answer 503 under on_unknown_revocations = "refuse".
@@ -241,16 +241,13 @@ impl Gateway {
 
 /// `latchkey gateway --config FILE`: configuration, logging, runtime, run.
 pub fn main(config_path: Option<&Path>, started: Instant) -> ExitCode {
+    let program = Program("latchkey gateway");
     let Some(path) = config_path else {
-        eprintln!("latchkey gateway: --config FILE is required (see deploy/gateway.example.toml)");
-        return ExitCode::from(2);
+        return program.refuse("--config FILE is required (see deploy/gateway.example.toml)");
     };
-    let config = match GatewayConfig::load(path) {
+    let config = match program.settings(GatewayConfig::load(path)) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("latchkey gateway: {e}");
-            return ExitCode::from(2);
-        }
+        Err(status) => return status,
     };
     crate::telemetry::init_logging(&config.log);
     // This runtime runs only start-up, the background tasks, the admin
@@ -260,19 +257,8 @@ pub fn main(config_path: Option<&Path>, started: Instant) -> ExitCode {
         RuntimeModel::PerCore => 1,
         RuntimeModel::WorkStealing => config.workers,
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("latchkey gateway: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
     let path = path.to_path_buf();
-    let run = async move {
+    program.run(Some(threads), async move {
         let redis = config.redis.is_some();
         let polls = config.revocations.poll_url.is_some();
         let routes = config.routes.len();
@@ -298,13 +284,5 @@ pub fn main(config_path: Option<&Path>, started: Instant) -> ExitCode {
             tracing::warn!("no revocations_url: while Redis is unreachable, authenticated routes answer 503 (on_unknown_revocations)");
         }
         gw.run_until_stopped(path, stop, hangups).await
-    };
-    match rt.block_on(run) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            let msg = format!("{e:#}").replace('\n', " ");
-            eprintln!("latchkey gateway: {msg}");
-            ExitCode::FAILURE
-        }
-    }
+    })
 }

@@ -14,7 +14,7 @@ use axum::Router;
 use super::state::GatewayState;
 use super::worker::Worker;
 use crate::clock::now_ms;
-use crate::lifecycle::{answers, Every, Readiness, Shutdown, Ticks};
+use crate::lifecycle::{answers, Housekeeping, Readiness};
 
 pub(super) fn ops_routes() -> Router<Arc<Worker>> {
     Router::new()
@@ -24,27 +24,34 @@ pub(super) fn ops_routes() -> Router<Arc<Worker>> {
 }
 
 /// Key refreshes, histogram upkeep, purges of forgotten revocations and full buckets.
-pub(super) async fn housekeeping(st: Arc<GatewayState>, shutdown: Shutdown) {
+pub(super) fn housekeeping(st: &Arc<GatewayState>) -> Housekeeping {
     let refresh = st.config.read().expect("config lock").jwks_refresh;
-    let mut ticks = Ticks::every(Duration::from_secs(1), shutdown);
-    let mut keys = Every::new(refresh);
-    let mut purge = Every::new(Duration::from_secs(60));
-    while ticks.next().await {
+    let (keys, metrics, purge) = (st.clone(), st.clone(), st.clone());
+    Housekeeping::new()
         // Histogram samples wait in lock-free buckets until drained: drain
         // them every second even when nothing scrapes /metrics (at 30,000
         // requests/s that is two samples per request piling up otherwise).
-        st.metrics.run_upkeep();
-        if keys.due() {
-            match st.tokens.reload().await {
-                Ok(()) => st.jwks_loaded_at_ms.store(now_ms(), Ordering::Relaxed),
-                Err(e) => tracing::warn!(error = %e, "refreshing the JWKS failed; keeping the keys we have"),
+        .every("histogram_upkeep", Duration::from_secs(1), move || {
+            metrics.metrics.run_upkeep();
+            async { Ok(()) }
+        })
+        .every("jwks_refresh", refresh, move || {
+            let st = keys.clone();
+            async move {
+                st.tokens.reload().await.map_err(|e| e.to_string())?;
+                st.jwks_loaded_at_ms.store(now_ms(), Ordering::Relaxed);
+                Ok(())
             }
-        }
-        if purge.due() {
-            st.revocations.purge();
-            st.limiter.purge();
-        }
-    }
+        })
+        .every(
+            "purge_revocations_and_buckets",
+            Duration::from_secs(60),
+            move || {
+                purge.revocations.purge();
+                purge.limiter.purge();
+                async { Ok(()) }
+            },
+        )
 }
 
 /// Ready when verification keys are loaded and Redis (if configured) answers.
@@ -109,4 +116,8 @@ pub(super) fn describe_metrics() {
     );
     describe_gauge!("latchkey_gateway_requests_in_flight", "Requests being proxied");
     describe_gauge!("latchkey_gateway_routes", "Routes in the active table");
+    describe_counter!(
+        "latchkey_housekeeping_failures_total",
+        "Runs of a periodic chore (JWKS refresh) that failed, by chore"
+    );
 }

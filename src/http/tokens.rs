@@ -107,7 +107,8 @@ pub async fn discovery(State(st): State<AppState>) -> Response {
         "request_uri_parameter_supported": false,
         "require_request_uri_registration": false,
         "frontchannel_logout_supported": false,
-        "backchannel_logout_supported": false,
+        "backchannel_logout_supported": true,
+        "backchannel_logout_session_supported": true,
         "ui_locales_supported": ["en"],
     });
     (

@@ -2,6 +2,7 @@
 
 use sqlx::Connection;
 
+use super::webhooks::put_logout_hook;
 use super::{db_op, Store, StoreResult};
 
 #[derive(Clone, Debug)]
@@ -32,21 +33,31 @@ fn client(r: Row) -> ClientRecord {
 }
 
 impl Store {
-    pub async fn add_client(&self, c: &ClientRecord) -> StoreResult<bool> {
-        let n = db_op!(self, "add_client", conn => Ok(sqlx::query(
-            "INSERT INTO clients (id, secret_hash, name, created_at, scopes, oidc) VALUES ($1, $2, $3, $4, $5, $6) \
-             ON CONFLICT (id) DO NOTHING",
-        )
-        .bind(&c.id)
-        .bind(&c.secret_hash)
-        .bind(&c.name)
-        .bind(c.created_at)
-        .bind(&c.scopes)
-        .bind(&c.oidc)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected()))?;
-        Ok(n == 1)
+    /// Adds a client (`false`: the id is taken), with its back-channel
+    /// logout webhook if it has a `logout_uri`.
+    pub async fn add_client(&self, c: &ClientRecord, logout_uri: Option<&str>) -> StoreResult<bool> {
+        db_op!(self, "add_client", conn => {
+            let mut tx = conn.begin().await?;
+            let n = sqlx::query(
+                "INSERT INTO clients (id, secret_hash, name, created_at, scopes, oidc) VALUES ($1, $2, $3, $4, $5, $6) \
+                 ON CONFLICT (id) DO NOTHING",
+            )
+            .bind(&c.id)
+            .bind(&c.secret_hash)
+            .bind(&c.name)
+            .bind(c.created_at)
+            .bind(&c.scopes)
+            .bind(&c.oidc)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if n != 1 {
+                return Ok(false);
+            }
+            put_logout_hook!(tx, &c.id, logout_uri, c.created_at);
+            tx.commit().await?;
+            Ok(true)
+        })
     }
 
     pub async fn client(&self, id: &str) -> StoreResult<Option<ClientRecord>> {
@@ -68,18 +79,30 @@ impl Store {
         Ok(rows.into_iter().map(client).collect())
     }
 
-    /// Replaces a client's settings for the authorization code flow;
-    /// `false`: no such client.
-    pub async fn set_client_oidc(&self, id: &str, oidc: Option<&str>) -> StoreResult<bool> {
-        let n = db_op!(self, "set_client_oidc", conn => Ok(sqlx::query(
-            "UPDATE clients SET oidc = $2 WHERE id = $1",
-        )
-        .bind(id)
-        .bind(oidc)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected()))?;
-        Ok(n == 1)
+    /// Replaces a client's settings for the authorization code flow, and
+    /// its back-channel logout webhook with them; `false`: no such client.
+    pub async fn set_client_oidc(
+        &self,
+        id: &str,
+        oidc: Option<&str>,
+        logout_uri: Option<&str>,
+        now: i64,
+    ) -> StoreResult<bool> {
+        db_op!(self, "set_client_oidc", conn => {
+            let mut tx = conn.begin().await?;
+            let n = sqlx::query("UPDATE clients SET oidc = $2 WHERE id = $1")
+                .bind(id)
+                .bind(oidc)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if n != 1 {
+                return Ok(false);
+            }
+            put_logout_hook!(tx, id, logout_uri, now);
+            tx.commit().await?;
+            Ok(true)
+        })
     }
 
     /// Removes the client `id` added at `created_at` and, in the same
@@ -117,8 +140,10 @@ impl Store {
                 let e = super::Event::new("session.ended", now).user(user).session(sid).reason("client_removed");
                 super::events::record_event!(tx, &e);
             }
-            // Its consents and unused codes go with it: a client added
+            // Its consents, unused codes and back-channel logout webhook
+            // (the logouts just queued with it) go with it: a client added
             // again under the same id starts with none.
+            put_logout_hook!(tx, id, None, now);
             sqlx::query("DELETE FROM consents WHERE client_id = $1")
                 .bind(id)
                 .execute(&mut *tx)

@@ -62,13 +62,20 @@ impl<'a> Event<'a> {
     }
 }
 
-/// Queues a delivery of event `$1` (at `$2`, of kind `$3` in family `$4`)
-/// to every webhook that asks for it: all events (`kinds` empty), its kind,
-/// or its family (`session.`).
+/// Queues a delivery of event `$1` (at `$2`, of kind `$3` in family `$4`,
+/// of session `$5`) to every webhook that asks for it: all events (`kinds`
+/// empty), its kind, or its family (`session.`); and, when a session ends,
+/// to the back-channel logout webhook of the client that held it, if that
+/// client has one (`client_id`: docs/oidc.md), with the `sid` its logout
+/// token names (the browser session the client signed in from).
 pub(super) const ENQUEUE_DELIVERIES: &str =
-    "INSERT INTO webhook_deliveries (webhook_id, event_id, created_at, next_attempt_at) \
-     SELECT id, $1, $2, $2 FROM webhooks WHERE kinds = '' \
-     OR (' ' || kinds || ' ') LIKE ('% ' || $3 || ' %') OR (' ' || kinds || ' ') LIKE ('% ' || $4 || ' %')";
+    "INSERT INTO webhook_deliveries (webhook_id, event_id, created_at, next_attempt_at, sid) \
+     SELECT w.id, $1, $2, $2, s.sid FROM webhooks w \
+     LEFT JOIN (SELECT client_id, COALESCE(parent_id, id) AS sid FROM sessions WHERE id = $5 \
+                AND $3 IN ('session.ended', 'session.reuse_detected')) s ON s.client_id = w.client_id \
+     WHERE (w.client_id IS NULL AND (w.kinds = '' \
+     OR (' ' || w.kinds || ' ') LIKE ('% ' || $3 || ' %') OR (' ' || w.kinds || ' ') LIKE ('% ' || $4 || ' %'))) \
+     OR s.sid IS NOT NULL";
 
 /// Every kind recorded (docs/events.md has what each means).
 pub const KINDS: &[&str] = &[
@@ -134,6 +141,7 @@ macro_rules! record_event {
             .bind(e.at)
             .bind(e.kind)
             .bind($crate::store::events::family(e.kind))
+            .bind(e.session_id)
             .execute(&mut *$conn)
             .await?;
     }};

@@ -39,13 +39,23 @@ impl Store {
     }
 
     /// Adds a key and makes it the signer: every other key is retired at `now`.
-    pub async fn add_signing_key(&self, k: &KeyRecord) -> StoreResult<()> {
+    /// Adds a key, which replaces the active key of its algorithm; with
+    /// `retire_all_but`, active keys of algorithms outside it (no longer
+    /// signed with) retire too. Retired keys verify until their tokens expire.
+    pub async fn add_signing_key(&self, k: &KeyRecord, retire_all_but: Option<&[&str]>) -> StoreResult<()> {
+        // '' retires no other algorithm.
+        let signed_with = retire_all_but.map_or(String::new(), |algs| format!(" {} ", algs.join(" ")));
         db_op!(self, "add_signing_key", conn => {
             let mut tx = conn.begin().await?;
-            sqlx::query("UPDATE signing_keys SET retired_at = $1 WHERE retired_at IS NULL")
-                .bind(k.activated_at)
-                .execute(&mut *tx)
-                .await?;
+            sqlx::query(
+                "UPDATE signing_keys SET retired_at = $1 WHERE retired_at IS NULL \
+                 AND (alg = $2 OR ($3 <> '' AND $3 NOT LIKE ('% ' || alg || ' %')))",
+            )
+            .bind(k.activated_at)
+            .bind(&k.alg)
+            .bind(&signed_with)
+            .execute(&mut *tx)
+            .await?;
             sqlx::query(
                 "INSERT INTO signing_keys (kid, alg, private_key, public_jwk, created_at, activated_at) \
                  VALUES ($1, $2, $3, $4, $5, $6)",

@@ -115,7 +115,8 @@ const ACCOUNT: &str = "SELECT id, email_verified_at IS NOT NULL, \
      (email_changed_at IS NOT NULL OR imported_at IS NOT NULL) FROM users WHERE email = $1";
 /// The email's verification code if unused (`$2`, the time, is unused: the
 /// decision judges expiry).
-const LIVE_CODE: &str = "SELECT pending_password_hash, pending_name, created_at, expires_at, failed_attempts, contested \
+const LIVE_CODE: &str =
+    "SELECT pending_password_hash, pending_name, created_at, expires_at, failed_attempts, contested \
      FROM codes WHERE email = $1 AND purpose = 'verify_email' AND consumed_at IS NULL AND $2 = $2";
 /// Inserts or replaces the email's verification code: `$1 email, $2 code
 /// hash, $3 created at, $4 expires at, $5 pending hash, $6 pending name,
@@ -132,9 +133,7 @@ const PUT_CODE: &str = "INSERT INTO codes \
 type AccountRow = (String, bool, bool);
 type CodeRow = (Option<String>, Option<String>, i64, i64, i32, i32);
 
-fn live_code(
-    (pending, pending_name, created_at, expires_at, failures, contested): CodeRow,
-) -> LiveCode {
+fn live_code((pending, pending_name, created_at, expires_at, failures, contested): CodeRow) -> LiveCode {
     LiveCode {
         pending,
         pending_name,

@@ -308,7 +308,7 @@ impl Store {
                 // The session, its first refresh token and its event in one
                 // statement (data-modifying CTEs all run, in one transaction).
                 // The webhook deliveries of the event too: the same filter as
-                // ENQUEUE_DELIVERIES. The account's row is read FOR SHARE:
+                // ENQUEUE_DELIVERIES (a session that starts is no logout). The account's row is read FOR SHARE:
                 // a disable in flight either commits first (no session) or
                 // waits for this one and then ends it with the others.
                 let e = s.event();
@@ -321,8 +321,8 @@ impl Store {
                      e AS (INSERT INTO events (at, kind, user_id, session_id, ip, reason) \
                      SELECT $4, $9, user_id, id, $8, $10 FROM s RETURNING id), \
                      d AS (INSERT INTO webhook_deliveries (webhook_id, event_id, created_at, next_attempt_at) \
-                     SELECT w.id, e.id, $4, $4 FROM webhooks w, e WHERE w.kinds = '' \
-                     OR (' ' || w.kinds || ' ') LIKE ('% ' || $9 || ' %') OR (' ' || w.kinds || ' ') LIKE ('% ' || $11 || ' %')) \
+                     SELECT w.id, e.id, $4, $4 FROM webhooks w, e WHERE w.client_id IS NULL AND (w.kinds = '' \
+                     OR (' ' || w.kinds || ' ') LIKE ('% ' || $9 || ' %') OR (' ' || w.kinds || ' ') LIKE ('% ' || $11 || ' %'))) \
                      SELECT count(*) FROM s",
                 )
                 .bind(s.id)

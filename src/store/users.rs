@@ -244,7 +244,8 @@ impl Store {
     }
 
     /// Erases an account: the user, its sessions and refresh tokens (by
-    /// cascade) and its codes, in one transaction. Returns the sessions that
+    /// cascade; each live session's `session.ended` recorded first) and its
+    /// codes, in one transaction. Returns the sessions that
     /// were live (to revoke their access tokens), or `None` if there is no
     /// such account.
     pub async fn delete_user(&self, id: &str, now: i64, actor: &str) -> StoreResult<Option<Vec<String>>> {
@@ -264,6 +265,12 @@ impl Store {
             .bind(now)
             .fetch_all(&mut *tx)
             .await?;
+            // Each live session ends on the record before it goes, so that
+            // the applications holding one are told (back-channel logout,
+            // queued with its `sid` while the session is still there).
+            for (sid,) in &live {
+                record_event!(tx, &Event::new("session.ended", now).user(id).session(sid).reason("user_deleted"));
+            }
             sqlx::query("DELETE FROM codes WHERE email = $1")
                 .bind(&email)
                 .execute(&mut *tx)

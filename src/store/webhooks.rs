@@ -16,9 +16,12 @@ pub struct WebhookRecord {
     /// Space-separated kinds or families; empty: every event.
     pub kinds: String,
     pub created_at: i64,
+    /// The client whose back-channel logout URI this is (it receives logout
+    /// tokens, not events: [`logout_hook_id`]); `None`: an audit webhook.
+    pub client_id: Option<String>,
 }
 
-type WebhookRow = (String, String, Vec<u8>, String, i64);
+type WebhookRow = (String, String, Vec<u8>, String, i64, Option<String>);
 
 fn webhook(r: WebhookRow) -> WebhookRecord {
     WebhookRecord {
@@ -27,8 +30,48 @@ fn webhook(r: WebhookRow) -> WebhookRecord {
         secret: r.2,
         kinds: r.3,
         created_at: r.4,
+        client_id: r.5,
     }
 }
+
+/// The id of client `client_id`'s back-channel logout webhook (its
+/// deliveries are listed at `GET /admin/webhooks/{id}/deliveries`).
+pub fn logout_hook_id(client_id: &str) -> String {
+    format!("backchannel:{client_id}")
+}
+
+/// Writes (or, with `$uri` `None`, removes) client `$client`'s back-channel
+/// logout webhook on `$tx`, at `$now`. Its pending deliveries go to the new
+/// URI; removed, they go with it.
+macro_rules! put_logout_hook {
+    ($tx:expr, $client:expr, $uri:expr, $now:expr) => {{
+        let client: &str = $client;
+        let uri: Option<&str> = $uri;
+        match uri {
+            Some(uri) => {
+                sqlx::query(
+                    "INSERT INTO webhooks (id, url, secret, kinds, created_at, client_id) \
+                     VALUES ($1, $2, $3, 'session.ended', $4, $5) \
+                     ON CONFLICT (id) DO UPDATE SET url = excluded.url",
+                )
+                .bind($crate::store::webhooks::logout_hook_id(client))
+                .bind(uri)
+                .bind(&[][..] as &[u8])
+                .bind($now)
+                .bind(client)
+                .execute(&mut *$tx)
+                .await?;
+            }
+            None => {
+                sqlx::query("DELETE FROM webhooks WHERE client_id = $1")
+                    .bind(client)
+                    .execute(&mut *$tx)
+                    .await?;
+            }
+        }
+    }};
+}
+pub(super) use put_logout_hook;
 
 /// A claimed delivery: which event goes to which webhook. Its attempt is
 /// counted when the worker takes it ([`Store::take_delivery`]).
@@ -37,6 +80,8 @@ pub struct DeliveryRow {
     pub id: i64,
     pub webhook_id: String,
     pub event_id: i64,
+    /// A back-channel logout's `sid` (none for an audit webhook's).
+    pub sid: Option<String>,
 }
 
 /// What an attempt on a delivery came to: delivered (`error` None), to be
@@ -85,7 +130,8 @@ impl Store {
 
     pub async fn webhooks(&self) -> StoreResult<Vec<WebhookRecord>> {
         let rows: Vec<WebhookRow> = db_op!(self, "webhooks", conn => Ok(sqlx::query_as(
-            "SELECT id, url, secret, kinds, created_at FROM webhooks ORDER BY created_at, id",
+            "SELECT id, url, secret, kinds, created_at, client_id FROM webhooks WHERE client_id IS NULL \
+             ORDER BY created_at, id",
         )
         .fetch_all(&mut *conn)
         .await?))?;
@@ -94,7 +140,7 @@ impl Store {
 
     pub async fn webhook(&self, id: &str) -> StoreResult<Option<WebhookRecord>> {
         let row: Option<WebhookRow> = db_op!(self, "webhook", conn => Ok(sqlx::query_as(
-            "SELECT id, url, secret, kinds, created_at FROM webhooks WHERE id = $1",
+            "SELECT id, url, secret, kinds, created_at, client_id FROM webhooks WHERE id = $1",
         )
         .bind(id)
         .fetch_optional(&mut *conn)
@@ -103,11 +149,12 @@ impl Store {
     }
 
     /// Removes a webhook and its deliveries, with its `webhook.removed`
-    /// event; `false` if there is none.
+    /// event; `false` if there is none (a client's back-channel logout
+    /// webhook goes only with the client's settings).
     pub async fn remove_webhook(&self, id: &str, now: i64, actor: &str) -> StoreResult<bool> {
         db_op!(self, "remove_webhook", conn => {
             let mut tx = conn.begin().await?;
-            let n = sqlx::query("DELETE FROM webhooks WHERE id = $1")
+            let n = sqlx::query("DELETE FROM webhooks WHERE id = $1 AND client_id IS NULL")
                 .bind(id)
                 .execute(&mut *tx)
                 .await?
@@ -138,10 +185,10 @@ impl Store {
     ) -> StoreResult<Vec<DeliveryRow>> {
         const DUE: &str = "SELECT id FROM webhook_deliveries WHERE delivered_at IS NULL AND dead_at IS NULL \
              AND next_attempt_at <= $1 AND (claimed_until IS NULL OR claimed_until < $1) ORDER BY id LIMIT $3";
-        let rows: Vec<(i64, String, i64)> = db_op!(self, "claim_deliveries",
+        let rows: Vec<(i64, String, i64, Option<String>)> = db_op!(self, "claim_deliveries",
             sqlite conn => Ok(sqlx::query_as(&format!(
                 "UPDATE webhook_deliveries SET claimed_until = $2 WHERE id IN ({DUE}) \
-                 RETURNING id, webhook_id, event_id"
+                 RETURNING id, webhook_id, event_id, sid"
             ))
             .bind(now)
             .bind(now + lease_ms)
@@ -150,7 +197,7 @@ impl Store {
             .await?),
             postgres conn => Ok(sqlx::query_as(&format!(
                 "UPDATE webhook_deliveries SET claimed_until = $2 WHERE id IN ({DUE} \
-                 FOR UPDATE SKIP LOCKED) RETURNING id, webhook_id, event_id"
+                 FOR UPDATE SKIP LOCKED) RETURNING id, webhook_id, event_id, sid"
             ))
             .bind(now)
             .bind(now + lease_ms)
@@ -164,6 +211,7 @@ impl Store {
                 id: r.0,
                 webhook_id: r.1,
                 event_id: r.2,
+                sid: r.3,
             })
             .collect();
         rows.sort_by_key(|r| r.id);

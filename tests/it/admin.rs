@@ -42,7 +42,7 @@ async fn new_client(app: &TestApp, scopes: &[&str]) -> (String, String) {
 }
 
 /// A token of a new client with the admin scope.
-async fn admin_token(app: &TestApp) -> String {
+pub async fn admin_token(app: &TestApp) -> String {
     let (id, secret) = new_client(app, &["latchkey:admin"]).await;
     let r = form(
         app,

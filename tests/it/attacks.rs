@@ -1295,7 +1295,7 @@ async fn tokens_of_a_key_sealed_under_another_secret_still_verify() {
     // A key of the other secret, made by an instance of it elsewhere.
     let elsewhere = TestApp::embedded(&[("secret_key", OTHER)]).await;
     for k in elsewhere.services.store.signing_keys().await.unwrap() {
-        a.services.store.add_signing_key(&k).await.unwrap();
+        a.services.store.add_signing_key(&k, None).await.unwrap();
     }
     elsewhere.stop().await;
     a.sql("DELETE FROM installation").await;

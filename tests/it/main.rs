@@ -20,6 +20,7 @@ mod oauth;
 mod observability;
 mod oidc;
 mod oidc_attacks;
+mod oidc_logout;
 mod ops;
 mod registration_properties;
 mod sessions;

@@ -24,6 +24,7 @@ crate::on_every_backend!(
     a_public_client_signs_in_with_pkce_and_no_secret,
     a_user_sees_and_withdraws_the_applications_they_let_in,
     a_provider_signing_with_rs256_satisfies_a_library_left_at_its_defaults,
+    one_application_gets_rs256_id_tokens_while_the_others_and_every_access_token_stay_on_eddsa,
 );
 
 pub const ISSUER: &str = "http://latchkey.test";
@@ -218,6 +219,18 @@ impl<'a> Browser<'a> {
 /// `skip`, through the code flow without the relying party library (for
 /// tests of what an application's tokens may do): the token answer.
 pub async fn code_grant(app: &TestApp, id: &str, secret: &str, email: &str, scope: &str) -> Value {
+    code_grant_in(&mut Browser::new(app), id, secret, email, scope).await
+}
+
+/// [`code_grant`] in `browser`, which keeps the browser session.
+pub async fn code_grant_in(
+    browser: &mut Browser<'_>,
+    id: &str,
+    secret: &str,
+    email: &str,
+    scope: &str,
+) -> Value {
+    let app = browser.app;
     use base64::Engine;
     let b64 = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
     let verifier = b64(ring::digest::digest(&ring::digest::SHA256, unique_email("pkce").as_bytes()).as_ref());
@@ -236,10 +249,14 @@ pub async fn code_grant(app: &TestApp, id: &str, secret: &str, email: &str, scop
             ])
             .finish()
     );
-    let mut browser = Browser::new(app);
     let page = browser.get(&url).await;
     let page = browser.follow(page).await;
-    let back = browser.sign_in(&page, email, PASSWORD).await;
+    // Signed in already (single sign-on): straight back to the application.
+    let back = if page.location.is_some() {
+        page
+    } else {
+        browser.sign_in(&page, email, PASSWORD).await
+    };
     let callback = back
         .location
         .unwrap_or_else(|| panic!("back to the application: {}", back.body));
@@ -720,7 +737,6 @@ async fn the_hosted_pages_sign_in_with_a_password_and_with_a_passkey_in_a_real_b
 /// otherwise: with `signing_algorithm = RS256`, the library's defaults work.
 async fn a_provider_signing_with_rs256_satisfies_a_library_left_at_its_defaults(app: &TestApp) {
     let rs = app.twin_with(&[("signing_algorithm", "RS256")]).await;
-    rs.services.tokens.rotate().await.unwrap();
     let d: Value = rs
         .get("/.well-known/openid-configuration")
         .await
@@ -751,4 +767,74 @@ async fn a_provider_signing_with_rs256_satisfies_a_library_left_at_its_defaults(
     };
     assert_eq!(header["alg"], "RS256");
     rs.stop().await;
+}
+
+/// The JOSE header of a compact JWS.
+fn jws_header(token: &str) -> Value {
+    use base64::Engine;
+    let h = token.split('.').next().unwrap();
+    serde_json::from_slice(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(h)
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+/// `id_token_signing_algorithms` keeps an RS256 key beside the EdDSA one:
+/// a client registered with `id_token_signed_response_alg = RS256` gets
+/// RS256 id_tokens (a library at its defaults accepts them), the others
+/// EdDSA ones, and every access token stays EdDSA.
+async fn one_application_gets_rs256_id_tokens_while_the_others_and_every_access_token_stay_on_eddsa(
+    app: &TestApp,
+) {
+    let both = app.twin_with(&[("id_token_signing_algorithms", "RS256")]).await;
+    let d: Value = both
+        .get("/.well-known/openid-configuration")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        d["id_token_signing_alg_values_supported"],
+        json!(["EdDSA", "RS256"])
+    );
+    let clients = &both.services.features.clients;
+    let mut s = ClientSettings::new(ClientKind::Confidential, vec![CALLBACK.into()]);
+    s.consent = ConsentMode::Skip;
+    s.id_token_signed_response_alg = Some("ES256".into());
+    let refused = clients.add("es-app", None, &[], Some(&s)).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("id_token_signed_response_alg"),
+        "{refused}"
+    );
+    s.id_token_signed_response_alg = Some("RS256".into());
+    let rs_secret = clients.add("rs-app", None, &[], Some(&s)).await.unwrap().unwrap();
+    let ed_secret = application(&both, "ed-app", ClientKind::Confidential, ConsentMode::Skip).await;
+    let email = unique_email("oidc-two-algs");
+    both.register_verified(&email, PASSWORD).await;
+    let mut browser = Browser::new(&both);
+    for (client, secret, alg) in [("rs-app", &rs_secret, "RS256"), ("ed-app", &ed_secret, "EdDSA")] {
+        let mut input = rp_input(&both, client, Some(secret), "openid email");
+        input["id_token_alg"] = alg.into();
+        let started = rp("start", &input).await;
+        let page = browser.get(started["url"].as_str().unwrap()).await;
+        let back = if page.location.is_some() {
+            browser.follow(page).await
+        } else {
+            browser.sign_in(&page, &email, PASSWORD).await
+        };
+        let done = finish(&started, &input, back.location.as_deref().unwrap()).await;
+        assert_eq!(
+            jws_header(done["id_token"].as_str().unwrap())["alg"],
+            alg,
+            "{client}"
+        );
+        assert_eq!(
+            jws_header(done["access_token"].as_str().unwrap())["alg"],
+            "EdDSA",
+            "{client}"
+        );
+    }
+    both.stop().await;
 }

@@ -30,6 +30,7 @@ crate::on_every_backend!(
     an_applications_token_tells_only_what_the_user_let_it_see,
     the_browsers_session_cookie_is_no_refresh_token,
     a_sign_up_on_the_pages_needs_the_emailed_code_and_then_signs_in,
+    a_back_channel_logout_uri_cannot_point_the_provider_at_its_own_network,
 );
 
 /// base64url without padding.
@@ -805,4 +806,45 @@ async fn a_sign_up_on_the_pages_needs_the_emailed_code_and_then_signs_in(app: &T
         .as_deref()
         .unwrap_or_else(|| panic!("{}", back.body));
     assert!(query(to).contains_key("code"), "{to}");
+}
+
+/// Server-side request forgery through back-channel logout: a client whose
+/// logout URI names a loopback, private or metadata address would have the
+/// provider post to it whenever a session ends. Registration refuses it
+/// (the decision only: nothing is sent to the addresses refused), as it
+/// refuses webhooks, unless the operator allows private addresses.
+async fn a_back_channel_logout_uri_cannot_point_the_provider_at_its_own_network(app: &TestApp) {
+    let clients = &app.services.features.clients;
+    for (i, uri) in [
+        "http://127.0.0.1:9180/revocations",
+        "http://[::1]/logout",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://10.0.0.7/logout",
+        "http://localhost/logout",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut s = ClientSettings::new(ClientKind::Confidential, vec![CALLBACK.into()]);
+        s.backchannel_logout_uri = Some(uri.into());
+        let id = format!("ssrf{i}");
+        let refused = clients.add(&id, None, &[], Some(&s)).await.unwrap_err();
+        assert!(
+            refused.to_string().contains("backchannel_logout_uri"),
+            "{uri}: {refused}"
+        );
+        assert!(
+            clients.get(&id).await.unwrap().is_none(),
+            "{uri}: nothing registered"
+        );
+        // Nor can settings given later point there.
+        let ok = ClientSettings::new(ClientKind::Confidential, vec![CALLBACK.into()]);
+        clients.add(&id, None, &[], Some(&ok)).await.unwrap();
+        assert!(clients.set_oidc(&id, Some(&s)).await.is_err(), "{uri}");
+    }
+    assert_eq!(
+        app.count("SELECT COUNT(*) FROM webhooks WHERE client_id IS NOT NULL")
+            .await,
+        0
+    );
 }

@@ -388,8 +388,8 @@ async fn signed_events_reach_the_receiver_after_its_outage_and_none_is_lost(app:
         .collect();
     assert_eq!(
         wanted.len(),
-        4,
-        "two sessions created, one ended, the erasure: {trail:#}"
+        5,
+        "two sessions created, one ended by its logout and one by the erasure, the erasure: {trail:#}"
     );
 
     // Down for a while: every delivery fails at least once and waits.

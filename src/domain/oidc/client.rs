@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::redirect;
+use crate::domain::tokens::SigningAlgorithm;
 
 /// Whether a client can keep a secret (OAuth 2.0, RFC 6749 §2.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -57,6 +58,18 @@ pub struct ClientSettings {
     /// userinfo, revocation and introspection endpoints (CORS).
     #[serde(default)]
     pub allowed_origins: Vec<String>,
+    /// Where a logout token is posted when a session of this client ends
+    /// (OpenID Connect Back-Channel Logout 1.0): `http` or `https`, no
+    /// fragment. Every logout token carries `sid`
+    /// (`backchannel_logout_session_required` is always met).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backchannel_logout_uri: Option<String>,
+    /// The algorithm of this client's id_tokens (OpenID Connect Dynamic
+    /// Client Registration's name for it): `EdDSA`, `ES256` or `RS256`,
+    /// one the provider signs with (`signing_algorithm` or
+    /// `id_token_signing_algorithms`); unset: `signing_algorithm`'s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id_token_signed_response_alg: Option<String>,
 }
 
 fn default_grants() -> Vec<String> {
@@ -78,6 +91,8 @@ impl ClientSettings {
             consent: default_consent(),
             refresh_without_offline_access: false,
             allowed_origins: Vec::new(),
+            backchannel_logout_uri: None,
+            id_token_signed_response_alg: None,
         }
     }
 
@@ -115,7 +130,29 @@ impl ClientSettings {
                 ));
             }
         }
+        if let Some(alg) = &self.id_token_signed_response_alg {
+            alg.parse::<SigningAlgorithm>()
+                .map_err(|why| format!("id_token_signed_response_alg: {why}"))?;
+        }
+        if let Some(uri) = &self.backchannel_logout_uri {
+            let u = url::Url::parse(uri).map_err(|e| format!("backchannel_logout_uri: not a URL: {e}"))?;
+            if !["http", "https"].contains(&u.scheme()) || u.host_str().is_none() {
+                return Err("backchannel_logout_uri: an http:// or https:// URL".into());
+            }
+            // Back-Channel Logout 1.0 §2.2: no fragment.
+            if u.fragment().is_some() {
+                return Err("backchannel_logout_uri: no fragment".into());
+            }
+        }
         Ok(())
+    }
+
+    /// The algorithm this client's id_tokens are signed with (`None`: the
+    /// provider's main one).
+    pub fn id_token_algorithm(&self) -> Option<SigningAlgorithm> {
+        self.id_token_signed_response_alg
+            .as_deref()
+            .and_then(|a| a.parse().ok())
     }
 
     pub fn allows(&self, grant: &str) -> bool {
@@ -165,8 +202,15 @@ mod tests {
         let mut s = ok.clone();
         s.allowed_origins = vec!["https://app.example.com/path".into()];
         assert!(s.check().unwrap_err().starts_with("allowed_origins[0]"));
+        let mut s = ok.clone();
+        s.backchannel_logout_uri = Some("https://app.example.com/logout#x".into());
+        assert!(s.check().unwrap_err().starts_with("backchannel_logout_uri"));
+        let mut s = ok.clone();
+        s.backchannel_logout_uri = Some("mailto:ops@example.com".into());
+        assert!(s.check().unwrap_err().starts_with("backchannel_logout_uri"));
         let mut s = ok;
         s.allowed_origins = vec!["https://app.example.com".into()];
+        s.backchannel_logout_uri = Some("https://app.example.com/backchannel-logout".into());
         assert_eq!(s.check(), Ok(()));
     }
 }

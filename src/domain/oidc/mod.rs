@@ -216,10 +216,11 @@ impl Provider {
         Ok(Some((rec, settings)))
     }
 
-    /// The algorithms id_tokens are signed with (discovery): the current
-    /// key's (one algorithm per deployment, `signing_algorithm`).
+    /// The algorithms id_tokens are signed with (discovery):
+    /// `signing_algorithm`'s, then `id_token_signing_algorithms`' (a client
+    /// picks one with `id_token_signed_response_alg`).
     pub fn id_token_algorithms(&self) -> Vec<&'static str> {
-        self.issuer.signing_algorithm().into_iter().collect()
+        self.issuer.id_token_algorithms()
     }
 
     /// The browser's session cookie for a session the pages started: its
@@ -614,7 +615,7 @@ impl Provider {
             let profile = scopes.contains(&"profile");
             Some(
                 self.issuer
-                    .issue_id_token(|alg| IdClaims {
+                    .issue_id_token(settings.id_token_algorithm(), |alg| IdClaims {
                         iss: self.issuer.issuer().to_string(),
                         sub: user.id.clone(),
                         aud: client.id.clone(),

@@ -29,7 +29,7 @@ impl Issuer {
         sealer: Sealer,
         revocations: Arc<Revocations>,
     ) -> anyhow::Result<Issuer> {
-        let signer = Arc::new(Signer::new(sealer));
+        let signer = Arc::new(Signer::new(sealer, settings.signing_algorithms()));
         let verifier = Arc::new(Verifier::from_store(
             settings.verifier_settings(),
             store.clone(),
@@ -42,10 +42,7 @@ impl Issuer {
             signer,
             verifier,
         };
-        issuer.reload().await?;
-        if issuer.signer.current().is_none() {
-            issuer.rotate().await?;
-        }
+        issuer.refresh().await?;
         Ok(issuer)
     }
 
@@ -58,12 +55,49 @@ impl Issuer {
         self.settings.access_ttl
     }
 
-    /// Makes a new key the signer (`latchkey keys rotate`); others retire.
+    /// Makes a new key the signer of each algorithm (`latchkey keys
+    /// rotate`); the keys they replace retire, and so do the keys of any
+    /// algorithm no longer signed with. The main algorithm's new key id.
     pub async fn rotate(&self) -> anyhow::Result<String> {
-        let rec = generate_key(self.settings.algorithm, self.signer.sealer())?;
-        self.store.add_signing_key(&rec).await?;
+        let signed_with: Vec<&str> = self.signer.algorithms().iter().map(|a| a.as_str()).collect();
+        let kids = self
+            .add_keys(self.signer.algorithms(), Some(&signed_with))
+            .await?;
+        Ok(kids.into_iter().next().unwrap_or_default())
+    }
+
+    /// Reloads the keys, and makes the first key of each algorithm this
+    /// issuer signs with that has none (a new deployment, one told to sign
+    /// with another algorithm, or one whose key another instance's rotation
+    /// retired for an algorithm it no longer signs with): at start, and at
+    /// each periodic reload. Keys of other algorithms stay active here, so
+    /// that instances configured apart during a rolling change all sign;
+    /// the next rotation retires them.
+    pub async fn refresh(&self) -> anyhow::Result<()> {
         self.reload().await?;
-        Ok(rec.kid)
+        let missing = self.signer.missing();
+        if !missing.is_empty() {
+            self.add_keys(&missing, None).await?;
+        }
+        Ok(())
+    }
+
+    /// A new active key of each of `algorithms`, replacing the active key
+    /// of its algorithm; with `retire_all_but`, the active keys of every
+    /// other algorithm retire too.
+    async fn add_keys(
+        &self,
+        algorithms: &[super::SigningAlgorithm],
+        retire_all_but: Option<&[&str]>,
+    ) -> anyhow::Result<Vec<String>> {
+        let mut kids = Vec::new();
+        for alg in algorithms {
+            let rec = generate_key(*alg, self.signer.sealer())?;
+            self.store.add_signing_key(&rec, retire_all_but).await?;
+            kids.push(rec.kid);
+        }
+        self.reload().await?;
+        Ok(kids)
     }
 
     /// Reloads the keys from the database (every instance does this
@@ -105,14 +139,18 @@ impl Issuer {
         )
     }
 
-    /// Signs an id_token: `claims` is given the algorithm of the key that
-    /// will sign (for `at_hash`).
+    /// Signs an id_token with the key of `alg` (`None`: the main
+    /// algorithm's): `claims` is given the algorithm of the key that will
+    /// sign (for `at_hash`).
     pub fn issue_id_token(
         &self,
+        alg: Option<super::SigningAlgorithm>,
         claims: impl FnOnce(super::Algorithm) -> super::IdClaims,
     ) -> anyhow::Result<String> {
-        let signer = self.signer.current();
-        let key = signer.as_ref().ok_or_else(|| anyhow::anyhow!("no signing key"))?;
+        let alg = alg.unwrap_or(self.settings.algorithm);
+        let key = self.signer.for_algorithm(alg).ok_or_else(|| {
+            anyhow::anyhow!("no {} signing key (id_token_signing_algorithms)", alg.as_str())
+        })?;
         let signing = key
             .signing
             .as_ref()
@@ -120,13 +158,40 @@ impl Issuer {
         signing.sign_id_token(&claims(key.alg))
     }
 
-    /// The algorithm of the key that signs now (`None`: no key yet).
-    pub fn signing_algorithm(&self) -> Option<&'static str> {
-        self.signer.current().map(|k| match k.alg {
-            super::Algorithm::ES256 => "ES256",
-            super::Algorithm::RS256 => "RS256",
-            _ => "EdDSA",
-        })
+    /// The algorithms id_tokens may be signed with here: those with a
+    /// current key, the main one first (discovery).
+    pub fn id_token_algorithms(&self) -> Vec<&'static str> {
+        self.signer
+            .algorithms()
+            .iter()
+            .filter(|a| self.signer.for_algorithm(**a).is_some())
+            .map(|a| a.as_str())
+            .collect()
+    }
+
+    /// A logout token (OpenID Connect Back-Channel Logout 1.0 §2.4) telling
+    /// client `client_id` that the session `sid` of user `sub` ended: `iss`,
+    /// `aud`, `iat`, `exp` (two minutes), `jti`, `sub`, `sid` and the
+    /// back-channel logout event; never a `nonce` (§2.4 forbids it, so that
+    /// it cannot pass for an id_token).
+    pub fn issue_logout_token(&self, client_id: &str, sub: &str, sid: &str) -> anyhow::Result<String> {
+        let signer = self.signer.current();
+        let key = signer.as_ref().ok_or_else(|| anyhow::anyhow!("no signing key"))?;
+        let signing = key
+            .signing
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("this key cannot sign"))?;
+        let iat = now_ms() / 1000;
+        signing.sign_logout_token(&serde_json::json!({
+            "iss": self.settings.issuer,
+            "aud": client_id,
+            "iat": iat,
+            "exp": iat + 120,
+            "jti": uuid::Uuid::new_v4().to_string(),
+            "sub": sub,
+            "sid": sid,
+            "events": {"http://schemas.openid.net/event/backchannel-logout": {}},
+        }))
     }
 
     /// The issuer's URL (`iss`).
@@ -194,5 +259,12 @@ impl Issuer {
             .sign(&claims)?;
         metrics::counter!("latchkey_tokens_issued_total").increment(1);
         Ok(token)
+    }
+}
+
+/// The delivery worker's signer of back-channel logout tokens.
+impl crate::webhooks::LogoutTokens for Issuer {
+    fn logout_token(&self, client_id: &str, sub: &str, sid: &str) -> anyhow::Result<String> {
+        self.issue_logout_token(client_id, sub, sid)
     }
 }

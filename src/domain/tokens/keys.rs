@@ -52,6 +52,8 @@ pub(super) struct SigningKey {
     header: String,
     /// The header of the id_tokens it signs (`typ` `JWT`).
     id_header: String,
+    /// The header of the logout tokens it signs (`typ` `logout+jwt`).
+    logout_header: String,
 }
 
 enum PrivatePair {
@@ -82,10 +84,12 @@ impl SigningKey {
         };
         let header = serde_json::json!({"typ": "at+jwt", "alg": alg_name, "kid": kid});
         let id_header = serde_json::json!({"typ": "JWT", "alg": alg_name, "kid": kid});
+        let logout_header = serde_json::json!({"typ": "logout+jwt", "alg": alg_name, "kid": kid});
         Ok(SigningKey {
             pair,
             header: b64url(&serde_json::to_vec(&header)?),
             id_header: b64url(&serde_json::to_vec(&id_header)?),
+            logout_header: b64url(&serde_json::to_vec(&logout_header)?),
         })
     }
 
@@ -99,6 +103,13 @@ impl SigningKey {
     /// header `typ` `JWT`.
     pub fn sign_id_token<T: serde::Serialize>(&self, claims: &T) -> anyhow::Result<String> {
         self.sign_under(&self.id_header, claims)
+    }
+
+    /// A logout token (Back-Channel Logout 1.0 §2.4): the same signature
+    /// under the header `typ` `logout+jwt` (§4.1 recommends the explicit
+    /// type, so that no other JWT of this issuer passes for one).
+    pub fn sign_logout_token<T: serde::Serialize>(&self, claims: &T) -> anyhow::Result<String> {
+        self.sign_under(&self.logout_header, claims)
     }
 
     fn sign_under<T: serde::Serialize>(&self, header: &str, claims: &T) -> anyhow::Result<String> {
@@ -264,12 +275,15 @@ pub(super) fn decoding_key(jwk: &serde_json::Value) -> anyhow::Result<(Algorithm
     }
 }
 
-/// The key the issuer signs with, renewed by the verifier's reload from the
-/// same read of the database as its ring.
+/// The keys the issuer signs with, one per algorithm it signs with (the
+/// first is `signing_algorithm`'s, which signs every access token; the
+/// others sign the id_tokens of clients that ask for them), renewed by the
+/// verifier's reload from the same read of the database as its ring.
 pub(super) struct Signer {
     // Boxed: a `Sealer` is large.
     sealer: Box<Sealer>,
-    current: RwLock<Option<Arc<Key>>>,
+    algorithms: Vec<SigningAlgorithm>,
+    current: RwLock<Vec<Arc<Key>>>,
 }
 
 impl Signer {
@@ -278,43 +292,76 @@ impl Signer {
         &self.sealer
     }
 
-    pub(super) fn new(sealer: Sealer) -> Signer {
+    /// A signer for `algorithms` (the main one first).
+    pub(super) fn new(sealer: Sealer, algorithms: Vec<SigningAlgorithm>) -> Signer {
         Signer {
             sealer: Box::new(sealer),
-            current: RwLock::new(None),
+            algorithms,
+            current: RwLock::new(Vec::new()),
         }
     }
 
-    /// The newest active key whose private half this master secret unseals.
-    pub(super) fn pick(&self, records: &[KeyRecord]) -> Option<Arc<Key>> {
-        let mut signer: Option<Arc<Key>> = None;
-        for rec in records {
-            if rec.retired_at.is_some()
-                || signer
-                    .as_ref()
-                    .is_some_and(|s| rec.activated_at <= s.activated_at)
-            {
-                continue;
-            }
-            match open_key(rec, &self.sealer) {
-                Ok(key) => signer = Some(Arc::new(key)),
-                // Its public half still verifies the tokens it signed.
-                Err(e) => tracing::warn!(kid = %rec.kid, error = %e,
-                    "signing key cannot sign here (another LATCHKEY_SECRET_KEY?); verifying with its public key"),
-            }
-        }
-        signer
+    pub(super) fn algorithms(&self) -> &[SigningAlgorithm] {
+        &self.algorithms
     }
 
-    pub(super) fn install(&self, signer: Option<Arc<Key>>) {
-        if let Some(s) = &signer {
+    /// For each algorithm, the newest active key of it whose private half
+    /// this master secret unseals.
+    pub(super) fn pick(&self, records: &[KeyRecord]) -> Vec<Arc<Key>> {
+        let mut picked: Vec<Arc<Key>> = Vec::new();
+        for alg in &self.algorithms {
+            let mut newest: Option<Arc<Key>> = None;
+            for rec in records {
+                if rec.alg != alg.as_str()
+                    || rec.retired_at.is_some()
+                    || newest
+                        .as_ref()
+                        .is_some_and(|s| rec.activated_at <= s.activated_at)
+                {
+                    continue;
+                }
+                match open_key(rec, &self.sealer) {
+                    Ok(key) => newest = Some(Arc::new(key)),
+                    // Its public half still verifies the tokens it signed.
+                    Err(e) => tracing::warn!(kid = %rec.kid, error = %e,
+                        "signing key cannot sign here (another LATCHKEY_SECRET_KEY?); verifying with its public key"),
+                }
+            }
+            picked.extend(newest);
+        }
+        picked
+    }
+
+    pub(super) fn install(&self, keys: Vec<Arc<Key>>) {
+        if let Some(s) = keys.first() {
             metrics::gauge!("latchkey_signing_key_age_seconds")
                 .set(((now_ms() - s.activated_at) / 1000) as f64);
         }
-        *self.current.write().expect("signer lock") = signer;
+        *self.current.write().expect("signer lock") = keys;
     }
 
+    /// The key of the main algorithm (`None`: none yet).
     pub(super) fn current(&self) -> Option<Arc<Key>> {
-        self.current.read().expect("signer lock").clone()
+        self.for_algorithm(self.algorithms[0])
+    }
+
+    /// The current key of `alg`, if this signer signs with it.
+    pub(super) fn for_algorithm(&self, alg: SigningAlgorithm) -> Option<Arc<Key>> {
+        let want = alg.jwt_algorithm();
+        self.current
+            .read()
+            .expect("signer lock")
+            .iter()
+            .find(|k| k.alg == want)
+            .cloned()
+    }
+
+    /// The algorithms without a current key (to generate one for).
+    pub(super) fn missing(&self) -> Vec<SigningAlgorithm> {
+        self.algorithms
+            .iter()
+            .copied()
+            .filter(|a| self.for_algorithm(*a).is_none())
+            .collect()
     }
 }

@@ -236,6 +236,9 @@ pub struct TokenSettings {
     pub issuer: String,
     pub audience: String,
     pub algorithm: SigningAlgorithm,
+    /// Further algorithms the issuer keeps a key of, for the id_tokens of
+    /// clients that ask for one of them (`id_token_signed_response_alg`).
+    pub id_token_algorithms: Vec<SigningAlgorithm>,
     pub access_ttl: Duration,
     pub cache_capacity: usize,
     /// How often keys are reloaded from the database (rotation reaches
@@ -244,6 +247,17 @@ pub struct TokenSettings {
 }
 
 impl TokenSettings {
+    /// Every algorithm the issuer signs with: `signing_algorithm` first.
+    pub fn signing_algorithms(&self) -> Vec<SigningAlgorithm> {
+        let mut all = vec![self.algorithm];
+        for a in &self.id_token_algorithms {
+            if !all.contains(a) {
+                all.push(*a);
+            }
+        }
+        all
+    }
+
     /// What this service's verifier checks: its own issuer and audience.
     pub fn verifier_settings(&self) -> VerifierSettings {
         VerifierSettings {
@@ -261,6 +275,7 @@ impl TokenSettings {
             issuer: src.get("issuer", default_issuer, url_text)?,
             audience: src.get("audience", "latchkey".to_string(), non_empty)?,
             algorithm: src.get("signing_algorithm", SigningAlgorithm::EdDsa, |s| s.parse())?,
+            id_token_algorithms: src.list("id_token_signing_algorithms", |s| s.parse())?,
             access_ttl: src.get(
                 "access_token_ttl_secs",
                 Duration::from_secs(900),
@@ -292,6 +307,15 @@ impl SigningAlgorithm {
             SigningAlgorithm::EdDsa => "EdDSA",
             SigningAlgorithm::Es256 => "ES256",
             SigningAlgorithm::Rs256 => "RS256",
+        }
+    }
+
+    /// The JWS algorithm of this name.
+    pub fn jwt_algorithm(self) -> Algorithm {
+        match self {
+            SigningAlgorithm::EdDsa => Algorithm::EdDSA,
+            SigningAlgorithm::Es256 => Algorithm::ES256,
+            SigningAlgorithm::Rs256 => Algorithm::RS256,
         }
     }
 }

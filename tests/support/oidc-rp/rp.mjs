@@ -8,6 +8,10 @@
 //                        "post_logout_redirect_uri"?}'
 //     -> {"claims", "userinfo", "refreshed", "end_session", "access_token", "id_token"}
 //
+//   node rp.mjs logout-token '{"issuer","base","client_id","logout_token"}'
+//     -> {"claims"}: the token validated as Back-Channel Logout 1.0 §2.6
+//        tells a relying party to (jose, the JWT library openid-client uses)
+//
 // `base`: where latchkey really listens; the issuer is a name the tests
 // give it (http://latchkey.test), and every request to the issuer's origin
 // goes to `base` instead (the library's own customFetch hook).
@@ -15,6 +19,7 @@
 // On any error of the library (an id_token it refuses, a wrong iss, a
 // state or nonce mismatch, ...) it prints {"error", "code"} and exits 1.
 import * as client from "openid-client";
+import * as jose from "jose";
 
 const [command, input] = process.argv.slice(2);
 const p = JSON.parse(input);
@@ -40,9 +45,33 @@ async function configuration() {
   return config;
 }
 
+// Back-Channel Logout 1.0 §2.6: the signature by a key of the issuer's
+// JWKS, iss, aud, iat (and exp), the explicit type logout+jwt (§4.1),
+// the logout event as a member of `events`, a `sid` or a `sub`, no nonce.
+async function validateLogoutToken(config) {
+  const meta = config.serverMetadata();
+  if (meta.backchannel_logout_supported !== true) throw new Error("backchannel_logout_supported is not true");
+  const jwksUrl = new URL(meta.jwks_uri);
+  const issuer = new URL(p.issuer).origin;
+  const jwks = jose.createRemoteJWKSet(new URL(p.base + jwksUrl.href.slice(issuer.length)));
+  const { payload, protectedHeader } = await jose.jwtVerify(p.logout_token, jwks, {
+    issuer: meta.issuer,
+    audience: p.client_id,
+    typ: "logout+jwt",
+    requiredClaims: ["iat", "jti"],
+  });
+  const event = payload.events && payload.events["http://schemas.openid.net/event/backchannel-logout"];
+  if (typeof event !== "object" || event === null || Array.isArray(event)) throw new Error("no back-channel logout event");
+  if (!payload.sid && !payload.sub) throw new Error("neither sid nor sub");
+  if ("nonce" in payload) throw new Error("a nonce: this could pass for an id_token");
+  return { claims: payload, header: protectedHeader };
+}
+
 try {
   const config = await configuration();
-  if (command === "start") {
+  if (command === "logout-token") {
+    console.log(JSON.stringify(await validateLogoutToken(config)));
+  } else if (command === "start") {
     const code_verifier = client.randomPKCECodeVerifier();
     const code_challenge = await client.calculatePKCECodeChallenge(code_verifier);
     const state = client.randomState();
