@@ -100,6 +100,13 @@ pub enum ClientsCommand {
         /// The algorithm of this client's id_tokens (EdDSA, ES256, RS256).
         #[arg(long = "id-token-alg")]
         id_token_alg: Option<String>,
+        /// This client's access and id_tokens live this long (seconds; at
+        /// most access_token_ttl_secs).
+        #[arg(long)]
+        access_token_ttl_secs: Option<u64>,
+        /// This client's sessions last at most this long (seconds).
+        #[arg(long)]
+        session_ttl_secs: Option<u64>,
     },
     /// List clients.
     List,
@@ -210,11 +217,19 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
                     allowed_origins,
                     backchannel_logout_uri,
                     id_token_alg,
+                    access_token_ttl_secs,
+                    session_ttl_secs,
                 } => {
                     let oidc = if redirect_uris.is_empty() {
-                        if public || backchannel_logout_uri.is_some() || id_token_alg.is_some() {
+                        let code_flow_only = public
+                            || backchannel_logout_uri.is_some()
+                            || id_token_alg.is_some()
+                            || access_token_ttl_secs.is_some()
+                            || session_ttl_secs.is_some();
+                        if code_flow_only {
                             anyhow::bail!(
-                                "--public, --backchannel-logout-uri and --id-token-alg are for the authorization code flow: give --redirect-uri"
+                                "--public, --backchannel-logout-uri, --id-token-alg and the lifetimes are for the \
+                                 authorization code flow: give --redirect-uri"
                             );
                         }
                         None
@@ -241,6 +256,8 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
                         s.allowed_origins = allowed_origins;
                         s.backchannel_logout_uri = backchannel_logout_uri;
                         s.id_token_signed_response_alg = id_token_alg;
+                        s.access_token_ttl_secs = access_token_ttl_secs;
+                        s.session_ttl_secs = session_ttl_secs;
                         Some(s)
                     };
                     match st

@@ -193,6 +193,13 @@ impl Clients {
                 )));
             }
         }
+        let longest = self.tokens.access_ttl().as_secs();
+        if settings.access_token_ttl_secs.is_some_and(|t| t > longest) {
+            return Err(AuthError::BadRequest(format!(
+                "access_token_ttl_secs: at most {longest} (access_token_ttl_secs of the service: \
+                 signing keys are kept for that long after they retire)"
+            )));
+        }
         if let Some(uri) = logout_uri(oidc).and_then(|u| url::Url::parse(u).ok()) {
             crate::webhooks::refuse_private_host(&uri, self.allow_private)
                 .map_err(|why| AuthError::BadRequest(format!("backchannel_logout_uri: {why}")))?;

@@ -144,6 +144,11 @@ pub struct ClientGrant<'a> {
     pub scope: &'a str,
     /// The browser session that signed the user in.
     pub parent: &'a str,
+    /// The client's own lifetimes, where it has them: its access tokens',
+    /// and its sessions' (never past the browser session's, which the
+    /// store caps it at).
+    pub access_ttl: Option<Duration>,
+    pub session_ttl: Option<Duration>,
 }
 
 /// A session about to be stored, with the hash of its first refresh token.
@@ -159,6 +164,8 @@ pub struct SessionDraft {
     second_factor: bool,
     scope: Option<String>,
     parent_id: Option<String>,
+    /// Its client's own access-token lifetime, if it has one.
+    access_ttl: Option<Duration>,
 }
 
 impl SessionDraft {
@@ -237,6 +244,10 @@ impl Sessions {
         let (mut session, refresh) = self.draft(Some(grant.client_id), origin, authn, second_factor);
         session.scope = Some(grant.scope.to_string());
         session.parent_id = Some(grant.parent.to_string());
+        session.access_ttl = grant.access_ttl;
+        if let Some(ttl) = grant.session_ttl {
+            session.expires_at = session.expires_at.min(session.now + ttl.as_millis() as i64);
+        }
         self.store_started(user, session, refresh).await
     }
 
@@ -295,6 +306,7 @@ impl Sessions {
             second_factor,
             scope: None,
             parent_id: None,
+            access_ttl: None,
         };
         (draft, token)
     }
@@ -315,6 +327,7 @@ impl Sessions {
             client_id,
             authn: &session.authn,
             scope: session.scope.as_deref(),
+            access_ttl: session.access_ttl,
         };
         self.token_pair(&subject, refresh_token, session.expires_at)
     }
@@ -352,6 +365,26 @@ impl Sessions {
     /// its session and client, so a token presented by another client is
     /// refused before any lookup and spends no limit.
     pub async fn refresh(&self, token: &str, client_id: Option<&str>) -> Result<TokenPair, AuthError> {
+        self.refresh_with(token, client_id, None).await
+    }
+
+    /// [`Sessions::refresh`] for an OAuth client whose access tokens have
+    /// a lifetime of their own (`access_ttl`).
+    pub async fn refresh_for_client(
+        &self,
+        token: &str,
+        client_id: &str,
+        access_ttl: Option<Duration>,
+    ) -> Result<TokenPair, AuthError> {
+        self.refresh_with(token, Some(client_id), access_ttl).await
+    }
+
+    async fn refresh_with(
+        &self,
+        token: &str,
+        client_id: Option<&str>,
+        access_ttl: Option<Duration>,
+    ) -> Result<TokenPair, AuthError> {
         let store = &self.shared.store;
         let hash = sha256(token.as_bytes());
         let grace = self.refresh_grace.as_millis() as i64;
@@ -384,7 +417,7 @@ impl Sessions {
             return Err(AuthError::InvalidToken);
         }
         if rotated {
-            return self.refreshed_pair(&rec, next);
+            return self.refreshed_pair(&rec, next, access_ttl);
         }
         let mut decision = refresh::decide(RefreshState::from(&rec), now, grace);
         if decision == RefreshDecision::Rotate {
@@ -398,7 +431,7 @@ impl Sessions {
                 .rotate_refresh(&hash, &sha256(next.as_bytes()), &successor, now_ms())
                 .await?
             {
-                return self.refreshed_pair(&rec, next);
+                return self.refreshed_pair(&rec, next, access_ttl);
             }
             // Another request rotated it first: answer as it did.
             rec = store.refresh_token(&hash).await?.ok_or(AuthError::InvalidToken)?;
@@ -412,7 +445,7 @@ impl Sessions {
                     .and_then(|s| Sealer::from_token(token, "successor").open(s, &hash))
                     .and_then(|b| String::from_utf8(b).ok())
                     .ok_or(AuthError::InvalidToken)?;
-                self.refreshed_pair(&rec, next)
+                self.refreshed_pair(&rec, next, access_ttl)
             }
             RefreshDecision::Reuse => {
                 tracing::warn!(session_id = %rec.session_id, "refresh token reused after rotation: session revoked");
@@ -524,7 +557,12 @@ impl Sessions {
     }
 
     /// The pair of a refresh: the session's own authentication carries on.
-    fn refreshed_pair(&self, rec: &RefreshRecord, refresh_token: String) -> Result<TokenPair, AuthError> {
+    fn refreshed_pair(
+        &self,
+        rec: &RefreshRecord,
+        refresh_token: String,
+        access_ttl: Option<Duration>,
+    ) -> Result<TokenPair, AuthError> {
         let authn = Authn::new(&rec.amr, rec.auth_time);
         let subject = Subject {
             user_id: &rec.user_id,
@@ -533,6 +571,7 @@ impl Sessions {
             client_id: client_name(rec),
             authn: &authn,
             scope: rec.scope.as_deref(),
+            access_ttl,
         };
         self.token_pair(&subject, refresh_token, rec.session_expires_at)
     }
@@ -547,7 +586,7 @@ impl Sessions {
         Ok(TokenPair {
             access_token,
             token_type: "Bearer",
-            expires_in: self.tokens.access_ttl().as_secs(),
+            expires_in: subject.access_ttl.unwrap_or(self.tokens.access_ttl()).as_secs(),
             refresh_token,
             refresh_expires_in: ((session_expires_at - now_ms()).max(0) / 1000) as u64,
             status: None,

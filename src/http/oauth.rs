@@ -413,7 +413,15 @@ async fn token_inner(
         "refresh_token" => {
             let token =
                 parse_opaque("refresh_token", required(&form, "refresh_token")?).map_err(AuthError::from)?;
-            st.sessions.refresh(&token, Some(&client.id)).await?
+            // A client with an access-token lifetime of its own keeps it.
+            let access_ttl = client
+                .oidc
+                .as_deref()
+                .and_then(crate::domain::oidc::client::ClientSettings::from_json)
+                .and_then(|s| s.access_ttl());
+            st.sessions
+                .refresh_for_client(&token, &client.id, access_ttl)
+                .await?
         }
         "client_credentials" => {
             let scope = form.get("scope").map(String::as_str);

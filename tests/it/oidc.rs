@@ -25,6 +25,7 @@ crate::on_every_backend!(
     a_user_sees_and_withdraws_the_applications_they_let_in,
     a_provider_signing_with_rs256_satisfies_a_library_left_at_its_defaults,
     one_application_gets_rs256_id_tokens_while_the_others_and_every_access_token_stay_on_eddsa,
+    an_application_with_lifetimes_of_its_own_gets_shorter_tokens_and_sessions,
 );
 
 pub const ISSUER: &str = "http://latchkey.test";
@@ -837,4 +838,74 @@ async fn one_application_gets_rs256_id_tokens_while_the_others_and_every_access_
         );
     }
     both.stop().await;
+}
+
+/// The claims of a compact JWS (read, not verified).
+fn jws_claims(token: &str) -> Value {
+    use base64::Engine;
+    let p = token.split('.').nth(1).unwrap();
+    serde_json::from_slice(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(p)
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+/// `access_token_ttl_secs` and `session_ttl_secs` of a client: its access
+/// tokens and id_tokens live that long, at the exchange and at each
+/// refresh, and its sessions end that soon; longer than the service's own
+/// access-token lifetime is refused (keys retire by that one).
+async fn an_application_with_lifetimes_of_its_own_gets_shorter_tokens_and_sessions(app: &TestApp) {
+    let clients = &app.services.features.clients;
+    let mut s = ClientSettings::new(ClientKind::Confidential, vec![CALLBACK.into()]);
+    s.consent = ConsentMode::Skip;
+    s.access_token_ttl_secs = Some(1_000_000);
+    let refused = clients.add("long-app", None, &[], Some(&s)).await.unwrap_err();
+    assert!(refused.to_string().contains("access_token_ttl_secs"), "{refused}");
+    s.access_token_ttl_secs = Some(60);
+    s.session_ttl_secs = Some(120);
+    let secret = clients
+        .add("short-app", None, &[], Some(&s))
+        .await
+        .unwrap()
+        .unwrap();
+    let email = unique_email("oidc-lifetimes");
+    app.register_verified(&email, PASSWORD).await;
+    let tokens = code_grant(app, "short-app", &secret, &email, "openid offline_access").await;
+    assert_eq!(tokens["expires_in"], 60);
+    for token in ["access_token", "id_token"] {
+        let c = jws_claims(tokens[token].as_str().unwrap());
+        assert_eq!(
+            c["exp"].as_i64().unwrap() - c["iat"].as_i64().unwrap(),
+            60,
+            "{token}"
+        );
+    }
+    let sid = jws_claims(tokens["access_token"].as_str().unwrap())["sid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let life = app
+        .count(&format!(
+            "SELECT expires_at - created_at FROM sessions WHERE id = '{sid}'"
+        ))
+        .await;
+    assert_eq!(life, 120_000, "the session ends after session_ttl_secs");
+    let r = app
+        .http
+        .post(app.url("/oauth/token"))
+        .basic_auth("short-app", Some(&secret))
+        .form(&[
+            ("grant_type", "refresh_token"),
+            ("refresh_token", tokens["refresh_token"].as_str().unwrap()),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let refreshed: Value = r.json().await.unwrap();
+    assert_eq!(refreshed["expires_in"], 60);
+    let c = jws_claims(refreshed["access_token"].as_str().unwrap());
+    assert_eq!(c["exp"].as_i64().unwrap() - c["iat"].as_i64().unwrap(), 60);
 }

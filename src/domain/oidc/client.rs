@@ -70,6 +70,17 @@ pub struct ClientSettings {
     /// `id_token_signing_algorithms`); unset: `signing_algorithm`'s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id_token_signed_response_alg: Option<String>,
+    /// The lifetime of this client's access tokens and id_tokens, in
+    /// seconds: 30 to `access_token_ttl_secs` (shorter only: keys retire
+    /// by that setting); unset: that setting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_token_ttl_secs: Option<u64>,
+    /// How long a session of this client lasts at most, in seconds (its
+    /// refresh tokens stop working then), 60 to 31,536,000; it never
+    /// outlives the browser session it came from. Unset: the browser
+    /// session's end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_ttl_secs: Option<u64>,
 }
 
 fn default_grants() -> Vec<String> {
@@ -93,6 +104,8 @@ impl ClientSettings {
             allowed_origins: Vec::new(),
             backchannel_logout_uri: None,
             id_token_signed_response_alg: None,
+            access_token_ttl_secs: None,
+            session_ttl_secs: None,
         }
     }
 
@@ -130,6 +143,15 @@ impl ClientSettings {
                 ));
             }
         }
+        if self.access_token_ttl_secs.is_some_and(|t| t < 30) {
+            return Err("access_token_ttl_secs: at least 30".into());
+        }
+        if self
+            .session_ttl_secs
+            .is_some_and(|t| !(60..=31_536_000).contains(&t))
+        {
+            return Err("session_ttl_secs: 60 to 31536000".into());
+        }
         if let Some(alg) = &self.id_token_signed_response_alg {
             alg.parse::<SigningAlgorithm>()
                 .map_err(|why| format!("id_token_signed_response_alg: {why}"))?;
@@ -145,6 +167,16 @@ impl ClientSettings {
             }
         }
         Ok(())
+    }
+
+    /// The lifetime of this client's access tokens, if it has its own.
+    pub fn access_ttl(&self) -> Option<std::time::Duration> {
+        self.access_token_ttl_secs.map(std::time::Duration::from_secs)
+    }
+
+    /// The longest a session of this client lasts, if it has its own.
+    pub fn session_ttl(&self) -> Option<std::time::Duration> {
+        self.session_ttl_secs.map(std::time::Duration::from_secs)
     }
 
     /// The algorithm this client's id_tokens are signed with (`None`: the
@@ -208,7 +240,15 @@ mod tests {
         let mut s = ok.clone();
         s.backchannel_logout_uri = Some("mailto:ops@example.com".into());
         assert!(s.check().unwrap_err().starts_with("backchannel_logout_uri"));
+        let mut s = ok.clone();
+        s.access_token_ttl_secs = Some(5);
+        assert!(s.check().unwrap_err().starts_with("access_token_ttl_secs"));
+        let mut s = ok.clone();
+        s.session_ttl_secs = Some(10);
+        assert!(s.check().unwrap_err().starts_with("session_ttl_secs"));
         let mut s = ok;
+        s.access_token_ttl_secs = Some(60);
+        s.session_ttl_secs = Some(3600);
         s.allowed_origins = vec!["https://app.example.com".into()];
         s.backchannel_logout_uri = Some("https://app.example.com/backchannel-logout".into());
         assert_eq!(s.check(), Ok(()));

@@ -596,6 +596,8 @@ impl Provider {
             client_id: &client.id,
             scope: &c.scope,
             parent: &c.session_id,
+            access_ttl: settings.access_ttl(),
+            session_ttl: settings.session_ttl(),
         };
         let (pair, session_id) = match self
             .sessions
@@ -609,7 +611,11 @@ impl Provider {
         let scopes: Vec<&str> = c.scope.split(' ').filter(|s| !s.is_empty()).collect();
         let id_token = if scopes.contains(&"openid") {
             let iat = now / 1000;
-            let exp = iat + self.issuer.access_lifetime().as_secs() as i64;
+            let exp = iat
+                + settings
+                    .access_ttl()
+                    .unwrap_or(self.issuer.access_lifetime())
+                    .as_secs() as i64;
             let access = pair.access_token.clone();
             let email = scopes.contains(&"email");
             let profile = scopes.contains(&"profile");

@@ -136,6 +136,7 @@ impl Issuer {
             s.client_id,
             s.scope.map(str::to_string),
             Some(s.authn),
+            s.access_ttl.unwrap_or(self.settings.access_ttl),
         )
     }
 
@@ -215,7 +216,15 @@ impl Issuer {
         scope: &str,
     ) -> anyhow::Result<String> {
         let sid = super::client_sid(client_id, client_created_at);
-        self.sign(client_id, "", &sid, client_id, Some(scope.to_string()), None)
+        self.sign(
+            client_id,
+            "",
+            &sid,
+            client_id,
+            Some(scope.to_string()),
+            None,
+            self.settings.access_ttl,
+        )
     }
 
     fn sign(
@@ -226,6 +235,7 @@ impl Issuer {
         client_id: &str,
         scope: Option<String>,
         authn: Option<&Authn>,
+        ttl: Duration,
     ) -> anyhow::Result<String> {
         let signer = self.signer.current();
         let key = signer.as_ref().ok_or_else(|| anyhow::anyhow!("no signing key"))?;
@@ -234,7 +244,7 @@ impl Issuer {
             iss: self.settings.issuer.clone(),
             sub: sub.to_string(),
             aud: self.settings.audience.clone(),
-            exp: now + self.settings.access_ttl.as_secs() as i64,
+            exp: now + ttl.as_secs() as i64,
             iat: now,
             nbf: None,
             jti: uuid::Uuid::new_v4().to_string(),

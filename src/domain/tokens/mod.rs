@@ -141,6 +141,9 @@ pub struct Subject<'a> {
     pub authn: &'a Authn,
     /// The scope an OAuth client's session was granted.
     pub scope: Option<&'a str>,
+    /// The lifetime of the access token when its client has one of its own
+    /// (shorter than `access_token_ttl_secs`); `None`: that setting's.
+    pub access_ttl: Option<Duration>,
 }
 
 /// The `acr` of a multi-factor authentication, and of a single-factor one.
