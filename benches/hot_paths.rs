@@ -70,6 +70,7 @@ fn token_benches(c: &mut Criterion) {
             client_id: "latchkey",
             authn: &authn,
             scope: None,
+            access_ttl: None,
         };
         let token = t.issue(&subject).unwrap();
         c.bench_function(&format!("sign {name}"), |b| b.iter(|| t.issue(&subject).unwrap()));

@@ -60,6 +60,9 @@ pub enum Command {
 }
 
 #[derive(Subcommand)]
+// `Add` carries every flag of a client's settings; the command is parsed
+// once per process, so its size does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum ClientsCommand {
     /// Add a client; prints its secret once (a public client has none).
     /// With `--redirect-uri`, it signs users in with the authorization code

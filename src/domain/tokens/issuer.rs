@@ -129,15 +129,14 @@ impl Issuer {
             Some(scope) if !scope.split(' ').any(|x| x == "email") => "",
             _ => s.email,
         };
-        self.sign(
-            s.user_id,
+        let who = Who {
+            sub: s.user_id,
             email,
-            s.session_id,
-            s.client_id,
-            s.scope.map(str::to_string),
-            Some(s.authn),
-            s.access_ttl.unwrap_or(self.settings.access_ttl),
-        )
+            sid: s.session_id,
+            client_id: s.client_id,
+        };
+        let ttl = s.access_ttl.unwrap_or(self.settings.access_ttl);
+        self.sign(who, s.scope.map(str::to_string), Some(s.authn), ttl)
     }
 
     /// Signs an id_token with the key of `alg` (`None`: the main
@@ -216,27 +215,28 @@ impl Issuer {
         scope: &str,
     ) -> anyhow::Result<String> {
         let sid = super::client_sid(client_id, client_created_at);
-        self.sign(
+        let who = Who {
+            sub: client_id,
+            email: "",
+            sid: &sid,
             client_id,
-            "",
-            &sid,
-            client_id,
-            Some(scope.to_string()),
-            None,
-            self.settings.access_ttl,
-        )
+        };
+        self.sign(who, Some(scope.to_string()), None, self.settings.access_ttl)
     }
 
     fn sign(
         &self,
-        sub: &str,
-        email: &str,
-        sid: &str,
-        client_id: &str,
+        who: Who<'_>,
         scope: Option<String>,
         authn: Option<&Authn>,
         ttl: Duration,
     ) -> anyhow::Result<String> {
+        let Who {
+            sub,
+            email,
+            sid,
+            client_id,
+        } = who;
         let signer = self.signer.current();
         let key = signer.as_ref().ok_or_else(|| anyhow::anyhow!("no signing key"))?;
         let now = now_ms() / 1000;
@@ -270,6 +270,14 @@ impl Issuer {
         metrics::counter!("latchkey_tokens_issued_total").increment(1);
         Ok(token)
     }
+}
+
+/// Whom an access token names.
+struct Who<'a> {
+    sub: &'a str,
+    email: &'a str,
+    sid: &'a str,
+    client_id: &'a str,
 }
 
 /// The delivery worker's signer of back-channel logout tokens.
