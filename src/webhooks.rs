@@ -49,7 +49,7 @@ use crate::clock::{now_ms, rfc3339};
 use crate::crypto::{random_bytes, Sealer};
 use crate::lifecycle::Shutdown;
 use crate::settings::{millis, number, ConfigError, Source};
-use crate::store::{Attempted, DeliveryRow, EventRecord, Store, StoreResult};
+use crate::store::{Attempted, ClientRecord, DeliveryRow, EventRecord, Store, StoreResult};
 
 /// How long a claim on a delivery lasts once the delivery is taken for its
 /// attempt: the POST (`TIMEOUT`) and the write of its outcome, with 20 s to
@@ -219,11 +219,12 @@ type HttpsClient = Client<
 
 type Request = hyper::Request<Full<Bytes>>;
 
-/// Signs the logout tokens of back-channel logout: what the token issuer
-/// (`domain::tokens`) gives the delivery worker, which cannot sign itself.
+/// Signs the logout tokens of back-channel logout: what the domain (the
+/// clients, whose settings say which algorithm their tokens are in) gives
+/// the delivery worker, which cannot sign itself.
 pub trait LogoutTokens: Send + Sync {
-    /// A logout token for client `client_id`: session `sid` of user `sub` ended.
-    fn logout_token(&self, client_id: &str, sub: &str, sid: &str) -> anyhow::Result<String>;
+    /// A logout token for `client`: session `sid` of user `sub` ended.
+    fn logout_token(&self, client: &ClientRecord, sub: &str, sid: &str) -> anyhow::Result<String>;
 }
 
 pub struct DeliveryWorker {
@@ -389,7 +390,10 @@ impl DeliveryWorker {
             Err(e) => return Ok(Err(format!("url: {e}"))),
         }
         if let Some(client_id) = &webhook.client_id {
-            return Ok(self.logout_request(&webhook.url, client_id, &event, row.sid.as_deref()));
+            let Some(client) = self.store.client(client_id).await? else {
+                return Ok(Err("the client was removed".into()));
+            };
+            return Ok(self.logout_request(&webhook.url, &client, &event, row.sid.as_deref()));
         }
         let Some(secret) = open_secret(&webhook.secret, &self.sealer) else {
             return Ok(Err("the secret cannot be unsealed (secret key changed?)".into()));
@@ -414,12 +418,12 @@ impl DeliveryWorker {
     }
 
     /// Back-Channel Logout 1.0 §2.5: `logout_token=<JWT>` posted as a form
-    /// to client `client_id`'s `url`, for the session that `event` ended,
-    /// which the client knew as `sid`.
+    /// to `client`'s `url`, for the session that `event` ended, which the
+    /// client knew as `sid`.
     fn logout_request(
         &self,
         url: &str,
-        client_id: &str,
+        client: &ClientRecord,
         event: &EventRecord,
         sid: Option<&str>,
     ) -> Result<Request, String> {
@@ -428,7 +432,7 @@ impl DeliveryWorker {
         };
         let token = self
             .logout
-            .logout_token(client_id, sub, sid)
+            .logout_token(client, sub, sid)
             .map_err(|e| format!("signing the logout token: {e}"))?;
         let body = url::form_urlencoded::Serializer::new(String::new())
             .append_pair("logout_token", &token)

@@ -150,7 +150,7 @@ fn spawn_background(st: &Arc<Services>, tasks: &mut Tasks) {
         st.store.clone(),
         st.shared.outbox.sealer.clone(),
         st.config.webhooks.clone(),
-        st.tokens.clone(),
+        st.features.clients.clone(),
     );
     tasks.spawn(deliveries.run(tasks.shutdown()));
     tasks.spawn(st.revocations.clone().listen(tasks.shutdown()));

@@ -168,7 +168,7 @@ impl Clients {
             .set_client_oidc(
                 id,
                 oidc.map(ClientSettings::to_json).as_deref(),
-                logout_uri(oidc),
+                logout_uri(oidc).as_deref(),
                 now_ms(),
             )
             .await?)
@@ -200,7 +200,7 @@ impl Clients {
                  signing keys are kept for that long after they retire)"
             )));
         }
-        if let Some(uri) = logout_uri(oidc).and_then(|u| url::Url::parse(u).ok()) {
+        if let Some(uri) = logout_uri(oidc).and_then(|u| url::Url::parse(&u).ok()) {
             crate::webhooks::refuse_private_host(&uri, self.allow_private)
                 .map_err(|why| AuthError::BadRequest(format!("backchannel_logout_uri: {why}")))?;
         }
@@ -246,13 +246,28 @@ impl Clients {
         };
         Ok(self
             .store
-            .add_client(&rec, logout_uri(oidc))
+            .add_client(&rec, logout_uri(oidc).as_deref())
             .await?
             .then_some(secret))
     }
 }
 
-/// The back-channel logout URI of these settings, if any.
-fn logout_uri(oidc: Option<&ClientSettings>) -> Option<&str> {
-    oidc.and_then(|s| s.backchannel_logout_uri.as_deref())
+/// The back-channel logout URI of these settings, if any, in the normal
+/// form the check passed and the worker sends to.
+fn logout_uri(oidc: Option<&ClientSettings>) -> Option<String> {
+    let uri = oidc.and_then(|s| s.backchannel_logout_uri.as_deref())?;
+    Some(url::Url::parse(uri).map_or_else(|_| uri.to_string(), |u| u.to_string()))
+}
+
+/// Logout tokens in the algorithm of the client's id_tokens (Back-Channel
+/// Logout 1.0 §2.6 validates one as an id_token is).
+impl crate::webhooks::LogoutTokens for Clients {
+    fn logout_token(&self, client: &ClientRecord, sub: &str, sid: &str) -> anyhow::Result<String> {
+        let alg = client
+            .oidc
+            .as_deref()
+            .and_then(ClientSettings::from_json)
+            .and_then(|s| s.id_token_algorithm());
+        self.tokens.issue_logout_token(alg, &client.id, sub, sid)
+    }
 }

@@ -17,7 +17,11 @@ use crate::oidc::{code_grant_in, hidden, rp, Browser, AFTER_LOGOUT, CALLBACK, IS
 use latchkey::domain::oidc::client::{ClientKind, ClientSettings, ConsentMode};
 
 crate::on_every_backend!(
-    settings = &[("webhook_retry_base_ms", "100"), ("webhook_allow_private_addresses", "true")];
+    settings = &[
+        ("webhook_retry_base_ms", "100"),
+        ("webhook_allow_private_addresses", "true"),
+        ("id_token_signing_algorithms", "RS256"),
+    ];
     an_application_is_told_by_a_signed_logout_token_when_its_session_ends,
     an_application_is_told_when_an_admin_ends_its_users_sessions,
 );
@@ -64,11 +68,12 @@ async fn endpoint(received: &Received) -> String {
     format!("http://127.0.0.1:{port}/backchannel-logout")
 }
 
-/// Registers application `id` (consent skipped), with a back-channel
-/// logout URI if one is given: its secret.
-async fn application(app: &TestApp, id: &str, logout_uri: Option<String>) -> String {
+/// Registers application `id` (consent skipped, id_tokens in `alg`), with
+/// a back-channel logout URI if one is given: its secret.
+async fn application(app: &TestApp, id: &str, logout_uri: Option<String>, alg: &str) -> String {
     let mut s = ClientSettings::new(ClientKind::Confidential, vec![CALLBACK.into()]);
     s.consent = ConsentMode::Skip;
+    s.id_token_signed_response_alg = Some(alg.into());
     s.post_logout_redirect_uris = vec![AFTER_LOGOUT.into()];
     s.backchannel_logout_uri = logout_uri;
     app.services
@@ -105,8 +110,9 @@ async fn delivered(received: &Received) -> Vec<(String, String)> {
     }
 }
 
-/// The logout token of a received form, validated by the library: its claims.
-async fn validated(app: &TestApp, client: &str, (kind, body): &(String, String)) -> Value {
+/// The logout token of a received form, validated by the library as one
+/// signed in `alg` (the client's id_token algorithm): its claims.
+async fn validated(app: &TestApp, client: &str, alg: &str, (kind, body): &(String, String)) -> Value {
     assert_eq!(kind, "application/x-www-form-urlencoded");
     let form: Vec<(String, String)> = url::form_urlencoded::parse(body.as_bytes())
         .into_owned()
@@ -115,7 +121,7 @@ async fn validated(app: &TestApp, client: &str, (kind, body): &(String, String))
     assert_eq!(form[0].0, "logout_token");
     let out = rp(
         "logout-token",
-        &json!({"issuer": ISSUER, "base": app.url(""), "client_id": client, "logout_token": form[0].1}),
+        &json!({"issuer": ISSUER, "base": app.url(""), "client_id": client, "logout_token": form[0].1, "alg": alg}),
     )
     .await;
     assert!(
@@ -136,9 +142,10 @@ async fn queued(app: &TestApp, client: &str) -> i64 {
 
 async fn an_application_is_told_by_a_signed_logout_token_when_its_session_ends(app: &TestApp) {
     let received = Received::default();
-    let crm = application(app, "crm", Some(endpoint(&received).await)).await;
+    // The crm wants its id_tokens, so its logout tokens, in RS256.
+    let crm = application(app, "crm", Some(endpoint(&received).await), "RS256").await;
     // A second application, without a back-channel URI: told nothing.
-    let wiki = application(app, "wiki", None).await;
+    let wiki = application(app, "wiki", None, "EdDSA").await;
     let email = unique_email("bcl");
     app.register_verified(&email, PASSWORD).await;
     let user = app
@@ -188,7 +195,7 @@ async fn an_application_is_told_by_a_signed_logout_token_when_its_session_ends(a
     // library accepts, naming the session its id_token named.
     let all = delivered(&received).await;
     for request in &all {
-        let c = validated(app, "crm", request).await;
+        let c = validated(app, "crm", "RS256", request).await;
         assert_eq!(c["sid"], sid.as_str());
         assert_eq!(c["sub"], user.as_str());
         assert_eq!(c["aud"], "crm");
@@ -207,7 +214,7 @@ async fn an_application_is_told_when_an_admin_ends_its_users_sessions(app: &Test
     let received = Received::default();
     let uri = endpoint(&received).await;
     // Registered without one, then given one through the admin API.
-    let crm = application(app, "crm", None).await;
+    let crm = application(app, "crm", None, "EdDSA").await;
     let admin = crate::admin::admin_token(app).await;
     let mut settings = ClientSettings::new(ClientKind::Confidential, vec![CALLBACK.into()]);
     settings.consent = ConsentMode::Skip;
@@ -246,7 +253,7 @@ async fn an_application_is_told_when_an_admin_ends_its_users_sessions(app: &Test
         .unwrap();
     assert_eq!(r.status(), 204);
     let all = delivered(&received).await;
-    let c = validated(app, "crm", all.last().unwrap()).await;
+    let c = validated(app, "crm", "EdDSA", all.last().unwrap()).await;
     assert_eq!(c["sid"], sid.as_str());
     // The attempts show in the admin API's delivery history of the client's
     // back-channel webhook, and the webhook list does not show it.
@@ -295,7 +302,7 @@ async fn an_application_is_told_when_an_admin_ends_its_users_sessions(app: &Test
         assert!(Instant::now() < deadline, "the erasure's logout never arrived");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let c = validated(app, "crm", received.all().last().unwrap()).await;
+    let c = validated(app, "crm", "EdDSA", received.all().last().unwrap()).await;
     assert_eq!(
         (c["sid"].as_str(), c["sub"].as_str()),
         (Some(sid.as_str()), Some(user.as_str()))

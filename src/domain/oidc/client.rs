@@ -157,13 +157,25 @@ impl ClientSettings {
                 .map_err(|why| format!("id_token_signed_response_alg: {why}"))?;
         }
         if let Some(uri) = &self.backchannel_logout_uri {
-            let u = url::Url::parse(uri).map_err(|e| format!("backchannel_logout_uri: not a URL: {e}"))?;
-            if !["http", "https"].contains(&u.scheme()) || u.host_str().is_none() {
-                return Err("backchannel_logout_uri: an http:// or https:// URL".into());
+            let bad = |why: &str| Err(format!("backchannel_logout_uri: {why}"));
+            if uri.len() > 2048 {
+                return bad("at most 2048 characters");
             }
-            // Back-Channel Logout 1.0 §2.2: no fragment.
+            let u = url::Url::parse(uri).map_err(|e| format!("backchannel_logout_uri: not a URL: {e}"))?;
+            match u.scheme() {
+                "https" => {}
+                // Back-Channel Logout 1.0 §2.2: http only for a client
+                // that authenticates (a confidential one).
+                "http" if self.kind == ClientKind::Confidential => {}
+                "http" => return bad("https:// for a public client"),
+                _ => return bad("an http:// or https:// URL"),
+            }
+            if u.host_str().is_none_or(str::is_empty) || !u.username().is_empty() || u.password().is_some() {
+                return bad("needs a host, and no credentials");
+            }
+            // §2.2: no fragment.
             if u.fragment().is_some() {
-                return Err("backchannel_logout_uri: no fragment".into());
+                return bad("no fragment");
             }
         }
         Ok(())
@@ -240,6 +252,13 @@ mod tests {
         let mut s = ok.clone();
         s.backchannel_logout_uri = Some("mailto:ops@example.com".into());
         assert!(s.check().unwrap_err().starts_with("backchannel_logout_uri"));
+        let mut s = ok.clone();
+        s.backchannel_logout_uri = Some("https://user:pw@app.example.com/logout".into());
+        assert!(s.check().unwrap_err().starts_with("backchannel_logout_uri"));
+        let mut s = ok.clone();
+        s.kind = ClientKind::Public;
+        s.backchannel_logout_uri = Some("http://app.example.com/logout".into());
+        assert!(s.check().unwrap_err().contains("public"));
         let mut s = ok.clone();
         s.access_token_ttl_secs = Some(5);
         assert!(s.check().unwrap_err().starts_with("access_token_ttl_secs"));

@@ -562,6 +562,15 @@ impl Provider {
         if code.is_empty() || code.len() > 256 {
             return Err(AuthError::InvalidToken);
         }
+        // The id_token's key before the code is spent: nothing is used up
+        // or started that could not be answered.
+        if !self.issuer.can_sign(settings.id_token_algorithm()) {
+            return Err(AuthError::Internal(anyhow::anyhow!(
+                "client {} wants id_tokens in an algorithm this provider no longer signs with \
+                 (id_token_signing_algorithms)",
+                client.id
+            )));
+        }
         let challenge = verifier.map(|v| b64url(&sha256(v.as_bytes())));
         let hash = sha256(code.as_bytes());
         let now = now_ms();

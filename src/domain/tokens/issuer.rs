@@ -158,6 +158,14 @@ impl Issuer {
         signing.sign_id_token(&claims(key.alg))
     }
 
+    /// Whether an id_token can be signed in `alg` now (`None`: the main
+    /// algorithm).
+    pub fn can_sign(&self, alg: Option<super::SigningAlgorithm>) -> bool {
+        self.signer
+            .for_algorithm(alg.unwrap_or(self.settings.algorithm))
+            .is_some()
+    }
+
     /// The algorithms id_tokens may be signed with here: those with a
     /// current key, the main one first (discovery).
     pub fn id_token_algorithms(&self) -> Vec<&'static str> {
@@ -174,9 +182,20 @@ impl Issuer {
     /// `aud`, `iat`, `exp` (two minutes), `jti`, `sub`, `sid` and the
     /// back-channel logout event; never a `nonce` (§2.4 forbids it, so that
     /// it cannot pass for an id_token).
-    pub fn issue_logout_token(&self, client_id: &str, sub: &str, sid: &str) -> anyhow::Result<String> {
-        let signer = self.signer.current();
-        let key = signer.as_ref().ok_or_else(|| anyhow::anyhow!("no signing key"))?;
+    /// Signed with the key of `alg` (the client's id_token algorithm: §2.6
+    /// validates a logout token as an id_token), `None`: the main one's.
+    pub fn issue_logout_token(
+        &self,
+        alg: Option<super::SigningAlgorithm>,
+        client_id: &str,
+        sub: &str,
+        sid: &str,
+    ) -> anyhow::Result<String> {
+        let alg = alg.unwrap_or(self.settings.algorithm);
+        let key = self
+            .signer
+            .for_algorithm(alg)
+            .ok_or_else(|| anyhow::anyhow!("no {} signing key", alg.as_str()))?;
         let signing = key
             .signing
             .as_ref()
@@ -278,11 +297,4 @@ struct Who<'a> {
     email: &'a str,
     sid: &'a str,
     client_id: &'a str,
-}
-
-/// The delivery worker's signer of back-channel logout tokens.
-impl crate::webhooks::LogoutTokens for Issuer {
-    fn logout_token(&self, client_id: &str, sub: &str, sid: &str) -> anyhow::Result<String> {
-        self.issue_logout_token(client_id, sub, sid)
-    }
 }

@@ -284,6 +284,16 @@ pub(super) struct Signer {
     sealer: Box<Sealer>,
     algorithms: Vec<SigningAlgorithm>,
     current: RwLock<Vec<Arc<Key>>>,
+    /// The algorithms with an active key in the database, whether or not
+    /// this master secret unseals it.
+    present: RwLock<Vec<SigningAlgorithm>>,
+}
+
+/// What a read of the keys gave the signer: the keys it can sign with, and
+/// the algorithms the database has an active key of.
+pub(super) struct Picked {
+    keys: Vec<Arc<Key>>,
+    present: Vec<SigningAlgorithm>,
 }
 
 impl Signer {
@@ -298,6 +308,7 @@ impl Signer {
             sealer: Box::new(sealer),
             algorithms,
             current: RwLock::new(Vec::new()),
+            present: RwLock::new(Vec::new()),
         }
     }
 
@@ -307,8 +318,18 @@ impl Signer {
 
     /// For each algorithm, the newest active key of it whose private half
     /// this master secret unseals.
-    pub(super) fn pick(&self, records: &[KeyRecord]) -> Vec<Arc<Key>> {
+    pub(super) fn pick(&self, records: &[KeyRecord]) -> Picked {
         let mut picked: Vec<Arc<Key>> = Vec::new();
+        let present = self
+            .algorithms
+            .iter()
+            .copied()
+            .filter(|a| {
+                records
+                    .iter()
+                    .any(|r| r.alg == a.as_str() && r.retired_at.is_none())
+            })
+            .collect();
         for alg in &self.algorithms {
             let mut newest: Option<Arc<Key>> = None;
             for rec in records {
@@ -329,15 +350,32 @@ impl Signer {
             }
             picked.extend(newest);
         }
-        picked
+        Picked {
+            keys: picked,
+            present,
+        }
     }
 
-    pub(super) fn install(&self, keys: Vec<Arc<Key>>) {
-        if let Some(s) = keys.first() {
+    /// Signs with what `picked` found from now on. An algorithm it found
+    /// no key of keeps the key it had (another instance's rotation retired
+    /// it for an algorithm that instance no longer signs with): signing
+    /// goes on until [`Issuer::refresh`](super::Issuer::refresh) makes a
+    /// new one, within a reload period.
+    pub(super) fn install(&self, picked: Picked) {
+        let Picked { mut keys, present } = picked;
+        let mut current = self.current.write().expect("signer lock");
+        for old in current.iter() {
+            if !keys.iter().any(|k| k.alg == old.alg) {
+                keys.push(old.clone());
+            }
+        }
+        let main = self.algorithms[0].jwt_algorithm();
+        if let Some(s) = keys.iter().find(|k| k.alg == main) {
             metrics::gauge!("latchkey_signing_key_age_seconds")
                 .set(((now_ms() - s.activated_at) / 1000) as f64);
         }
-        *self.current.write().expect("signer lock") = keys;
+        *current = keys;
+        *self.present.write().expect("signer lock") = present;
     }
 
     /// The key of the main algorithm (`None`: none yet).
@@ -356,12 +394,17 @@ impl Signer {
             .cloned()
     }
 
-    /// The algorithms without a current key (to generate one for).
+    /// The algorithms the database has no active key of (to make one
+    /// for). An active key this master secret cannot unseal counts: making
+    /// another would retire it, and instances of two secrets would retire
+    /// each other's keys at every reload (the service refuses to start on
+    /// a secret that is not the installation's).
     pub(super) fn missing(&self) -> Vec<SigningAlgorithm> {
+        let present = self.present.read().expect("signer lock");
         self.algorithms
             .iter()
             .copied()
-            .filter(|a| self.for_algorithm(*a).is_none())
+            .filter(|a| !present.contains(a))
             .collect()
     }
 }

@@ -8,7 +8,7 @@
 //                        "post_logout_redirect_uri"?}'
 //     -> {"claims", "userinfo", "refreshed", "end_session", "access_token", "id_token"}
 //
-//   node rp.mjs logout-token '{"issuer","base","client_id","logout_token"}'
+//   node rp.mjs logout-token '{"issuer","base","client_id","logout_token","alg"?}'
 //     -> {"claims"}: the token validated as Back-Channel Logout 1.0 §2.6
 //        tells a relying party to (jose, the JWT library openid-client uses)
 //
@@ -58,6 +58,8 @@ async function validateLogoutToken(config) {
     issuer: meta.issuer,
     audience: p.client_id,
     typ: "logout+jwt",
+    // As an id_token of this client is (its registered algorithm).
+    algorithms: [p.alg || "EdDSA"],
     requiredClaims: ["iat", "jti"],
   });
   const event = payload.events && payload.events["http://schemas.openid.net/event/backchannel-logout"];
