@@ -6,6 +6,7 @@ mod admin;
 mod attacks;
 mod cli;
 mod common;
+mod conformance;
 mod connections;
 mod dump;
 mod events;

@@ -51,20 +51,45 @@ pub async fn application(app: &TestApp, id: &str, kind: ClientKind, consent: Con
 /// Run without blocking: the PostgreSQL tests run on one thread, which
 /// also serves the requests the library makes.
 pub async fn rp(command: &str, input: &Value) -> Value {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/oidc-rp/rp.mjs");
-    let args = [command.to_string(), input.to_string()];
+    rp_of(OPENID_CLIENT, command, input).await
+}
+
+/// openid-client (Node), `tests/support/oidc-rp/rp.mjs`.
+pub const OPENID_CLIENT: &str = "openid-client";
+/// Authlib (Python), `tests/support/oidc-rp/rp.py`.
+pub const AUTHLIB: &str = "authlib";
+
+/// [`rp`] with the relying party built on `library` ([`OPENID_CLIENT`] or
+/// [`AUTHLIB`]): both take the same commands and JSON.
+pub async fn rp_of(library: &str, command: &str, input: &Value) -> Value {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut cmd = match library {
+        AUTHLIB => {
+            let mut c = std::process::Command::new("python3");
+            c.arg(root.join("tests/support/oidc-rp/rp.py"))
+                .env("PYTHONPATH", root.join("target/test-deps/authlib"));
+            c
+        }
+        _ => {
+            let mut c = std::process::Command::new("node");
+            c.arg(root.join("tests/support/oidc-rp/rp.mjs"));
+            c
+        }
+    };
+    cmd.args([command.to_string(), input.to_string()]);
     let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("node")
-            .arg(script)
-            .args(args)
-            .output()
-            .expect("node runs (tests/support/install-upstreams installs openid-client)")
+        cmd.output()
+            .expect("the relying party runs (tests/support/install-upstreams installs its library)")
     })
     .await
     .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(text.trim())
-        .unwrap_or_else(|_| panic!("rp {command}: {text} {}", String::from_utf8_lossy(&out.stderr)))
+    serde_json::from_str(text.trim()).unwrap_or_else(|_| {
+        panic!(
+            "{library} {command}: {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
 }
 
 /// A browser: cookies kept per name, no redirect followed on its own (the
@@ -302,7 +327,7 @@ pub fn query(url: &str) -> HashMap<String, String> {
     url::Url::parse(url).unwrap().query_pairs().into_owned().collect()
 }
 
-fn rp_input(app: &TestApp, id: &str, secret: Option<&str>, scope: &str) -> Value {
+pub fn rp_input(app: &TestApp, id: &str, secret: Option<&str>, scope: &str) -> Value {
     let mut v = json!({
         "issuer": ISSUER,
         "base": app.url(""),
@@ -318,14 +343,19 @@ fn rp_input(app: &TestApp, id: &str, secret: Option<&str>, scope: &str) -> Value
 }
 
 /// The application's half after the browser came back with `callback`.
-async fn finish(started: &Value, input: &Value, callback: &str) -> Value {
+pub async fn finish(started: &Value, input: &Value, callback: &str) -> Value {
+    finish_with(OPENID_CLIENT, started, input, callback).await
+}
+
+/// [`finish`] with the relying party of `library`.
+pub async fn finish_with(library: &str, started: &Value, input: &Value, callback: &str) -> Value {
     let mut f = input.clone();
     f["callback"] = callback.into();
     for k in ["code_verifier", "state", "nonce"] {
         f[k] = started[k].clone();
     }
-    let done = rp("finish", &f).await;
-    assert!(done.get("error").is_none(), "the library refused: {done}");
+    let done = rp_of(library, "finish", &f).await;
+    assert!(done.get("error").is_none(), "{library} refused: {done}");
     done
 }
 

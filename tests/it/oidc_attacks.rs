@@ -224,7 +224,6 @@ async fn mistakes_after_the_redirect_uri_is_known_go_back_to_it_with_state_and_i
         ),
         (&[("code_challenge_method", "plain")][..], "invalid_request"),
         (&[("code_challenge", "too-short")][..], "invalid_request"),
-        (&[("scope", "openid admin")][..], "invalid_scope"),
         (&[("prompt", "none login")][..], "invalid_request"),
         (&[("max_age", "soon")][..], "invalid_request"),
         (

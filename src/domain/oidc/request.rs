@@ -181,10 +181,11 @@ pub fn check(
         .split(' ')
         .filter(|s| !s.is_empty())
         .collect();
-    if let Some(unknown) = asked.iter().find(|s| !OIDC_SCOPES.contains(s)) {
-        return Err(fail("invalid_scope", format!("unknown scope {unknown:?}")));
-    }
-    // offline_access only for a client that may refresh (Core §11: else ignored).
+    // A scope this provider does not know (`address`, `phone`, another
+    // service's) is ignored, not refused (Core §3.1.2.1: "SHOULD be
+    // ignored"; RFC 6749 §3.3 lets the server grant less than asked, and
+    // the token answer's `scope` says what was granted). So is
+    // offline_access for a client that may not refresh (Core §11).
     let scope: Vec<String> = OIDC_SCOPES
         .iter()
         .filter(|s| asked.contains(s))
@@ -432,12 +433,11 @@ mod tests {
     #[test]
     fn other_mistakes_go_back_to_the_client_by_name() {
         let c = client(ClientKind::Public);
-        let cases: [(&[(&str, &str)], &str); 14] = [
+        let cases: [(&[(&str, &str)], &str); 13] = [
             (&[("response_type", "")], "invalid_request"),
             (&[("response_type", "token")], "unsupported_response_type"),
             (&[("response_type", "code id_token")], "unsupported_response_type"),
             (&[("response_mode", "fragment")], "invalid_request"),
-            (&[("scope", "openid admin")], "invalid_scope"),
             (&[("code_challenge", "")], "invalid_request"),
             (&[("code_challenge_method", "plain")], "invalid_request"),
             (&[("code_challenge_method", "")], "invalid_request"),
@@ -479,6 +479,14 @@ mod tests {
         c.grant_types = vec!["authorization_code".into()];
         let r = check(&params(&[("scope", "offline_access openid")]), Some(&c), NOW).unwrap();
         assert_eq!(r.scope, ["openid"]);
+        // Scopes it does not know are ignored, not refused (Core §3.1.2.1).
+        let r = check(
+            &params(&[("scope", "phone openid address admin email")]),
+            Some(&c),
+            NOW,
+        )
+        .unwrap();
+        assert_eq!(r.scope, ["openid", "email"]);
     }
 
     fn request(extra: &[(&str, &str)]) -> AuthorizationRequest {

@@ -29,7 +29,12 @@ async function configuration() {
     id_token_signed_response_alg: p.id_token_alg || "EdDSA",
   };
   if (p.client_secret) metadata.client_secret = p.client_secret;
-  const auth = p.client_secret ? client.ClientSecretBasic(p.client_secret) : client.None();
+  // client_secret_basic unless `auth` is "post" (client_secret_post).
+  const auth = !p.client_secret
+    ? client.None()
+    : p.auth === "post"
+      ? client.ClientSecretPost(p.client_secret)
+      : client.ClientSecretBasic(p.client_secret);
   const issuer = new URL(p.issuer).origin;
   const to = (url) => {
     const u = String(url);
@@ -77,24 +82,29 @@ try {
     const code_verifier = client.randomPKCECodeVerifier();
     const code_challenge = await client.calculatePKCECodeChallenge(code_verifier);
     const state = client.randomState();
-    const nonce = client.randomNonce();
-    const url = client.buildAuthorizationUrl(config, {
+    // `no_nonce`: a request without one (the code flow does not need it).
+    const nonce = p.no_nonce ? undefined : client.randomNonce();
+    const params = {
       redirect_uri: p.redirect_uri,
       scope: p.scope || "openid email profile",
       code_challenge,
       code_challenge_method: "S256",
       state,
-      nonce,
       ...(p.extra || {}),
-    });
+    };
+    if (nonce) params.nonce = nonce;
+    const url = client.buildAuthorizationUrl(config, params);
     console.log(JSON.stringify({ url: url.href, code_verifier, state, nonce }));
   } else if (command === "finish") {
-    const tokens = await client.authorizationCodeGrant(config, new URL(p.callback), {
+    const checks = {
       pkceCodeVerifier: p.code_verifier,
       expectedState: p.state,
-      expectedNonce: p.nonce,
+      expectedNonce: p.nonce || undefined,
       idTokenExpected: true,
-    });
+    };
+    // `max_age`: the library checks auth_time against it (Core §3.1.2.1).
+    if (p.max_age !== undefined) checks.maxAge = p.max_age;
+    const tokens = await client.authorizationCodeGrant(config, new URL(p.callback), checks);
     const claims = tokens.claims();
     const userinfo = await client.fetchUserInfo(config, tokens.access_token, claims.sub);
     let refreshed = null;

@@ -1,0 +1,708 @@
+//! The OpenID Foundation's certification test plans for providers (Basic
+//! OP, RP-Initiated Logout OP, Back-Channel Logout OP), module by module:
+//! each scenario here is named after the module it answers and says, in
+//! our own words, what the module checks. The relying party is
+//! openid-client (a certified library that refuses anything off the
+//! specification: `tests/support/oidc-rp/rp.mjs`); the browser is played
+//! in Rust (tests/it/oidc.rs). docs/conformance.md has the table of every
+//! module of the three plans, with the scenario or existing test that
+//! answers it, or why it does not apply.
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use crate::common::{unique_email, TestApp, PASSWORD};
+use crate::oidc::{
+    application, finish_with, hidden, query, rp_input, rp_of, Browser, Page, AFTER_LOGOUT, AUTHLIB, CALLBACK,
+    ISSUER, OPENID_CLIENT,
+};
+use latchkey::domain::oidc::client::{ClientKind, ConsentMode};
+
+crate::on_every_backend!(
+    oidcc_response_type_missing,
+    oidcc_userinfo_get_post_header_and_post_body,
+    oidcc_ensure_request_without_nonce_succeeds_for_code_flow,
+    oidcc_scope_profile_email_address_phone_and_all,
+    oidcc_ensure_other_scope_order_succeeds,
+    oidcc_display_page_and_popup,
+    oidcc_prompt_none_logged_in,
+    oidcc_max_age_1_and_max_age_10000,
+    oidcc_ensure_request_with_unknown_parameter_succeeds,
+    oidcc_id_token_hint,
+    oidcc_login_hint,
+    oidcc_ui_locales_and_claims_locales,
+    oidcc_ensure_request_with_acr_values_succeeds,
+    oidcc_codereuse_30seconds,
+    oidcc_ensure_post_request_succeeds,
+    oidcc_server_client_secret_post,
+    oidcc_claims_essential,
+    oidcc_refresh_token,
+    oidcc_rp_initiated_logout_bad_post_logout_redirect_uri,
+    oidcc_rp_initiated_logout_modified_id_token_hint,
+    oidcc_rp_initiated_logout_no_id_token_hint,
+    oidcc_rp_initiated_logout_no_params,
+    oidcc_rp_initiated_logout_no_post_logout_redirect_uri,
+    oidcc_rp_initiated_logout_no_state_and_only_state,
+    oidcc_rp_initiated_logout_and_backchannel_logout_discovery_endpoint_verification,
+);
+
+/// The relying-party libraries every scenario that signs in runs with:
+/// it passes only when both accept every answer.
+const LIBRARIES: [&str; 2] = [OPENID_CLIENT, AUTHLIB];
+
+/// A relying party of the scenarios: a confidential client that skips
+/// consent, a verified user, and a browser.
+struct Rp<'a> {
+    app: &'a TestApp,
+    /// The relying party's library ([`LIBRARIES`]).
+    library: &'static str,
+    id: String,
+    secret: String,
+    email: String,
+    browser: Browser<'a>,
+}
+
+impl<'a> Rp<'a> {
+    /// Client `id` of `library` (its id made unique per library).
+    async fn new(app: &'a TestApp, id: &str, library: &'static str) -> Rp<'a> {
+        let id = format!("{id}-{library}");
+        let secret = application(app, &id, ClientKind::Confidential, ConsentMode::Skip).await;
+        let email = unique_email(&id);
+        app.register_verified(&email, PASSWORD).await;
+        Rp {
+            app,
+            library,
+            id,
+            secret,
+            email,
+            browser: Browser::new(app),
+        }
+    }
+
+    /// The library's input for `scope`, with `extra` on top.
+    fn input(&self, scope: &str, extra: Value) -> Value {
+        let mut input = rp_input(self.app, &self.id, Some(&self.secret), scope);
+        if let (Some(i), Some(e)) = (input.as_object_mut(), extra.as_object()) {
+            i.extend(e.clone());
+        }
+        input
+    }
+
+    /// The library's authorization request for `input`.
+    async fn start(&self, input: &Value) -> Value {
+        rp_of(self.library, "start", input).await
+    }
+
+    /// The library's half after the browser came back with `callback`.
+    async fn finish(&self, started: &Value, input: &Value, callback: &str) -> Value {
+        finish_with(self.library, started, input, callback).await
+    }
+
+    /// The browser at the library's authorization URL: where it ends, a
+    /// page of the provider or the redirect back.
+    async fn authorize(&mut self, started: &Value) -> Page {
+        let page = self.browser.get(started["url"].as_str().unwrap()).await;
+        self.browser.follow(page).await
+    }
+
+    /// A whole sign-in: the library starts, the browser signs in if the
+    /// provider asks, the library finishes (and refuses anything off the
+    /// specification). The library's result.
+    async fn sign_in(&mut self, input: &Value) -> Value {
+        let started = self.start(input).await;
+        let page = self.authorize(&started).await;
+        let back = self.signed_in(page).await;
+        self.finish(&started, input, back.location.as_deref().unwrap())
+            .await
+    }
+
+    /// `page`, signed in with the password if it is the sign-in page.
+    async fn signed_in(&mut self, page: Page) -> Page {
+        if page.location.is_some() {
+            return page;
+        }
+        let email = self.email.clone();
+        self.browser.sign_in(&page, &email, PASSWORD).await
+    }
+}
+
+/// `/oauth/authorize?...` of `params`.
+fn authorize_url(params: &[(&str, &str)]) -> String {
+    format!(
+        "/oauth/authorize?{}",
+        url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(params)
+            .finish()
+    )
+}
+
+/// `oidcc-response-type-missing`: an authorization request without
+/// `response_type`, from a known client to its registered redirect URI,
+/// goes back to the client with an error (`invalid_request`, or
+/// `unsupported_response_type`), its `state` and `iss`, and no code.
+async fn oidcc_response_type_missing(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "rt-missing", library).await;
+        let url = authorize_url(&[
+            ("client_id", rp.id.as_str()),
+            ("redirect_uri", CALLBACK),
+            ("scope", "openid"),
+            ("state", "s-1"),
+            ("code_challenge", "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM"),
+            ("code_challenge_method", "S256"),
+        ]);
+        let page = rp.browser.get(&url).await;
+        let to = page.location.expect("back to the client");
+        assert!(to.starts_with(CALLBACK), "{to}");
+        let q = query(&to);
+        assert!(
+            ["invalid_request", "unsupported_response_type"].contains(&q["error"].as_str()),
+            "{q:?}"
+        );
+        assert_eq!((q["state"].as_str(), q["iss"].as_str()), ("s-1", ISSUER));
+        assert!(!q.contains_key("code"));
+    }
+}
+
+/// `oidcc-userinfo-get`, `oidcc-userinfo-post-header`,
+/// `oidcc-userinfo-post-body`: userinfo answers the same claims to `GET`
+/// and to `POST` with the access token in the `Authorization` header; the
+/// token in a form body (RFC 6750 §2.2, which Core does not require and
+/// the module accepts a refusal of) is refused with `401` and a
+/// `WWW-Authenticate` challenge, telling nothing.
+async fn oidcc_userinfo_get_post_header_and_post_body(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "userinfo", library).await;
+        let done = rp.sign_in(&rp.input("openid email", json!({}))).await;
+        assert_eq!(done["userinfo"]["email"], rp.email.as_str(), "the library's GET");
+        let at = done["access_token"].as_str().unwrap();
+        let get: Value = app.get_bearer("/oauth/userinfo", at).await.json().await.unwrap();
+        let post = app
+            .http
+            .post(app.url("/oauth/userinfo"))
+            .bearer_auth(at)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(post.status(), 200);
+        assert_eq!(post.json::<Value>().await.unwrap(), get);
+        let body = app
+            .http
+            .post(app.url("/oauth/userinfo"))
+            .form(&[("access_token", at)])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(body.status(), 401);
+        assert!(body.headers().contains_key("www-authenticate"));
+        assert!(!body.text().await.unwrap().contains(&rp.email));
+    }
+}
+
+/// `oidcc-ensure-request-without-nonce-succeeds-for-code-flow`: `nonce` is
+/// optional in the code flow (Core §3.1.2.1); without one the sign-in
+/// succeeds and the id_token has none.
+async fn oidcc_ensure_request_without_nonce_succeeds_for_code_flow(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "no-nonce", library).await;
+        let done = rp.sign_in(&rp.input("openid", json!({"no_nonce": true}))).await;
+        assert!(done["claims"].get("nonce").is_none(), "{done}");
+    }
+}
+
+/// `oidcc-scope-profile`, `oidcc-scope-email`, `oidcc-scope-address`,
+/// `oidcc-scope-phone`, `oidcc-scope-all`: each scope's claims come back
+/// (`profile`: `name` when the user has one; `email`: `email` and
+/// `email_verified`); `address` and `phone`, which this provider keeps no
+/// data for and does not list in `scopes_supported`, are ignored, not
+/// refused (Core §3.1.2.1), and the granted `scope` says so.
+async fn oidcc_scope_profile_email_address_phone_and_all(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "scopes", library).await;
+        let profile = rp.sign_in(&rp.input("openid profile", json!({}))).await;
+        assert!(profile["userinfo"].get("email").is_none(), "{profile}");
+        let email = rp.sign_in(&rp.input("openid email", json!({}))).await;
+        assert_eq!(email["claims"]["email"], rp.email.as_str());
+        assert_eq!(email["userinfo"]["email_verified"], true);
+        let all = rp
+            .sign_in(&rp.input("openid profile email address phone", json!({})))
+            .await;
+        assert_eq!(all["scope"], "openid profile email", "{all}");
+        assert_eq!(all["userinfo"]["email"], rp.email.as_str());
+        let d: Value = app
+            .get("/.well-known/openid-configuration")
+            .await
+            .json()
+            .await
+            .unwrap();
+        let supported: Vec<&str> = d["scopes_supported"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_str().unwrap())
+            .collect();
+        assert!(!supported.contains(&"address") && !supported.contains(&"phone"));
+    }
+}
+
+/// `oidcc-ensure-other-scope-order-succeeds`: scope order does not matter.
+async fn oidcc_ensure_other_scope_order_succeeds(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "scope-order", library).await;
+        let done = rp.sign_in(&rp.input("email openid", json!({}))).await;
+        assert_eq!(done["claims"]["email"], rp.email.as_str());
+    }
+}
+
+/// `oidcc-display-page`, `oidcc-display-popup`: `display` is accepted; the
+/// page is the same one (Core §3.1.2.1 lets the provider choose).
+async fn oidcc_display_page_and_popup(app: &TestApp) {
+    for library in LIBRARIES {
+        for display in ["page", "popup"] {
+            let mut rp = Rp::new(app, &format!("display-{display}"), library).await;
+            let input = rp.input("openid", json!({"extra": {"display": display}}));
+            let started = rp.start(&input).await;
+            let page = rp.authorize(&started).await;
+            assert_eq!(page.status, StatusCode::OK, "{display}: the sign-in page");
+            let back = rp.signed_in(page).await;
+            rp.finish(&started, &input, back.location.as_deref().unwrap())
+                .await;
+        }
+    }
+}
+
+/// `oidcc-prompt-none-logged-in`: with a browser session, `prompt=none`
+/// answers at once with a code, and the sign-in completes.
+async fn oidcc_prompt_none_logged_in(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "none-in", library).await;
+        let first = rp.sign_in(&rp.input("openid", json!({}))).await;
+        let input = rp.input("openid", json!({"extra": {"prompt": "none"}}));
+        let started = rp.start(&input).await;
+        let back = rp.authorize(&started).await;
+        assert!(
+            back.location.as_deref().is_some_and(|l| l.starts_with(CALLBACK)),
+            "no page"
+        );
+        let done = rp
+            .finish(&started, &input, back.location.as_deref().unwrap())
+            .await;
+        assert_eq!(done["claims"]["sub"], first["claims"]["sub"]);
+    }
+}
+
+/// `oidcc-max-age-1`, `oidcc-max-age-10000`: a sign-in older than
+/// `max_age` seconds asks for the password again and the new id_token's
+/// `auth_time` is the new sign-in's; a younger one does not, and keeps the
+/// old `auth_time`. The library checks `auth_time` against `max_age`
+/// itself. (The module waits a second; here the session's sign-in is made
+/// older in the database instead, so the scenario takes no time.)
+async fn oidcc_max_age_1_and_max_age_10000(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "max-age", library).await;
+        let first = rp.sign_in(&rp.input("openid", json!({}))).await;
+        let user = first["claims"]["sub"].as_str().unwrap().to_string();
+        app.sql(&format!(
+            "UPDATE sessions SET auth_time = auth_time - 5000 WHERE user_id = '{user}'"
+        ))
+        .await;
+        let input = rp.input("openid", json!({"max_age": 10000, "extra": {"max_age": "10000"}}));
+        let started = rp.start(&input).await;
+        let back = rp.authorize(&started).await;
+        assert!(back.location.is_some(), "max_age=10000: no password asked");
+        let kept = rp
+            .finish(&started, &input, back.location.as_deref().unwrap())
+            .await;
+        let old = first["claims"]["auth_time"].as_i64().unwrap() - 5;
+        assert_eq!(kept["claims"]["auth_time"].as_i64().unwrap(), old);
+
+        let input = rp.input("openid", json!({"max_age": 1, "extra": {"max_age": "1"}}));
+        let started = rp.start(&input).await;
+        let page = rp.authorize(&started).await;
+        assert!(
+            page.body.contains("/oauth/login"),
+            "max_age=1: the password again"
+        );
+        let back = rp.signed_in(page).await;
+        let again = rp
+            .finish(&started, &input, back.location.as_deref().unwrap())
+            .await;
+        assert!(again["claims"]["auth_time"].as_i64().unwrap() > old);
+    }
+}
+
+/// `oidcc-ensure-request-with-unknown-parameter-succeeds`: parameters the
+/// provider does not know are ignored (Core §3.1.2.1).
+async fn oidcc_ensure_request_with_unknown_parameter_succeeds(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "unknown-param", library).await;
+        rp.sign_in(&rp.input("openid", json!({"extra": {"extra": "foobar"}})))
+            .await;
+    }
+}
+
+/// `oidcc-id-token-hint`: `prompt=none` with the user's own id_token as
+/// `id_token_hint` signs in silently, as the same user.
+async fn oidcc_id_token_hint(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "hint", library).await;
+        let first = rp.sign_in(&rp.input("openid", json!({}))).await;
+        let hint = first["id_token"].as_str().unwrap();
+        let input = rp.input(
+            "openid",
+            json!({"extra": {"prompt": "none", "id_token_hint": hint}}),
+        );
+        let started = rp.start(&input).await;
+        let back = rp.authorize(&started).await;
+        let done = rp
+            .finish(&started, &input, back.location.as_deref().unwrap())
+            .await;
+        assert_eq!(done["claims"]["sub"], first["claims"]["sub"]);
+    }
+}
+
+/// `oidcc-login-hint`: `login_hint` fills in the sign-in form's address.
+async fn oidcc_login_hint(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "login-hint", library).await;
+        let email = rp.email.clone();
+        let input = rp.input("openid", json!({"extra": {"login_hint": email}}));
+        let started = rp.start(&input).await;
+        let page = rp.authorize(&started).await;
+        assert!(
+            page.body.contains(&format!(
+                "name=\"email\" type=\"email\" autocomplete=\"username webauthn\" value=\"{email}\""
+            )),
+            "{}",
+            page.body
+        );
+        let back = rp.signed_in(page).await;
+        rp.finish(&started, &input, back.location.as_deref().unwrap())
+            .await;
+    }
+}
+
+/// `oidcc-ui-locales`, `oidcc-claims-locales`: both are accepted; the
+/// pages are in English, and claims have no localized forms (Core
+/// §3.1.2.1 and §5.2 let a provider without them ignore the request).
+async fn oidcc_ui_locales_and_claims_locales(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "locales", library).await;
+        rp.sign_in(&rp.input(
+            "openid",
+            json!({"extra": {"ui_locales": "se", "claims_locales": "se"}}),
+        ))
+        .await;
+    }
+}
+
+/// `oidcc-ensure-request-with-acr-values-succeeds`: `acr_values` is a
+/// voluntary request (Core §3.1.2.1): asking for `1 2` signs in; a user
+/// without a second factor gets `acr` `1`.
+async fn oidcc_ensure_request_with_acr_values_succeeds(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "acr", library).await;
+        let done = rp
+            .sign_in(&rp.input("openid", json!({"extra": {"acr_values": "1 2"}})))
+            .await;
+        assert_eq!(done["claims"]["acr"], "1", "{done}");
+    }
+}
+
+/// `oidcc-codereuse-30seconds` (and `oidcc-codereuse`): a code presented
+/// again, here 30 seconds after its first use (its use made older in the
+/// database), is refused with `invalid_grant`, and what its first use
+/// issued stops working (RFC 6749 §4.1.2).
+async fn oidcc_codereuse_30seconds(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "reuse30", library).await;
+        let input = rp.input("openid", json!({}));
+        let started = rp.start(&input).await;
+        let page = rp.authorize(&started).await;
+        let back = rp.signed_in(page).await;
+        let callback = back.location.unwrap();
+        let done = rp.finish(&started, &input, &callback).await;
+        app.sql("UPDATE authorization_codes SET used_at = used_at - 30000, created_at = created_at - 30000")
+            .await;
+        let again = app
+            .http
+            .post(app.url("/oauth/token"))
+            .basic_auth(&rp.id, Some(&rp.secret))
+            .form(&[
+                ("grant_type", "authorization_code"),
+                ("code", query(&callback)["code"].as_str()),
+                ("redirect_uri", CALLBACK),
+                ("code_verifier", started["code_verifier"].as_str().unwrap()),
+            ])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(again.status(), 400);
+        assert_eq!(again.json::<Value>().await.unwrap()["error"], "invalid_grant");
+        let at = done["access_token"].as_str().unwrap();
+        assert_eq!(app.get_bearer("/oauth/userinfo", at).await.status(), 401);
+    }
+}
+
+/// `oidcc-ensure-post-request-succeeds`: the authorization request may be
+/// a form `POST` (Core §3.1.2.1).
+async fn oidcc_ensure_post_request_succeeds(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "post-authz", library).await;
+        let input = rp.input("openid", json!({}));
+        let started = rp.start(&input).await;
+        let url = url::Url::parse(started["url"].as_str().unwrap()).unwrap();
+        let form: Vec<(String, String)> = url.query_pairs().into_owned().collect();
+        let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let page = rp.browser.post("/oauth/authorize", &form).await;
+        let page = rp.browser.follow(page).await;
+        assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+        let back = rp.signed_in(page).await;
+        rp.finish(&started, &input, back.location.as_deref().unwrap())
+            .await;
+    }
+}
+
+/// `oidcc-server-client-secret-post`: the whole sign-in with the client
+/// authenticating by `client_secret_post` at the token endpoint.
+async fn oidcc_server_client_secret_post(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "secret-post", library).await;
+        let done = rp
+            .sign_in(&rp.input("openid offline_access", json!({"auth": "post"})))
+            .await;
+        assert!(done["refreshed"]["access_token"].is_string(), "{done}");
+    }
+}
+
+/// `oidcc-claims-essential`: the `claims` parameter, which this provider
+/// does not support (`claims_parameter_supported: false`), is ignored and
+/// the sign-in succeeds.
+async fn oidcc_claims_essential(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "claims", library).await;
+        let claims = json!({"userinfo": {"name": {"essential": true}}}).to_string();
+        rp.sign_in(&rp.input("openid", json!({"extra": {"claims": claims}})))
+            .await;
+    }
+}
+
+/// `oidcc-refresh-token`: the refresh token works for its client (the
+/// library refreshes) and not for another client, which gets
+/// `invalid_grant`.
+async fn oidcc_refresh_token(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "refresher", library).await;
+        let done = rp.sign_in(&rp.input("openid offline_access", json!({}))).await;
+        let other_id = format!("other-{library}");
+        let other = application(app, &other_id, ClientKind::Confidential, ConsentMode::Skip).await;
+        let r = app
+            .http
+            .post(app.url("/oauth/token"))
+            .basic_auth(&other_id, Some(&other))
+            .form(&[
+                ("grant_type", "refresh_token"),
+                (
+                    "refresh_token",
+                    done["refreshed"]["refresh_token"].as_str().unwrap(),
+                ),
+            ])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400);
+        assert_eq!(r.json::<Value>().await.unwrap()["error"], "invalid_grant");
+    }
+}
+
+/// The logout URL of `params`.
+fn logout_url(params: &[(&str, &str)]) -> String {
+    format!(
+        "/oauth/logout?{}",
+        url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(params)
+            .finish()
+    )
+}
+
+/// Confirms the logout page `page` (every parameter it carries): the answer.
+async fn confirm(browser: &mut Browser<'_>, page: &Page) -> Page {
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let mut form = vec![("csrf".to_string(), hidden(&page.body, "csrf"))];
+    for k in ["id_token_hint", "client_id", "post_logout_redirect_uri", "state"] {
+        if page.body.contains(&format!("name=\"{k}\"")) {
+            form.push((k.to_string(), hidden(&page.body, k)));
+        }
+    }
+    let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    browser.post("/oauth/logout/confirm", &form).await
+}
+
+/// Whether the browser session still signs in silently.
+async fn still_signed_in(rp: &mut Rp<'_>) -> bool {
+    let input = rp.input("openid", json!({"extra": {"prompt": "none"}}));
+    let started = rp.start(&input).await;
+    let back = rp.authorize(&started).await;
+    back.location
+        .as_deref()
+        .is_some_and(|l| query(l).contains_key("code"))
+}
+
+/// `oidcc-rp-initiated-logout-bad-post-logout-redirect-uri`: a
+/// `post_logout_redirect_uri` the client did not register is refused with
+/// an error page: no redirect, and the user stays signed in.
+async fn oidcc_rp_initiated_logout_bad_post_logout_redirect_uri(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "bad-plru", library).await;
+        let done = rp.sign_in(&rp.input("openid", json!({}))).await;
+        let page = rp
+            .browser
+            .get(&logout_url(&[
+                ("id_token_hint", done["id_token"].as_str().unwrap()),
+                ("post_logout_redirect_uri", "http://127.0.0.1/elsewhere"),
+                ("state", "s"),
+            ]))
+            .await;
+        assert_eq!(
+            (page.status, page.location.as_deref()),
+            (StatusCode::BAD_REQUEST, None)
+        );
+        assert!(still_signed_in(&mut rp).await);
+    }
+}
+
+/// `oidcc-rp-initiated-logout-modified-id-token-hint`: an `id_token_hint`
+/// whose signature does not verify is refused with an error page: no
+/// redirect, and the user stays signed in.
+async fn oidcc_rp_initiated_logout_modified_id_token_hint(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "bad-hint", library).await;
+        let done = rp.sign_in(&rp.input("openid", json!({}))).await;
+        let token = done["id_token"].as_str().unwrap();
+        let (signed, signature) = token.rsplit_once('.').unwrap();
+        let flipped = if signature.starts_with('A') { "B" } else { "A" };
+        let modified = format!("{signed}.{flipped}{}", &signature[1..]);
+        let page = rp
+            .browser
+            .get(&logout_url(&[
+                ("id_token_hint", &modified),
+                ("post_logout_redirect_uri", AFTER_LOGOUT),
+                ("state", "s"),
+            ]))
+            .await;
+        assert_eq!(
+            (page.status, page.location.as_deref()),
+            (StatusCode::BAD_REQUEST, None)
+        );
+        assert!(still_signed_in(&mut rp).await);
+    }
+}
+
+/// `oidcc-rp-initiated-logout-no-id-token-hint`: with a
+/// `post_logout_redirect_uri` but neither `id_token_hint` nor `client_id`,
+/// the provider cannot tell whose URI it is: it does not redirect there
+/// (RP-Initiated Logout §3). latchkey refuses the request with an error
+/// page; the user stays signed in.
+async fn oidcc_rp_initiated_logout_no_id_token_hint(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "no-hint", library).await;
+        rp.sign_in(&rp.input("openid", json!({}))).await;
+        let page = rp
+            .browser
+            .get(&logout_url(&[
+                ("post_logout_redirect_uri", AFTER_LOGOUT),
+                ("state", "s"),
+            ]))
+            .await;
+        assert_eq!(
+            (page.status, page.location.as_deref()),
+            (StatusCode::BAD_REQUEST, None),
+            "never redirected to a URI nobody vouched for"
+        );
+        assert!(still_signed_in(&mut rp).await);
+    }
+}
+
+/// `oidcc-rp-initiated-logout-no-params`: a logout without any parameter
+/// asks the user, and confirming signs them out (a page, no redirect).
+async fn oidcc_rp_initiated_logout_no_params(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "no-params", library).await;
+        rp.sign_in(&rp.input("openid", json!({}))).await;
+        let page = rp.browser.get("/oauth/logout").await;
+        let out = confirm(&mut rp.browser, &page).await;
+        let out = rp.browser.follow(out).await;
+        assert_eq!(
+            (out.status, out.location.as_deref()),
+            (StatusCode::OK, None),
+            "{}",
+            out.body
+        );
+        assert!(!still_signed_in(&mut rp).await);
+    }
+}
+
+/// `oidcc-rp-initiated-logout-no-post-logout-redirect-uri`: with an
+/// `id_token_hint` only, the user is signed out and shown a page.
+async fn oidcc_rp_initiated_logout_no_post_logout_redirect_uri(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "no-plru", library).await;
+        let done = rp.sign_in(&rp.input("openid", json!({}))).await;
+        let page = rp
+            .browser
+            .get(&logout_url(&[(
+                "id_token_hint",
+                done["id_token"].as_str().unwrap(),
+            )]))
+            .await;
+        let out = confirm(&mut rp.browser, &page).await;
+        let out = rp.browser.follow(out).await;
+        assert_eq!((out.status, out.location.as_deref()), (StatusCode::OK, None));
+        assert!(!still_signed_in(&mut rp).await);
+    }
+}
+
+/// `oidcc-rp-initiated-logout-no-state`, `oidcc-rp-initiated-logout-only-state`:
+/// without `state`, the redirect to the registered URI carries none; with
+/// `state` but no `post_logout_redirect_uri`, there is no redirect to carry
+/// it (a page).
+async fn oidcc_rp_initiated_logout_no_state_and_only_state(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "states", library).await;
+        let done = rp.sign_in(&rp.input("openid", json!({}))).await;
+        let page = rp
+            .browser
+            .get(&logout_url(&[
+                ("id_token_hint", done["id_token"].as_str().unwrap()),
+                ("post_logout_redirect_uri", AFTER_LOGOUT),
+            ]))
+            .await;
+        let out = confirm(&mut rp.browser, &page).await;
+        assert_eq!(out.location.as_deref(), Some(AFTER_LOGOUT), "no state added");
+
+        rp.sign_in(&rp.input("openid", json!({}))).await;
+        let page = rp.browser.get(&logout_url(&[("state", "only")])).await;
+        let out = confirm(&mut rp.browser, &page).await;
+        let out = rp.browser.follow(out).await;
+        assert_eq!((out.status, out.location.as_deref()), (StatusCode::OK, None));
+        assert!(!out.body.contains("only"), "the state goes nowhere");
+    }
+}
+
+/// `oidcc-rp-initiated-logout-discovery-endpoint-verification`,
+/// `oidcc-backchannel-logout-discovery-endpoint-verification`: discovery
+/// names the `end_session_endpoint` (under the issuer), and says
+/// `backchannel_logout_supported` and `backchannel_logout_session_supported`.
+async fn oidcc_rp_initiated_logout_and_backchannel_logout_discovery_endpoint_verification(app: &TestApp) {
+    let d: Value = app
+        .get("/.well-known/openid-configuration")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(d["issuer"], ISSUER);
+    assert_eq!(d["end_session_endpoint"], format!("{ISSUER}/oauth/logout"));
+    assert_eq!(d["backchannel_logout_supported"], true);
+    assert_eq!(d["backchannel_logout_session_supported"], true);
+    assert_eq!(d["frontchannel_logout_supported"], false);
+}
