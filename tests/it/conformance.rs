@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use crate::common::{unique_email, TestApp, PASSWORD};
 use crate::oidc::{
     application, finish_with, hidden, query, rp_input, rp_of, Browser, Page, AFTER_LOGOUT, AUTHLIB, CALLBACK,
-    ISSUER, OPENID_CLIENT,
+    GO_OIDC, ISSUER, OPENID_CLIENT,
 };
 use latchkey::domain::oidc::client::{ClientKind, ConsentMode};
 
@@ -47,8 +47,8 @@ crate::on_every_backend!(
 );
 
 /// The relying-party libraries every scenario that signs in runs with:
-/// it passes only when both accept every answer.
-const LIBRARIES: [&str; 2] = [OPENID_CLIENT, AUTHLIB];
+/// it passes only when each accepts every answer.
+const LIBRARIES: [&str; 3] = [OPENID_CLIENT, AUTHLIB, GO_OIDC];
 
 /// A relying party of the scenarios: a confidential client that skips
 /// consent, a verified user, and a browser.

@@ -58,9 +58,12 @@ pub async fn rp(command: &str, input: &Value) -> Value {
 pub const OPENID_CLIENT: &str = "openid-client";
 /// Authlib (Python), `tests/support/oidc-rp/rp.py`.
 pub const AUTHLIB: &str = "authlib";
+/// coreos/go-oidc with golang.org/x/oauth2 (Go), `tests/support/oidc-rp-go`,
+/// built by install-upstreams into `target/test-deps/oidc-rp-go`.
+pub const GO_OIDC: &str = "go-oidc";
 
-/// [`rp`] with the relying party built on `library` ([`OPENID_CLIENT`] or
-/// [`AUTHLIB`]): both take the same commands and JSON.
+/// [`rp`] with the relying party built on `library` ([`OPENID_CLIENT`],
+/// [`AUTHLIB`] or [`GO_OIDC`]): all take the same commands and JSON.
 pub async fn rp_of(library: &str, command: &str, input: &Value) -> Value {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut cmd = match library {
@@ -70,6 +73,7 @@ pub async fn rp_of(library: &str, command: &str, input: &Value) -> Value {
                 .env("PYTHONPATH", root.join("target/test-deps/authlib"));
             c
         }
+        GO_OIDC => std::process::Command::new(root.join("target/test-deps/oidc-rp-go")),
         _ => {
             let mut c = std::process::Command::new("node");
             c.arg(root.join("tests/support/oidc-rp/rp.mjs"));

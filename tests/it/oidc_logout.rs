@@ -4,7 +4,8 @@
 //! it ended. The application is a loopback listener that records what it
 //! receives; each logout token is validated as the specification tells a
 //! relying party to, by jose (the JWT library openid-client is built on,
-//! `tests/support/oidc-rp/rp.mjs logout-token`).
+//! `tests/support/oidc-rp/rp.mjs logout-token`) and by go-oidc
+//! (`tests/support/oidc-rp-go`).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -13,7 +14,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::common::{unique_email, TestApp, PASSWORD};
-use crate::oidc::{code_grant_in, hidden, rp, Browser, AFTER_LOGOUT, CALLBACK, ISSUER};
+use crate::oidc::{code_grant_in, hidden, rp, rp_of, Browser, AFTER_LOGOUT, CALLBACK, GO_OIDC, ISSUER};
 use latchkey::domain::oidc::client::{ClientKind, ClientSettings, ConsentMode};
 
 crate::on_every_backend!(
@@ -110,8 +111,9 @@ async fn delivered(received: &Received) -> Vec<(String, String)> {
     }
 }
 
-/// The logout token of a received form, validated by the library as one
-/// signed in `alg` (the client's id_token algorithm): its claims.
+/// The logout token of a received form, validated as one signed in `alg`
+/// (the client's id_token algorithm) by jose (the JWT library of
+/// openid-client) and by go-oidc's `VerifyLogout`: its claims.
 async fn validated(app: &TestApp, client: &str, alg: &str, (kind, body): &(String, String)) -> Value {
     assert_eq!(kind, "application/x-www-form-urlencoded");
     let form: Vec<(String, String)> = url::form_urlencoded::parse(body.as_bytes())
@@ -119,16 +121,19 @@ async fn validated(app: &TestApp, client: &str, alg: &str, (kind, body): &(Strin
         .collect();
     assert_eq!(form.len(), 1, "only logout_token: {form:?}");
     assert_eq!(form[0].0, "logout_token");
-    let out = rp(
-        "logout-token",
-        &json!({"issuer": ISSUER, "base": app.url(""), "client_id": client, "logout_token": form[0].1, "alg": alg}),
-    )
-    .await;
+    let input = json!({"issuer": ISSUER, "base": app.url(""), "client_id": client, "logout_token": form[0].1, "alg": alg});
+    let go = rp_of(GO_OIDC, "logout-token", &input).await;
+    assert!(
+        go.get("error").is_none(),
+        "go-oidc refused the logout token: {go}"
+    );
+    let out = rp("logout-token", &input).await;
     assert!(
         out.get("error").is_none(),
         "the library refused the logout token: {out}"
     );
     assert_eq!(out["header"]["typ"], "logout+jwt");
+    assert_eq!(go["claims"], out["claims"]);
     out["claims"].clone()
 }
 
