@@ -150,6 +150,10 @@ impl TestApp {
             // waits for a thread rather than being shed at the default
             // objective (500 ms). Tests of shedding set their own.
             ("hash_latency_objective_ms".into(), "60000".into()),
+            // No RS256 key for id_tokens (the default keeps one): making a
+            // 2048-bit RSA key costs a new database a fifth of a second.
+            // The tests of the OpenID Provider that need one set it.
+            ("id_token_signing_algorithms".into(), "".into()),
         ];
         settings.extend(base);
         for (k, v) in extra {

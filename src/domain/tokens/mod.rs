@@ -278,7 +278,12 @@ impl TokenSettings {
             issuer: src.get("issuer", default_issuer, url_text)?,
             audience: src.get("audience", "latchkey".to_string(), non_empty)?,
             algorithm: src.get("signing_algorithm", SigningAlgorithm::EdDsa, |s| s.parse())?,
-            id_token_algorithms: src.list("id_token_signing_algorithms", |s| s.parse())?,
+            // RS256 unless told otherwise: OpenID Connect Discovery §3 has
+            // every provider list it in id_token_signing_alg_values_supported.
+            id_token_algorithms: match src.items("id_token_signing_algorithms")? {
+                None => vec![SigningAlgorithm::Rs256],
+                Some(_) => src.list("id_token_signing_algorithms", |s| s.parse())?,
+            },
             access_ttl: src.get(
                 "access_token_ttl_secs",
                 Duration::from_secs(900),

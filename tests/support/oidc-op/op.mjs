@@ -1,0 +1,57 @@
+// node-oidc-provider, an OpenID Provider certified for the Basic, RP-Initiated
+// Logout and Back-Channel Logout plans, run on loopback beside latchkey with
+// the equivalent configuration (tests/it/conformance.rs compares the two):
+// the authorization code flow with PKCE (S256, required), the scopes openid,
+// profile (name), email (email, email_verified) and offline_access,
+// RP-initiated and back-channel logout, no claims parameter. Its development
+// sign-in pages accept any login: the account is the login given, its email
+// that login.
+//
+//   node op.mjs '{"clients": [{"client_id","client_secret","redirect_uris",
+//                 "post_logout_redirect_uris"?}]}'
+//   listens on a free loopback port, prints "ready <issuer>", ends with its
+//   input (stdin closed) or on SIGTERM.
+import http from "node:http";
+import Provider from "oidc-provider";
+
+const p = JSON.parse(process.argv[2]);
+const server = http.createServer();
+await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+const issuer = `http://127.0.0.1:${server.address().port}`;
+
+const provider = new Provider(issuer, {
+  clients: p.clients.map((c) => ({
+    grant_types: ["authorization_code", "refresh_token"],
+    response_types: ["code"],
+    ...c,
+  })),
+  responseTypes: ["code"],
+  pkce: { required: () => true },
+  scopes: ["openid", "offline_access", "email", "profile"],
+  claims: { openid: ["sub"], email: ["email", "email_verified"], profile: ["name"] },
+  features: {
+    devInteractions: { enabled: true },
+    rpInitiatedLogout: { enabled: true },
+    backchannelLogout: { enabled: true },
+    claimsParameter: { enabled: false },
+  },
+  findAccount: async (_ctx, id) => ({
+    accountId: id,
+    async claims() {
+      return { sub: id, email: id, email_verified: true };
+    },
+  }),
+  // A refresh token with offline_access, as latchkey gives one.
+  issueRefreshToken: async (_ctx, client, code) =>
+    client.grantTypeAllowed("refresh_token") && code.scopes.has("offline_access"),
+  cookies: { keys: ["latchkey-conformance-comparison-only"] },
+});
+
+server.on("request", provider.callback());
+console.log(`ready ${issuer}`);
+// The test reads the one line above; the provider's notices go to stderr.
+console.log = console.info = console.warn = console.error;
+process.on("SIGTERM", () => process.exit(0));
+// The test holds stdin open while it needs the provider.
+process.stdin.on("end", () => process.exit(0));
+process.stdin.resume();
