@@ -47,6 +47,7 @@ crate::on_every_backend!(
     oidcc_rp_initiated_logout_no_state_and_only_state,
     oidcc_rp_initiated_logout_and_backchannel_logout_discovery_endpoint_verification,
     a_certified_provider_answers_as_latchkey_does_but_for_the_differences_documented,
+    the_libraries_sign_in_at_the_certified_provider_and_get_the_same_claims_but_for_those_documented,
 );
 
 /// The relying-party libraries every scenario that signs in runs with:
@@ -996,4 +997,151 @@ async fn a_certified_provider_answers_as_latchkey_does_but_for_the_differences_d
         "discovery token_endpoint_auth_methods_supported",
     ];
     assert_eq!(differences, expected, "{differences:#?}");
+}
+
+/// Signs in at node-oidc-provider's development pages, as `login`, from
+/// its authorization URL `url` (following its redirects, posting each
+/// form: the sign-in, then the consent): the redirect back to the client.
+async fn sign_in_at_the_certified_provider(
+    http: &reqwest::Client,
+    issuer: &str,
+    url: &str,
+    login: &str,
+) -> String {
+    let mut cookies: std::collections::HashMap<String, String> = Default::default();
+    let mut next = (url.to_string(), None::<Vec<(String, String)>>);
+    for _ in 0..12 {
+        let header = cookies
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        let r = match &next.1 {
+            None => http.get(&next.0),
+            Some(form) => http.post(&next.0).form(form),
+        }
+        .header(reqwest::header::COOKIE, header)
+        .send()
+        .await
+        .unwrap();
+        for v in r.headers().get_all(reqwest::header::SET_COOKIE) {
+            let text = v.to_str().unwrap();
+            let pair = text.split(';').next().unwrap();
+            if let Some((k, val)) = pair.split_once('=') {
+                cookies.insert(k.to_string(), val.to_string());
+            }
+        }
+        let location = r
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .map(|v| v.to_str().unwrap().to_string());
+        match location {
+            Some(to) if to.starts_with(CALLBACK) => return to,
+            Some(to) if to.starts_with('/') => next = (format!("{issuer}{to}"), None),
+            Some(to) => next = (to, None),
+            None => {
+                let body = r.text().await.unwrap();
+                let action = attribute(&body, "action").unwrap_or_else(|| panic!("a form: {body}"));
+                assert!(action.starts_with(issuer), "{action}");
+                let mut form: Vec<(String, String)> = Vec::new();
+                let mut rest = body.as_str();
+                while let Some(at) = rest.find("<input") {
+                    let tag = &rest[at..rest[at..].find('>').map_or(rest.len(), |e| at + e)];
+                    if let Some(name) = attribute(tag, "name") {
+                        let value = match name.as_str() {
+                            "login" => login.to_string(),
+                            "password" => "any".to_string(),
+                            _ => attribute(tag, "value").unwrap_or_default(),
+                        };
+                        form.push((name, value));
+                    }
+                    rest = &rest[at + 6..];
+                }
+                next = (action, Some(form));
+            }
+        }
+    }
+    panic!("no way back to the client from {url}");
+}
+
+/// The value of the first `name="..."` attribute in `html`.
+fn attribute(html: &str, name: &str) -> Option<String> {
+    let needle = format!("{name}=\"");
+    let at = html.find(&needle)? + needle.len();
+    Some(html[at..at + html[at..].find('"')?].to_string())
+}
+
+/// Each library signs in at both providers (`openid profile email`, with
+/// a refresh): the id_tokens carry the same claims but for those listed
+/// (docs/conformance.md), and userinfo the same.
+async fn the_libraries_sign_in_at_the_certified_provider_and_get_the_same_claims_but_for_those_documented(
+    app: &TestApp,
+) {
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "beside", library).await;
+        let op = CertifiedProvider::start(json!([{
+            "client_id": rp.id,
+            "client_secret": rp.secret,
+            "redirect_uris": [CALLBACK],
+            "post_logout_redirect_uris": [AFTER_LOGOUT],
+            "id_token_signed_response_alg": "RS256",
+        }]))
+        .await;
+        let scope = "openid profile email offline_access";
+        let ours = rp
+            .sign_in(&rp.input(scope, json!({"id_token_alg": "EdDSA"})))
+            .await;
+        let mut input = rp.input(
+            scope,
+            json!({"id_token_alg": "RS256", "extra": {"prompt": "consent"}}),
+        );
+        input["issuer"] = op.issuer.clone().into();
+        input["base"] = op.issuer.clone().into();
+        let started = rp.start(&input).await;
+        let back =
+            sign_in_at_the_certified_provider(&http, &op.issuer, started["url"].as_str().unwrap(), &rp.email)
+                .await;
+        let theirs = rp.finish(&started, &input, &back).await;
+        let keys = |v: &Value| -> Vec<String> {
+            let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+            k.sort();
+            k
+        };
+        let (mine, certified) = (keys(&ours["claims"]), keys(&theirs["claims"]));
+        let only_mine: Vec<&String> = mine.iter().filter(|k| !certified.contains(k)).collect();
+        let only_theirs: Vec<&String> = certified.iter().filter(|k| !mine.contains(k)).collect();
+        // Optional claims latchkey's id_tokens always carry (Core §2,
+        // §3.1.3.6, §5.4): `acr` and `amr` (how the user signed in),
+        // `at_hash`, `auth_time`, `azp` (the client), `sid` (for logout),
+        // and the email scope's claims (in userinfo too).
+        let expected = [
+            "acr",
+            "amr",
+            "at_hash",
+            "auth_time",
+            "azp",
+            "email",
+            "email_verified",
+            "sid",
+        ];
+        let only_mine: Vec<&str> = only_mine.iter().map(|s| s.as_str()).collect();
+        assert_eq!(
+            (only_mine, only_theirs),
+            (expected.to_vec(), Vec::<&String>::new()),
+            "{library}: latchkey {mine:?}, node-oidc-provider {certified:?}"
+        );
+        assert_eq!(
+            keys(&ours["userinfo"]),
+            keys(&theirs["userinfo"]),
+            "{library}: userinfo"
+        );
+        assert!(
+            theirs["refreshed"]["access_token"].is_string() && ours["refreshed"]["access_token"].is_string()
+        );
+    }
 }

@@ -212,8 +212,11 @@ func finish(ctx context.Context, p input, provider *oidc.Provider, conf oauth2.C
 	if err != nil {
 		fail("id_token", err)
 	}
-	if err := idToken.VerifyAccessToken(token.AccessToken); err != nil {
-		fail("at_hash", err)
+	// at_hash is optional in the code flow (Core 3.1.3.6); checked when present.
+	if idToken.AccessTokenHash != "" {
+		if err := idToken.VerifyAccessToken(token.AccessToken); err != nil {
+			fail("at_hash", err)
+		}
 	}
 	var claims map[string]any
 	if err := idToken.Claims(&claims); err != nil {
