@@ -794,6 +794,12 @@ async fn answer(http: &reqwest::Client, url: &str) -> Answer {
     }
 }
 
+/// Changes to a well-formed authorization request: a value `None` removes
+/// the parameter.
+type Change<'a> = Vec<(&'a str, Option<&'a str>)>;
+/// A token request's form.
+type Form<'a> = Vec<(&'a str, &'a str)>;
+
 /// An authorization URL at `endpoint` of a well-formed request of client
 /// `client`, with `change` applied (a value `None` removes the parameter).
 fn probe_url(endpoint: &str, client: &str, change: &[(&str, Option<&str>)]) -> String {
@@ -881,7 +887,7 @@ async fn a_certified_provider_answers_as_latchkey_does_but_for_the_differences_d
     }
 
     // The authorization endpoint, without a browser session.
-    let probes: Vec<(&str, Vec<(&str, Option<&str>)>)> = vec![
+    let probes: Vec<(&str, Change)> = vec![
         ("well formed", vec![]),
         ("response_type missing", vec![("response_type", None)]),
         ("response_type token", vec![("response_type", Some("token"))]),
@@ -925,7 +931,7 @@ async fn a_certified_provider_answers_as_latchkey_does_but_for_the_differences_d
 
     // The token endpoint.
     let verifier = "v".repeat(43);
-    let token_probes: Vec<(&str, Vec<(&str, &str)>, Option<&str>)> = vec![
+    let token_probes: Vec<(&str, Form, Option<&str>)> = vec![
         (
             "unknown code",
             vec![
