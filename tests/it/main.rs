@@ -12,6 +12,7 @@ mod dump;
 mod events;
 mod gateway;
 mod gateway_attacks;
+mod grant_properties;
 mod import;
 mod layers;
 mod limits;
