@@ -27,6 +27,19 @@ pub enum Command {
     Serve,
     /// Apply database migrations and exit.
     Migrate,
+    /// Write a consistent copy of the embedded database to PATH while the
+    /// service serves (docs/backup.md).
+    Backup { path: std::path::PathBuf },
+    /// Put a backup in place of the embedded database, once it passes
+    /// SQLite's integrity check, its schema is not newer than this build's,
+    /// and it was made under the configured master secret. Stop every
+    /// instance first.
+    Restore {
+        path: std::path::PathBuf,
+        /// Replace an existing database (kept as latchkey.db.before-restore).
+        #[arg(long)]
+        replace: bool,
+    },
     /// Manage OAuth clients.
     Clients {
         #[command(subcommand)]
@@ -200,6 +213,21 @@ pub fn main() -> ExitCode {
 async fn run(command: Command, config: Config, started: Instant) -> anyhow::Result<()> {
     match command {
         Command::Serve => serve(config, started).await,
+        Command::Backup { path } => {
+            crate::app::backup::backup(&config, &path).await?;
+            println!("backup written to {}", path.display());
+            Ok(())
+        }
+        Command::Restore { path, replace } => {
+            let r = crate::app::backup::restore(&config, &path, replace).await?;
+            println!(
+                "restored {} (schema {}, migrated to {})",
+                path.display(),
+                r.schema_version,
+                r.migrated_to
+            );
+            Ok(())
+        }
         Command::Migrate => {
             let backend = crate::app::migrate(&config.database).await?;
             println!("migrations applied ({backend})");

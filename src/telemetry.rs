@@ -334,6 +334,11 @@ fn describe() {
         metrics::gauge!(*name).increment(0.0);
     }
     describe_gauge!("latchkey_build_info", "Version and git revision of this binary");
+    // Only once a scheduled backup succeeded: absent, not 0, without them.
+    describe_gauge!(
+        "latchkey_backup_last_success_timestamp_seconds",
+        "When the last scheduled backup of the embedded database succeeded (Unix seconds; backup_dir)"
+    );
     let histograms: &[(&'static str, &'static str)] = &[
         (
             "latchkey_hash_wait_seconds",

@@ -21,7 +21,28 @@ const A_DAY_MS: i64 = 86_400_000;
 pub(super) fn chores(st: &Arc<Services>) -> Housekeeping {
     let minute = Duration::from_secs(60);
     let upkeep = Duration::from_secs(5);
-    Housekeeping::new()
+    let mut chores = Housekeeping::new();
+    if let Some(dir) = st.config.backups.dir.clone() {
+        // The embedded database's scheduled backup (docs/backup.md).
+        let keep = st.config.backups.keep;
+        chores = chores.every(
+            "backup",
+            st.config.backups.interval,
+            with(st, move |st| {
+                let dir = dir.clone();
+                async move {
+                    let now = now_ms();
+                    super::backup::scheduled(&st.store, &dir, keep, now)
+                        .await
+                        .map_err(|e| format!("{e:#}"))?;
+                    metrics::gauge!("latchkey_backup_last_success_timestamp_seconds")
+                        .set((now / 1000) as f64);
+                    Ok(())
+                }
+            }),
+        );
+    }
+    chores
         .every(
             "signing_key_reload",
             st.config.tokens.key_refresh_interval,

@@ -3,6 +3,7 @@
 //! [`Application`] that the binary and the tests run alike (tests pass
 //! port 0).
 
+pub mod backup;
 pub mod config;
 mod housekeeping;
 mod services;

@@ -234,6 +234,18 @@ impl Services {
     }
 }
 
+/// The check value of the configured master secret (what the database
+/// stores in `installation` to refuse another secret; a restore compares it
+/// with a copy's).
+pub(super) fn secret_check(config: &Config) -> anyhow::Result<[u8; 32]> {
+    let master = load_master_secret(
+        config.secret_key.as_ref().map(|s| s.expose().as_slice()),
+        &config.data_dir,
+    )
+    .context("loading the master secret (LATCHKEY_SECRET_KEY or <data_dir>/secret.key)")?;
+    Ok(ServerKeys::derive(&master).secret_check)
+}
+
 /// Refuses to run under another master secret than the database was
 /// initialised with: the check value stored by the first instance must match.
 /// A database from before the check value existed gets it now, unless its

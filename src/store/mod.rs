@@ -14,6 +14,7 @@
 //! where a reader checks the one against the other; a helper over sqlx's
 //! builders would move the binds away from the SQL they fill.
 
+pub mod backup;
 mod clients;
 mod codes;
 mod events;

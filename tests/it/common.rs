@@ -107,7 +107,12 @@ pub fn pg_url(opts: &PgConnectOptions) -> String {
 impl TestApp {
     /// The embedded default: SQLite, in-process caches and limits.
     pub async fn embedded(extra: &[(&str, &str)]) -> TestApp {
-        let tmp = Arc::new(tempfile::tempdir().unwrap());
+        Self::embedded_in(Arc::new(tempfile::tempdir().unwrap()), extra).await
+    }
+
+    /// The embedded default in the directory `tmp` (its `latchkey.db` and
+    /// mail there), which may hold a database already (a restored one).
+    pub async fn embedded_in(tmp: Arc<tempfile::TempDir>, extra: &[(&str, &str)]) -> TestApp {
         let db = format!("sqlite://{}", tmp.path().join("latchkey.db").display());
         Self::start(tmp, vec![("database_url".into(), db)], extra).await
     }

@@ -4,6 +4,7 @@
 mod accounts;
 mod admin;
 mod attacks;
+mod backup;
 mod cli;
 mod common;
 mod conformance;

@@ -1,0 +1,102 @@
+//! Copies of the embedded database: made online (SQLite's `VACUUM INTO`
+//! on a connection of its own, one read transaction, so the copy is
+//! consistent and the service's own connection is never held), and read
+//! without being changed before a restore trusts them (`app::backup` has
+//! the rules). PostgreSQL is backed up with its own tools (docs/backup.md).
+
+use std::path::Path;
+use std::str::FromStr;
+
+use anyhow::Context;
+use sqlx::sqlite::SqliteConnectOptions;
+use sqlx::{ConnectOptions, Connection};
+
+use super::{Db, Store, SQLITE_MIGRATIONS};
+
+/// What a copy holds, read without changing it.
+#[derive(Clone, Debug)]
+pub struct CopyFacts {
+    /// SQLite's `integrity_check`: `ok`, or its first finding.
+    pub integrity: String,
+    /// The newest migration applied to it (`None`: no schema of ours).
+    pub schema_version: Option<i64>,
+    /// The check value of the master secret it was made under.
+    pub secret_check: Option<Vec<u8>>,
+}
+
+/// The newest schema this build knows (its last SQLite migration).
+pub fn newest_schema_version() -> i64 {
+    SQLITE_MIGRATIONS.iter().map(|m| m.version).max().unwrap_or(0)
+}
+
+impl Store {
+    /// The file of the embedded database, or `None` on PostgreSQL.
+    fn sqlite_file(&self) -> Option<std::path::PathBuf> {
+        match &self.db {
+            Db::Sqlite(pool) => Some(pool.connect_options().get_filename().to_path_buf()),
+            Db::Postgres(_) => None,
+        }
+    }
+
+    /// Writes a consistent copy of the embedded database to `path` (which
+    /// must not exist), while the service serves. Refused on PostgreSQL.
+    pub async fn backup_into(&self, path: &Path) -> anyhow::Result<()> {
+        let Some(file) = self.sqlite_file() else {
+            anyhow::bail!(
+                "the database is PostgreSQL: back it up with pg_dump, or base backups and WAL archiving (docs/backup.md)"
+            );
+        };
+        if path.exists() {
+            anyhow::bail!("{} exists already: a backup never overwrites", path.display());
+        }
+        let target = path
+            .to_str()
+            .context("the backup's path is not valid UTF-8")?
+            .replace('\'', "''");
+        let mut conn = SqliteConnectOptions::new()
+            .filename(&file)
+            .read_only(true)
+            .busy_timeout(std::time::Duration::from_secs(30))
+            .connect()
+            .await
+            .context("opening the database for a backup")?;
+        sqlx::query(&format!("VACUUM INTO '{target}'"))
+            .execute(&mut conn)
+            .await
+            .with_context(|| format!("writing the backup to {}", path.display()))?;
+        conn.close().await.ok();
+        Ok(())
+    }
+}
+
+/// Reads what the copy at `path` holds, opened read-only (a file that is
+/// not a SQLite database says so).
+pub async fn inspect_copy(path: &Path) -> anyhow::Result<CopyFacts> {
+    let url = format!("sqlite://{}", path.display());
+    let mut conn = SqliteConnectOptions::from_str(&url)?
+        .read_only(true)
+        .immutable(true)
+        .connect()
+        .await
+        .with_context(|| format!("opening {}", path.display()))?;
+    let (integrity,): (String,) = sqlx::query_as("PRAGMA integrity_check")
+        .fetch_one(&mut conn)
+        .await
+        .with_context(|| format!("{} is not a SQLite database", path.display()))?;
+    let schema_version: Option<i64> =
+        sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations WHERE success = 1")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap_or(None);
+    let secret_check: Option<Vec<u8>> =
+        sqlx::query_scalar("SELECT value FROM installation WHERE name = 'secret_check'")
+            .fetch_optional(&mut conn)
+            .await
+            .unwrap_or(None);
+    conn.close().await.ok();
+    Ok(CopyFacts {
+        integrity,
+        schema_version,
+        secret_check,
+    })
+}

@@ -1,0 +1,198 @@
+//! Backups of the embedded database and their restore (docs/backup.md):
+//! `latchkey backup` while the service serves, `latchkey restore` into
+//! another directory, and a service there on which every account signs in
+//! and every session's refresh token still rotates; the copies a restore
+//! must refuse; the scheduled backups.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::common::{unique_email, TestApp, PASSWORD, SECRET_KEY};
+
+/// `latchkey ARGS` on the embedded database of `data_dir`, under `secret`:
+/// (success, stdout and stderr).
+async fn latchkey(data_dir: &Path, secret: &str, args: &[&str]) -> (bool, String) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_latchkey"));
+    c.args(args)
+        .env("LATCHKEY_DATA_DIR", data_dir)
+        .env("LATCHKEY_SECRET_KEY", secret)
+        .env("LATCHKEY_LOG", "warn")
+        .env_remove("LATCHKEY_DATABASE_URL")
+        .env_remove("LATCHKEY_REDIS_URL");
+    let out = tokio::task::spawn_blocking(move || c.output().unwrap())
+        .await
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+async fn refreshes(app: &TestApp, refresh_token: &str) -> bool {
+    app.post("/auth/refresh", json!({ "refresh_token": refresh_token }))
+        .await
+        .status()
+        == 200
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_online_backup_restores_to_a_service_where_every_account_signs_in_and_every_session_refreshes() {
+    let app = TestApp::embedded(&[]).await;
+    let mut users = Vec::new();
+    for i in 0..3 {
+        let email = unique_email(&format!("backup{i}"));
+        let pair = app.register_verified(&email, PASSWORD).await;
+        users.push((email, pair["refresh_token"].as_str().unwrap().to_string()));
+    }
+    let out = tempfile::tempdir().unwrap();
+    let copy = out.path().join("copy.db");
+    // The service keeps serving while the copy is made.
+    let data_dir = app.tmp.path().to_path_buf();
+    let copy_arg = copy.display().to_string();
+    let args = ["backup", copy_arg.as_str()];
+    let during_email = unique_email("during-backup");
+    let (backup, during) = tokio::join!(
+        latchkey(&data_dir, SECRET_KEY, &args),
+        app.register_verified(&during_email, PASSWORD),
+    );
+    assert!(backup.0, "{}", backup.1);
+    assert!(during["access_token"].is_string());
+
+    let restored_dir = Arc::new(tempfile::tempdir().unwrap());
+    let (ok, text) = latchkey(restored_dir.path(), SECRET_KEY, &["restore", &copy_arg]).await;
+    assert!(ok, "{text}");
+    assert!(text.contains("restored"), "{text}");
+    let restored = TestApp::embedded_in(restored_dir, &[]).await;
+    for (email, refresh_token) in &users {
+        assert_eq!(restored.login(email, PASSWORD).await.status(), 200, "{email}");
+        assert!(
+            refreshes(&restored, refresh_token).await,
+            "{email}'s session rotates"
+        );
+    }
+    restored.stop().await;
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_refuses_a_copy_it_cannot_trust_and_changes_nothing() {
+    const OTHER: &str = "YW5vdGhlci1zZWNyZXQta2V5LW9mLXRoaXJ0eS10d28tYnl0ZXM=";
+    let app = TestApp::embedded(&[]).await;
+    app.register_verified(&unique_email("refused"), PASSWORD).await;
+    let out = tempfile::tempdir().unwrap();
+    let copy = out.path().join("copy.db");
+    let copy_arg = copy.display().to_string();
+    let (ok, text) = latchkey(app.tmp.path(), SECRET_KEY, &["backup", &copy_arg]).await;
+    assert!(ok, "{text}");
+    let (again, text) = latchkey(app.tmp.path(), SECRET_KEY, &["backup", &copy_arg]).await;
+    assert!(!again && text.contains("never overwrites"), "{text}");
+    app.stop().await;
+
+    let target = tempfile::tempdir().unwrap();
+    let db = target.path().join("latchkey.db");
+    // Made under another master secret.
+    let (ok, text) = latchkey(target.path(), OTHER, &["restore", &copy_arg]).await;
+    assert!(!ok && text.contains("another master secret"), "{text}");
+    assert!(!db.exists(), "nothing written");
+
+    // A newer schema than this build knows.
+    let newer = out.path().join("newer.db");
+    std::fs::copy(&copy, &newer).unwrap();
+    {
+        use sqlx::{ConnectOptions, Connection};
+        let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&newer)
+            .connect()
+            .await
+            .unwrap();
+        sqlx::query(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+             VALUES (999999, 'from the future', 1, x'00', 0)",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        conn.close().await.unwrap();
+    }
+    let (ok, text) = latchkey(
+        target.path(),
+        SECRET_KEY,
+        &["restore", &newer.display().to_string()],
+    )
+    .await;
+    assert!(!ok && text.contains("newer latchkey"), "{text}");
+    assert!(!db.exists(), "nothing written");
+
+    // A damaged file: the middle of it overwritten.
+    let damaged = out.path().join("damaged.db");
+    let mut bytes = std::fs::read(&copy).unwrap();
+    let middle = bytes.len() / 2;
+    let end = (middle + 4096).min(bytes.len());
+    for b in &mut bytes[middle..end] {
+        *b = 0x5a;
+    }
+    std::fs::write(&damaged, bytes).unwrap();
+    let (ok, text) = latchkey(
+        target.path(),
+        SECRET_KEY,
+        &["restore", &damaged.display().to_string()],
+    )
+    .await;
+    assert!(!ok, "a damaged copy is refused: {text}");
+    assert!(!db.exists(), "nothing written");
+
+    // A good copy over an existing database needs --replace, and keeps it.
+    let (ok, text) = latchkey(target.path(), SECRET_KEY, &["restore", &copy_arg]).await;
+    assert!(ok, "{text}");
+    let (ok, text) = latchkey(target.path(), SECRET_KEY, &["restore", &copy_arg]).await;
+    assert!(!ok && text.contains("--replace"), "{text}");
+    let (ok, text) = latchkey(target.path(), SECRET_KEY, &["restore", &copy_arg, "--replace"]).await;
+    assert!(ok, "{text}");
+    assert!(target.path().join("latchkey.db.before-restore").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scheduled_backups_keep_the_newest_and_say_when_the_last_one_succeeded() {
+    let dir = tempfile::tempdir().unwrap();
+    let backups = dir.path().display().to_string();
+    let app = TestApp::embedded(&[
+        ("backup_dir", &backups),
+        ("backup_interval_secs", "1"),
+        ("backup_keep", "2"),
+    ])
+    .await;
+    app.register_verified(&unique_email("scheduled"), PASSWORD).await;
+    let files = || -> Vec<std::path::PathBuf> {
+        let mut f: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        f.sort();
+        f
+    };
+    // Four backups' time at least (bounded), then: two kept.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seen = std::collections::BTreeSet::new();
+    while seen.len() < 4 {
+        assert!(Instant::now() < deadline, "backups made: {seen:?}");
+        seen.extend(files());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let kept = files();
+    assert!(kept.len() <= 2, "{kept:?}");
+    let newest = kept.last().unwrap();
+    let facts = latchkey::store::backup::inspect_copy(newest).await.unwrap();
+    assert_eq!(facts.integrity, "ok");
+    let metrics = app.metrics().await;
+    assert!(
+        metrics.contains("latchkey_backup_last_success_timestamp_seconds "),
+        "{metrics}"
+    );
+    app.stop().await;
+}
