@@ -157,6 +157,10 @@ pub enum KeysCommand {
 
 #[derive(Subcommand)]
 pub enum UsersCommand {
+    /// Write every account to FILE (`-`: stdout) as JSON lines that `users
+    /// import` reads back: emails, names, verification, password hashes,
+    /// disabled state (docs/import.md, "Export").
+    Export { file: std::path::PathBuf },
     /// Import accounts from a JSON-lines file (docs/import.md): one object
     /// per line with `email`, `password_hash` (bcrypt, PBKDF2, scrypt,
     /// argon2) or `keycloak`, and optionally `name`, `verified`,
@@ -379,6 +383,23 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
         }
         Command::Users { command } => match command {
             UsersCommand::Import { file, update } => import_users(config, &file, update).await,
+            UsersCommand::Export { file } => {
+                let st = crate::app::store(&config.database).await?;
+                let n = if file.as_os_str() == "-" {
+                    crate::domain::import::export(&st, &mut std::io::stdout().lock()).await?
+                } else {
+                    if file.exists() {
+                        anyhow::bail!("{} exists: an export never overwrites", file.display());
+                    }
+                    let mut out = std::io::BufWriter::new(
+                        std::fs::File::create(&file)
+                            .with_context(|| format!("creating {}", file.display()))?,
+                    );
+                    crate::domain::import::export(&st, &mut out).await?
+                };
+                eprintln!("exported {n} accounts");
+                Ok(())
+            }
             UsersCommand::Seed {
                 totp_secret,
                 count,
@@ -469,7 +490,13 @@ async fn import_users(config: Config, file: &std::path::Path, update: bool) -> a
         if let Some(line) = line {
             n += 1;
             read_bytes += line.len() as u64 + 1;
-            if !line.trim().is_empty() {
+            // An export's first line says its format and version.
+            let header = if n == 1 {
+                crate::domain::import::export_header(&line).map_err(|e| anyhow::anyhow!("line 1: {e}"))?
+            } else {
+                false
+            };
+            if !header && !line.trim().is_empty() {
                 let checked = serde_json::from_str::<crate::domain::import::ImportRecord>(&line)
                     .map_err(|e| format!("not an account object: {e}"))
                     .and_then(|r| r.check(false, crate::clock::now_ms()));

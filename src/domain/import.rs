@@ -46,6 +46,15 @@ pub struct ImportRecord {
     /// Or, through the admin API only, the password itself.
     #[serde(default)]
     pub password: Option<String>,
+    /// Or none: the account has no password yet (an export of latchkey's:
+    /// a sign-up whose address was contested); the user sets one with a
+    /// reset.
+    #[serde(default)]
+    pub no_password: bool,
+    /// Disabled in the system it comes from (an export of latchkey's): it
+    /// stays disabled.
+    #[serde(default)]
+    pub disabled: bool,
     /// When the account was created in the old system (RFC 3339, UTC).
     #[serde(default)]
     pub created_at: Option<String>,
@@ -66,11 +75,14 @@ impl ImportRecord {
             self.password_hash.is_some(),
             self.keycloak.is_some(),
             self.password.is_some(),
+            self.no_password,
         ];
         if given.iter().filter(|g| **g).count() != 1 {
-            return Err("give exactly one of password_hash, keycloak and password".into());
+            return Err("give exactly one of password_hash, keycloak, password and no_password".into());
         }
-        let (hash, plain) = if let Some(h) = self.password_hash {
+        let (hash, plain) = if self.no_password {
+            (crate::store::UNUSABLE_PASSWORD.to_string(), None)
+        } else if let Some(h) = self.password_hash {
             Legacy::parse(&h).map_err(|e| format!("password_hash: {e}"))?;
             (h, None)
         } else if let Some(k) = self.keycloak {
@@ -97,10 +109,73 @@ impl ImportRecord {
                 password_hash: hash,
                 verified_at: self.verified.then_some(now),
                 created_at,
+                disabled_at: self.disabled.then_some(now),
             },
             plain,
         })
     }
+}
+
+/// The first line of an export: what follows is version 1 of latchkey's
+/// account records (the import's, with `no_password` and `disabled`).
+pub const EXPORT_HEADER: &str = r#"{"format":"latchkey-users","version":1}"#;
+
+/// Whether `line` is an export's first line (`Err`: of a version this
+/// build cannot read).
+pub fn export_header(line: &str) -> Result<bool, String> {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+        return Ok(false);
+    };
+    if v.get("format").and_then(|f| f.as_str()) != Some("latchkey-users") {
+        return Ok(false);
+    }
+    match v.get("version").and_then(|n| n.as_i64()) {
+        Some(1) => Ok(true),
+        other => Err(format!(
+            "an export of version {other:?}: this latchkey reads version 1"
+        )),
+    }
+}
+
+/// Writes every account of `store` to `out` as JSON lines (`latchkey users
+/// export`): [`EXPORT_HEADER`], then one record per account in the form
+/// `latchkey users import` reads back (password hashes as they are stored:
+/// argon2id, or an imported system's hash not yet replaced). Second
+/// factors, sessions, clients and webhooks are not in it (docs/import.md).
+/// Returns how many accounts were written.
+pub async fn export(store: &Store, out: &mut impl std::io::Write) -> anyhow::Result<u64> {
+    writeln!(out, "{EXPORT_HEADER}")?;
+    let mut filter = crate::store::UserFilter::default();
+    let mut n = 0;
+    loop {
+        let page = store.users_page(&filter, 500).await?;
+        for u in &page {
+            let mut record = serde_json::json!({
+                "email": u.email,
+                "verified": u.email_verified_at.is_some(),
+                "created_at": crate::clock::rfc3339(u.created_at),
+            });
+            if let Some(name) = &u.name {
+                record["name"] = name.clone().into();
+            }
+            if u.password_hash == crate::store::UNUSABLE_PASSWORD {
+                record["no_password"] = true.into();
+            } else {
+                record["password_hash"] = u.password_hash.clone().into();
+            }
+            if u.disabled_at.is_some() {
+                record["disabled"] = true.into();
+            }
+            writeln!(out, "{record}")?;
+            n += 1;
+        }
+        match page.last() {
+            Some(last) if page.len() == 500 => filter.after = Some(last.id.clone()),
+            _ => break,
+        }
+    }
+    out.flush()?;
+    Ok(n)
 }
 
 /// Writes one batch of checked accounts (`latchkey users import`): created,
@@ -158,6 +233,7 @@ pub async fn seed(
                                 password_hash: p.hash(&pw),
                                 verified_at: Some(now),
                                 created_at: now,
+                                disabled_at: None,
                             })
                             .collect::<Vec<_>>()
                     })

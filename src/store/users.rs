@@ -407,6 +407,8 @@ pub struct ImportedUser {
     pub password_hash: String,
     pub verified_at: Option<i64>,
     pub created_at: i64,
+    /// Disabled in the system it comes from (an export of latchkey's).
+    pub disabled_at: Option<i64>,
 }
 
 /// What importing did with one account.
@@ -438,8 +440,8 @@ impl Store {
             let mut ended = Vec::new();
             for u in users {
                 let created = sqlx::query(
-                    "INSERT INTO users (id, email, name, password_hash, email_verified_at, created_at, updated_at, imported_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $7) ON CONFLICT (email) DO NOTHING",
+                    "INSERT INTO users (id, email, name, password_hash, email_verified_at, created_at, updated_at, imported_at, \
+                     disabled_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8) ON CONFLICT (email) DO NOTHING",
                 )
                 .bind(&u.id)
                 .bind(&u.email)
@@ -448,6 +450,7 @@ impl Store {
                 .bind(u.verified_at)
                 .bind(u.created_at)
                 .bind(now)
+                .bind(u.disabled_at)
                 .execute(&mut *tx)
                 .await?
                 .rows_affected()
@@ -470,13 +473,14 @@ impl Store {
                 }
                 let id: (String,) = sqlx::query_as(
                     "UPDATE users SET name = $2, password_hash = $3, email_verified_at = $4, updated_at = $5, \
-                     imported_at = $5 WHERE email = $1 RETURNING id",
+                     imported_at = $5, disabled_at = $6 WHERE email = $1 RETURNING id",
                 )
                 .bind(&u.email)
                 .bind(&u.name)
                 .bind(&u.password_hash)
                 .bind(u.verified_at)
                 .bind(now)
+                .bind(u.disabled_at)
                 .fetch_one(&mut *tx)
                 .await?;
                 drop_codes.execute(&mut *tx).await?;

@@ -196,3 +196,86 @@ async fn scheduled_backups_keep_the_newest_and_say_when_the_last_one_succeeded()
     );
     app.stop().await;
 }
+
+crate::on_every_backend!(an_export_imported_into_another_deployment_loses_no_account);
+
+/// `latchkey users export` read back by `latchkey users import` on another
+/// deployment (here always the embedded default: a move between backends
+/// too): every account arrives with its name, verification and disabled
+/// state, and signs in with its own password; one without a password stays
+/// without one.
+async fn an_export_imported_into_another_deployment_loses_no_account(app: &TestApp) {
+    let (_, admin) = app.admin_client().await;
+    let named = unique_email("export-named");
+    app.register_verified(&named, PASSWORD).await;
+    let id = app
+        .services
+        .store
+        .user_by_email(&named)
+        .await
+        .unwrap()
+        .unwrap()
+        .id;
+    let r = app
+        .http
+        .patch(app.url(&format!("/admin/users/{id}")))
+        .bearer_auth(&admin)
+        .json(&json!({"name": "Ada Lovelace"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let disabled = unique_email("export-disabled");
+    let nopass = unique_email("export-nopass");
+    for body in [
+        json!({"email": disabled, "password": "another password 1", "verified": true, "disabled": true}),
+        json!({"email": nopass, "no_password": true, "verified": true}),
+    ] {
+        let r = app
+            .http
+            .post(app.url("/admin/users"))
+            .bearer_auth(&admin)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    }
+    let mut file = Vec::new();
+    let exported = latchkey::domain::import::export(&app.services.store, &mut file)
+        .await
+        .unwrap();
+    let text = String::from_utf8(file).unwrap();
+    assert_eq!(
+        text.lines().next().unwrap(),
+        latchkey::domain::import::EXPORT_HEADER
+    );
+    assert_eq!(exported as usize, text.lines().count() - 1);
+
+    let other = TestApp::embedded(&[]).await;
+    let path = other.tmp.path().join("export.jsonl");
+    std::fs::write(&path, &text).unwrap();
+    let (ok, out) = latchkey(
+        other.tmp.path(),
+        SECRET_KEY,
+        &["users", "import", &path.display().to_string()],
+    )
+    .await;
+    assert!(ok, "{out}");
+    assert!(out.contains(&format!("{exported} created")), "{out}");
+    let moved = |email: &str| {
+        let store = other.services.store.clone();
+        let email = email.to_string();
+        async move { store.user_by_email(&email).await.unwrap().unwrap() }
+    };
+    assert_eq!(other.login(&named, PASSWORD).await.status(), 200);
+    assert_eq!(moved(&named).await.name.as_deref(), Some("Ada Lovelace"));
+    assert!(moved(&named).await.email_verified_at.is_some());
+    assert!(moved(&disabled).await.disabled_at.is_some(), "still disabled");
+    assert_ne!(other.login(&disabled, "another password 1").await.status(), 200);
+    assert_eq!(
+        moved(&nopass).await.password_hash,
+        latchkey::store::UNUSABLE_PASSWORD
+    );
+    other.stop().await;
+}
