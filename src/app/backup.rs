@@ -13,39 +13,12 @@
 //! later when sealed second factors, webhooks and mail fail to open.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::Context;
 
 use super::config::Config;
-use crate::settings::{number, optional, secs, ConfigError, Source};
 use crate::store::backup::{inspect_copy, newest_schema_version};
 use crate::store::{DatabaseUrl, Store};
-
-/// Scheduled backups of the embedded database.
-#[derive(Clone, Debug)]
-pub struct BackupSettings {
-    /// Where they go (`backup_dir`); unset: none are made.
-    pub dir: Option<PathBuf>,
-    /// How often (`backup_interval_secs`).
-    pub interval: Duration,
-    /// How many are kept, newest first (`backup_keep`).
-    pub keep: usize,
-}
-
-impl BackupSettings {
-    pub fn read(src: &impl Source) -> Result<BackupSettings, ConfigError> {
-        Ok(BackupSettings {
-            dir: src.get("backup_dir", None, optional(|s| Ok(PathBuf::from(s))))?,
-            interval: src.get(
-                "backup_interval_secs",
-                Duration::from_secs(3600),
-                secs(1, 7 * 86_400),
-            )?,
-            keep: src.get("backup_keep", 24, number(1, 10_000))?,
-        })
-    }
-}
 
 /// The file name of a scheduled backup made at `now_ms`: sorts by time.
 fn scheduled_name(now_ms: i64) -> String {

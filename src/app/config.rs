@@ -44,7 +44,7 @@ pub struct Config {
     pub mfa: MfaSettings,
     pub oidc: OidcSettings,
     /// Scheduled backups of the embedded database (`app::backup`).
-    pub backups: super::backup::BackupSettings,
+    pub backups: crate::store::backup::BackupSettings,
 }
 
 fn parse_secret_key(s: &str) -> Result<Secret<Vec<u8>>, String> {
@@ -74,7 +74,7 @@ impl Config {
             mfa: MfaSettings::read(src, &tokens.issuer)?,
             oidc: OidcSettings::read(src)?,
             database: DatabaseConfig::read(src, &data_dir)?,
-            backups: super::backup::BackupSettings::read(src)?,
+            backups: crate::store::backup::BackupSettings::read(src)?,
             // Not `optional`: an empty value (a secret that rendered empty) is
             // an error, never a silent fallback to `<data_dir>/secret.key`.
             secret_key: src.get("secret_key", None, |s| parse_secret_key(s).map(Some))?,

@@ -2,16 +2,44 @@
 //! on a connection of its own, one read transaction, so the copy is
 //! consistent and the service's own connection is never held), and read
 //! without being changed before a restore trusts them (`app::backup` has
-//! the rules). PostgreSQL is backed up with its own tools (docs/backup.md).
+//! the rules), and the settings of scheduled backups. PostgreSQL is backed
+//! up with its own tools (docs/backup.md).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::time::Duration;
 
 use anyhow::Context;
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{ConnectOptions, Connection};
 
 use super::{Db, Store, SQLITE_MIGRATIONS};
+use crate::settings::{number, optional, secs, ConfigError, Source};
+
+/// Scheduled backups of the embedded database.
+#[derive(Clone, Debug)]
+pub struct BackupSettings {
+    /// Where they go (`backup_dir`); unset: none are made.
+    pub dir: Option<PathBuf>,
+    /// How often (`backup_interval_secs`).
+    pub interval: Duration,
+    /// How many are kept, newest first (`backup_keep`).
+    pub keep: usize,
+}
+
+impl BackupSettings {
+    pub fn read(src: &impl Source) -> Result<BackupSettings, ConfigError> {
+        Ok(BackupSettings {
+            dir: src.get("backup_dir", None, optional(|s| Ok(PathBuf::from(s))))?,
+            interval: src.get(
+                "backup_interval_secs",
+                Duration::from_secs(3600),
+                secs(1, 7 * 86_400),
+            )?,
+            keep: src.get("backup_keep", 24, number(1, 10_000))?,
+        })
+    }
+}
 
 /// What a copy holds, read without changing it.
 #[derive(Clone, Debug)]

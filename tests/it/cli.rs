@@ -254,12 +254,18 @@ fn clients_and_keys_commands() {
     assert!(run(&["clients", "remove", "web"]).0);
     assert!(!run(&["clients", "remove", "web"]).0);
 
+    // A key per algorithm signed with: EdDSA, and RS256 for id_tokens
+    // (id_token_signing_algorithms' default); a rotation renews both.
     let (_, before, _) = run(&["keys", "list"]);
-    assert_eq!(before.lines().count(), 1);
+    assert_eq!(before.lines().count(), 2, "{before}");
     assert!(run(&["keys", "rotate"]).0);
     let (_, after, _) = run(&["keys", "list"]);
-    assert_eq!(after.lines().count(), 2);
-    assert_eq!(after.lines().filter(|l| l.ends_with("active")).count(), 1);
+    assert_eq!(after.lines().count(), 4, "{after}");
+    assert_eq!(
+        after.lines().filter(|l| l.ends_with("active")).count(),
+        2,
+        "{after}"
+    );
     assert!(run(&["migrate"]).0);
     let (ok, out, _) = run(&["users", "seed", "--count", "3", "--password", "seeded-password"]);
     assert!(ok, "{out}");
