@@ -552,6 +552,18 @@ async fn still_signed_in(rp: &mut Rp<'_>) -> bool {
         .is_some_and(|l| query(l).contains_key("code"))
 }
 
+/// A logout request of `params` that the provider must refuse: an error
+/// page, no redirect, and the user still signed in.
+async fn refused_logout(rp: &mut Rp<'_>, params: &[(&str, &str)]) {
+    let page = rp.browser.get(&logout_url(params)).await;
+    assert_eq!(
+        (page.status, page.location.as_deref()),
+        (StatusCode::BAD_REQUEST, None),
+        "{params:?}: an error page, never a redirect"
+    );
+    assert!(still_signed_in(rp).await, "{params:?}: still signed in");
+}
+
 /// `oidcc-rp-initiated-logout-bad-post-logout-redirect-uri`: a
 /// `post_logout_redirect_uri` the client did not register is refused with
 /// an error page: no redirect, and the user stays signed in.
@@ -559,19 +571,16 @@ async fn oidcc_rp_initiated_logout_bad_post_logout_redirect_uri(app: &TestApp) {
     for library in LIBRARIES {
         let mut rp = Rp::new(app, "bad-plru", library).await;
         let done = rp.sign_in(&rp.input("openid", json!({}))).await;
-        let page = rp
-            .browser
-            .get(&logout_url(&[
-                ("id_token_hint", done["id_token"].as_str().unwrap()),
+        let hint = done["id_token"].as_str().unwrap();
+        refused_logout(
+            &mut rp,
+            &[
+                ("id_token_hint", hint),
                 ("post_logout_redirect_uri", "http://127.0.0.1/elsewhere"),
                 ("state", "s"),
-            ]))
-            .await;
-        assert_eq!(
-            (page.status, page.location.as_deref()),
-            (StatusCode::BAD_REQUEST, None)
-        );
-        assert!(still_signed_in(&mut rp).await);
+            ],
+        )
+        .await;
     }
 }
 
@@ -586,19 +595,15 @@ async fn oidcc_rp_initiated_logout_modified_id_token_hint(app: &TestApp) {
         let (signed, signature) = token.rsplit_once('.').unwrap();
         let flipped = if signature.starts_with('A') { "B" } else { "A" };
         let modified = format!("{signed}.{flipped}{}", &signature[1..]);
-        let page = rp
-            .browser
-            .get(&logout_url(&[
+        refused_logout(
+            &mut rp,
+            &[
                 ("id_token_hint", &modified),
                 ("post_logout_redirect_uri", AFTER_LOGOUT),
                 ("state", "s"),
-            ]))
-            .await;
-        assert_eq!(
-            (page.status, page.location.as_deref()),
-            (StatusCode::BAD_REQUEST, None)
-        );
-        assert!(still_signed_in(&mut rp).await);
+            ],
+        )
+        .await;
     }
 }
 
@@ -611,19 +616,12 @@ async fn oidcc_rp_initiated_logout_no_id_token_hint(app: &TestApp) {
     for library in LIBRARIES {
         let mut rp = Rp::new(app, "no-hint", library).await;
         rp.sign_in(&rp.input("openid", json!({}))).await;
-        let page = rp
-            .browser
-            .get(&logout_url(&[
-                ("post_logout_redirect_uri", AFTER_LOGOUT),
-                ("state", "s"),
-            ]))
-            .await;
-        assert_eq!(
-            (page.status, page.location.as_deref()),
-            (StatusCode::BAD_REQUEST, None),
-            "never redirected to a URI nobody vouched for"
-        );
-        assert!(still_signed_in(&mut rp).await);
+        // Never redirected to a URI nobody vouched for.
+        refused_logout(
+            &mut rp,
+            &[("post_logout_redirect_uri", AFTER_LOGOUT), ("state", "s")],
+        )
+        .await;
     }
 }
 
