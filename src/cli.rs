@@ -169,7 +169,8 @@ pub enum UsersCommand {
     Import {
         file: std::path::PathBuf,
         /// Replace the name, hash and verification of existing emails (and
-        /// end their sessions) instead of skipping them.
+        /// end their sessions) instead of skipping them; `disabled` in a
+        /// record disables an account, and nothing in a file enables one.
         #[arg(long)]
         update: bool,
     },
@@ -230,6 +231,9 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
                 r.schema_version,
                 r.migrated_to
             );
+            if let Some(kept) = r.kept {
+                println!("the database it replaced is kept as {}", kept.display());
+            }
             Ok(())
         }
         Command::Migrate => {

@@ -176,6 +176,20 @@ impl ServerKeys {
 
 /// The master secret: the configured one, or `<data_dir>/secret.key`, created
 /// (mode 0600) with 32 random bytes on first start.
+/// Creates `path`, which must not exist (a symbolic link there counts),
+/// readable and writable by its owner only: for files that hold secrets or
+/// password hashes (the master secret, backups, exports).
+pub fn private_new_file(path: &Path) -> std::io::Result<std::fs::File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    options.open(path)
+}
+
 pub fn load_master_secret(configured: Option<&[u8]>, data_dir: &Path) -> anyhow::Result<Vec<u8>> {
     use anyhow::Context;
     if let Some(s) = configured {
@@ -190,14 +204,7 @@ pub fn load_master_secret(configured: Option<&[u8]>, data_dir: &Path) -> anyhow:
     }
     std::fs::create_dir_all(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
     let secret = random_bytes::<32>().to_vec();
-    let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create_new(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        opts.mode(0o600);
-    }
-    match opts.open(&path) {
+    match private_new_file(&path) {
         Ok(mut f) => {
             use std::io::Write;
             f.write_all(&secret)

@@ -52,7 +52,8 @@ pub struct ImportRecord {
     #[serde(default)]
     pub no_password: bool,
     /// Disabled in the system it comes from (an export of latchkey's): it
-    /// stays disabled.
+    /// is disabled here too. An import never enables an account, `--update`
+    /// included: a file without this field leaves a disabled one disabled.
     #[serde(default)]
     pub disabled: bool,
     /// When the account was created in the old system (RFC 3339, UTC).
@@ -109,7 +110,7 @@ impl ImportRecord {
                 password_hash: hash,
                 verified_at: self.verified.then_some(now),
                 created_at,
-                disabled_at: self.disabled.then_some(now),
+                disabled: self.disabled,
             },
             plain,
         })
@@ -233,7 +234,7 @@ pub async fn seed(
                                 password_hash: p.hash(&pw),
                                 verified_at: Some(now),
                                 created_at: now,
-                                disabled_at: None,
+                                disabled: false,
                             })
                             .collect::<Vec<_>>()
                     })

@@ -14,6 +14,7 @@ use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{ConnectOptions, Connection};
 
 use super::{Db, Store, SQLITE_MIGRATIONS};
+use crate::crypto::private_new_file;
 use crate::settings::{number, optional, secs, ConfigError, Source};
 
 /// Scheduled backups of the embedded database.
@@ -48,6 +49,10 @@ pub struct CopyFacts {
     pub integrity: String,
     /// The newest migration applied to it (`None`: no schema of ours).
     pub schema_version: Option<i64>,
+    /// Every migration applied to it: version and checksum.
+    pub migrations: Vec<(i64, Vec<u8>)>,
+    /// Triggers in it (latchkey's schema has none).
+    pub triggers: i64,
     /// The check value of the master secret it was made under.
     pub secret_check: Option<Vec<u8>>,
 }
@@ -66,17 +71,33 @@ impl Store {
         }
     }
 
+    /// Moves what the embedded database's write-ahead log holds into its
+    /// file and empties the log (before the file is moved aside).
+    pub async fn checkpoint(&self) -> anyhow::Result<()> {
+        if let Db::Sqlite(pool) = &self.db {
+            sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+                .execute(&**pool)
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Writes a consistent copy of the embedded database to `path` (which
-    /// must not exist), while the service serves. Refused on PostgreSQL.
+    /// must not exist: it is made here, readable by its owner only, as the
+    /// copy holds password hashes), while the service serves. Refused on
+    /// PostgreSQL.
     pub async fn backup_into(&self, path: &Path) -> anyhow::Result<()> {
         let Some(file) = self.sqlite_file() else {
             anyhow::bail!(
                 "the database is PostgreSQL: back it up with pg_dump, or base backups and WAL archiving (docs/backup.md)"
             );
         };
-        if path.exists() {
-            anyhow::bail!("{} exists already: a backup never overwrites", path.display());
-        }
+        private_new_file(path).with_context(|| {
+            format!(
+                "{}: a backup never overwrites, and needs a new file",
+                path.display()
+            )
+        })?;
         let target = path
             .to_str()
             .context("the backup's path is not valid UTF-8")?
@@ -88,20 +109,50 @@ impl Store {
             .connect()
             .await
             .context("opening the database for a backup")?;
-        sqlx::query(&format!("VACUUM INTO '{target}'"))
+        // VACUUM INTO writes into an empty file as into a new one.
+        let written = sqlx::query(&format!("VACUUM INTO '{target}'"))
             .execute(&mut conn)
             .await
-            .with_context(|| format!("writing the backup to {}", path.display()))?;
+            .with_context(|| format!("writing the backup to {}", path.display()));
         conn.close().await.ok();
+        if written.is_err() {
+            let _ = std::fs::remove_file(path);
+        }
+        written?;
+        std::fs::File::open(path)?.sync_all()?;
         Ok(())
     }
 }
 
-/// Reads what the copy at `path` holds, opened read-only (a file that is
-/// not a SQLite database says so).
+/// The file of a SQLite database URL, parsed as the store parses it.
+pub fn sqlite_file_of(url: &str) -> anyhow::Result<PathBuf> {
+    Ok(SqliteConnectOptions::from_str(url)
+        .context("not a SQLite URL")?
+        .get_filename()
+        .to_path_buf())
+}
+
+/// The migrations a copy holds that this build does not know as they are
+/// (another version, or the same version with another checksum): a copy
+/// with any is not one of this schema's.
+pub fn unknown_migrations(facts: &CopyFacts) -> Vec<i64> {
+    facts
+        .migrations
+        .iter()
+        .filter(|(version, checksum)| {
+            !SQLITE_MIGRATIONS
+                .iter()
+                .any(|m| m.version == *version && m.checksum.as_ref() == checksum.as_slice())
+        })
+        .map(|(version, _)| *version)
+        .collect()
+}
+
+/// Reads what the copy at `path` holds, opened read-only by its file name
+/// (a file that is not a SQLite database says so).
 pub async fn inspect_copy(path: &Path) -> anyhow::Result<CopyFacts> {
-    let url = format!("sqlite://{}", path.display());
-    let mut conn = SqliteConnectOptions::from_str(&url)?
+    let mut conn = SqliteConnectOptions::new()
+        .filename(path)
         .read_only(true)
         .immutable(true)
         .connect()
@@ -111,11 +162,15 @@ pub async fn inspect_copy(path: &Path) -> anyhow::Result<CopyFacts> {
         .fetch_one(&mut conn)
         .await
         .with_context(|| format!("{} is not a SQLite database", path.display()))?;
-    let schema_version: Option<i64> =
-        sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations WHERE success = 1")
-            .fetch_one(&mut conn)
+    let migrations: Vec<(i64, Vec<u8>)> =
+        sqlx::query_as("SELECT version, checksum FROM _sqlx_migrations WHERE success = 1 ORDER BY version")
+            .fetch_all(&mut conn)
             .await
-            .unwrap_or(None);
+            .unwrap_or_default();
+    let schema_version = migrations.iter().map(|(v, _)| *v).max();
+    let triggers: i64 = sqlx::query_scalar("SELECT count(*) FROM sqlite_master WHERE type = 'trigger'")
+        .fetch_one(&mut conn)
+        .await?;
     let secret_check: Option<Vec<u8>> =
         sqlx::query_scalar("SELECT value FROM installation WHERE name = 'secret_check'")
             .fetch_optional(&mut conn)
@@ -125,6 +180,8 @@ pub async fn inspect_copy(path: &Path) -> anyhow::Result<CopyFacts> {
     Ok(CopyFacts {
         integrity,
         schema_version,
+        migrations,
+        triggers,
         secret_check,
     })
 }

@@ -407,8 +407,10 @@ pub struct ImportedUser {
     pub password_hash: String,
     pub verified_at: Option<i64>,
     pub created_at: i64,
-    /// Disabled in the system it comes from (an export of latchkey's).
-    pub disabled_at: Option<i64>,
+    /// Disabled in the system it comes from (an export of latchkey's): the
+    /// account is disabled here too. An import never enables one (that is
+    /// the admin API's, with its event).
+    pub disabled: bool,
 }
 
 /// What importing did with one account.
@@ -450,7 +452,7 @@ impl Store {
                 .bind(u.verified_at)
                 .bind(u.created_at)
                 .bind(now)
-                .bind(u.disabled_at)
+                .bind(u.disabled.then_some(now))
                 .execute(&mut *tx)
                 .await?
                 .rows_affected()
@@ -473,14 +475,14 @@ impl Store {
                 }
                 let id: (String,) = sqlx::query_as(
                     "UPDATE users SET name = $2, password_hash = $3, email_verified_at = $4, updated_at = $5, \
-                     imported_at = $5, disabled_at = $6 WHERE email = $1 RETURNING id",
+                     imported_at = $5, disabled_at = COALESCE(disabled_at, $6) WHERE email = $1 RETURNING id",
                 )
                 .bind(&u.email)
                 .bind(&u.name)
                 .bind(&u.password_hash)
                 .bind(u.verified_at)
                 .bind(now)
-                .bind(u.disabled_at)
+                .bind(u.disabled.then_some(now))
                 .fetch_one(&mut *tx)
                 .await?;
                 drop_codes.execute(&mut *tx).await?;

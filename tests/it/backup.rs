@@ -63,6 +63,13 @@ async fn an_online_backup_restores_to_a_service_where_every_account_signs_in_and
     );
     assert!(backup.0, "{}", backup.1);
     assert!(during["access_token"].is_string());
+    // It holds password hashes: its owner's only.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&copy).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{mode:o}");
+    }
 
     let restored_dir = Arc::new(tempfile::tempdir().unwrap());
     let (ok, text) = latchkey(restored_dir.path(), SECRET_KEY, &["restore", &copy_arg]).await;
@@ -129,6 +136,32 @@ async fn a_restore_refuses_a_copy_it_cannot_trust_and_changes_nothing() {
     assert!(!ok && text.contains("newer latchkey"), "{text}");
     assert!(!db.exists(), "nothing written");
 
+    // A copy changed by hand: a trigger that would run on the service's
+    // writes (the schema latchkey makes has none).
+    let rigged = out.path().join("rigged.db");
+    std::fs::copy(&copy, &rigged).unwrap();
+    {
+        use sqlx::{ConnectOptions, Connection};
+        let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&rigged)
+            .connect()
+            .await
+            .unwrap();
+        sqlx::query("CREATE TRIGGER steal AFTER UPDATE ON users BEGIN UPDATE users SET name = 'x'; END")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        conn.close().await.unwrap();
+    }
+    let (ok, text) = latchkey(
+        target.path(),
+        SECRET_KEY,
+        &["restore", &rigged.display().to_string()],
+    )
+    .await;
+    assert!(!ok && text.contains("triggers"), "{text}");
+    assert!(!db.exists(), "nothing written");
+
     // A damaged file: the middle of it overwritten.
     let damaged = out.path().join("damaged.db");
     let mut bytes = std::fs::read(&copy).unwrap();
@@ -154,7 +187,17 @@ async fn a_restore_refuses_a_copy_it_cannot_trust_and_changes_nothing() {
     assert!(!ok && text.contains("--replace"), "{text}");
     let (ok, text) = latchkey(target.path(), SECRET_KEY, &["restore", &copy_arg, "--replace"]).await;
     assert!(ok, "{text}");
-    assert!(target.path().join("latchkey.db.before-restore").exists());
+    let kept = std::fs::read_dir(target.path())
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("latchkey.db.before-restore-")
+        })
+        .count();
+    assert_eq!(kept, 1, "the database it replaced is kept");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -276,6 +319,23 @@ async fn an_export_imported_into_another_deployment_loses_no_account(app: &TestA
     assert_eq!(
         moved(&nopass).await.password_hash,
         latchkey::store::UNUSABLE_PASSWORD
+    );
+    // An update from a file that says nothing of it never enables an
+    // account (only the admin API does, with its event).
+    let update = other.tmp.path().join("update.jsonl");
+    let hash = moved(&disabled).await.password_hash;
+    let record = json!({"email": disabled, "password_hash": hash, "verified": true});
+    std::fs::write(&update, format!("{record}\n")).unwrap();
+    let (ok, out) = latchkey(
+        other.tmp.path(),
+        SECRET_KEY,
+        &["users", "import", &update.display().to_string(), "--update"],
+    )
+    .await;
+    assert!(ok && out.contains("1 updated"), "{out}");
+    assert!(
+        moved(&disabled).await.disabled_at.is_some(),
+        "still disabled after --update"
     );
     other.stop().await;
 }
