@@ -34,6 +34,20 @@ async fn latchkey(data_dir: &Path, secret: &str, args: &[&str]) -> (bool, String
     (out.status.success(), text)
 }
 
+/// A copy of `copy` at `to` with `statement` run on it: its path.
+async fn altered(copy: &Path, to: &Path, statement: &str) -> String {
+    use sqlx::{ConnectOptions, Connection};
+    std::fs::copy(copy, to).unwrap();
+    let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(to)
+        .connect()
+        .await
+        .unwrap();
+    sqlx::query(statement).execute(&mut conn).await.unwrap();
+    conn.close().await.unwrap();
+    to.display().to_string()
+}
+
 async fn refreshes(app: &TestApp, refresh_token: &str) -> bool {
     app.post("/auth/refresh", json!({ "refresh_token": refresh_token }))
         .await
@@ -109,56 +123,26 @@ async fn a_restore_refuses_a_copy_it_cannot_trust_and_changes_nothing() {
     assert!(!db.exists(), "nothing written");
 
     // A newer schema than this build knows.
-    let newer = out.path().join("newer.db");
-    std::fs::copy(&copy, &newer).unwrap();
-    {
-        use sqlx::{ConnectOptions, Connection};
-        let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
-            .filename(&newer)
-            .connect()
-            .await
-            .unwrap();
-        sqlx::query(
-            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
-             VALUES (999999, 'from the future', 1, x'00', 0)",
-        )
-        .execute(&mut conn)
-        .await
-        .unwrap();
-        conn.close().await.unwrap();
-    }
-    let (ok, text) = latchkey(
-        target.path(),
-        SECRET_KEY,
-        &["restore", &newer.display().to_string()],
+    let newer = altered(
+        &copy,
+        &out.path().join("newer.db"),
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (999999, 'from the future', 1, x'00', 0)",
     )
     .await;
+    let (ok, text) = latchkey(target.path(), SECRET_KEY, &["restore", &newer]).await;
     assert!(!ok && text.contains("newer latchkey"), "{text}");
     assert!(!db.exists(), "nothing written");
 
     // A copy changed by hand: a trigger that would run on the service's
     // writes (the schema latchkey makes has none).
-    let rigged = out.path().join("rigged.db");
-    std::fs::copy(&copy, &rigged).unwrap();
-    {
-        use sqlx::{ConnectOptions, Connection};
-        let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
-            .filename(&rigged)
-            .connect()
-            .await
-            .unwrap();
-        sqlx::query("CREATE TRIGGER steal AFTER UPDATE ON users BEGIN UPDATE users SET name = 'x'; END")
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        conn.close().await.unwrap();
-    }
-    let (ok, text) = latchkey(
-        target.path(),
-        SECRET_KEY,
-        &["restore", &rigged.display().to_string()],
+    let rigged = altered(
+        &copy,
+        &out.path().join("rigged.db"),
+        "CREATE TRIGGER steal AFTER UPDATE ON users BEGIN UPDATE users SET name = 'x'; END",
     )
     .await;
+    let (ok, text) = latchkey(target.path(), SECRET_KEY, &["restore", &rigged]).await;
     assert!(!ok && text.contains("triggers"), "{text}");
     assert!(!db.exists(), "nothing written");
 
