@@ -22,6 +22,8 @@ Modules:
   limiter_bench  /auth/validate unlimited, Redis- and in-process-limited
   overhead       /health/live and a cached /auth/validate as a share of a
                  bare axum handler (CI's gate)
+  oidc_compare   sign-in through the hosted pages and single sign-on,
+                 latchkey beside Keycloak 26 (fetched with mvn), rate ladders
   profile        the benchmarks' --perf: perf record of a server under load,
                  flame graphs (inferno), CPU per request by function
   rig            the scale-out rig: N instances behind HAProxy, PostgreSQL,

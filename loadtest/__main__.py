@@ -1,4 +1,4 @@
-"""python3 -m loadtest [SCENARIO | gateway | limiter | overhead | refresh-capacity | rig | faults | scaling] [options]: what
+"""python3 -m loadtest [SCENARIO | gateway | limiter | overhead | refresh-capacity | oidc-compare | rig | faults | scaling] [options]: what
 scripts/loadtest runs (see `scripts/loadtest --help`)."""
 
 import importlib
@@ -19,6 +19,7 @@ FAMILIES = {
     "rig": "rig",
     "faults": "faults",
     "scaling": "scaling",
+    "oidc-compare": "oidc_compare",
 }
 
 
