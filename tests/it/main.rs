@@ -26,6 +26,7 @@ mod oidc;
 mod oidc_attacks;
 mod oidc_languages;
 mod oidc_logout;
+mod oidc_spa;
 mod ops;
 mod registration_properties;
 mod sessions;

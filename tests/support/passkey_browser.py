@@ -30,6 +30,7 @@ class Page:
     """One tab, spoken to over the DevTools protocol."""
 
     def __init__(self, ws_url):
+        self.ws_url = ws_url
         self.ws = websocket.create_connection(ws_url, timeout=30)
         self.next_id = 0
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
@@ -82,13 +83,14 @@ class Page:
         return self.js(f"document.getElementById({json.dumps(element_id)}).textContent")
 
 
-def start_chromium():
-    """Headless Chromium with a throwaway profile: (process, profile dir, a
-    Page on a new tab). The caller kills the process and removes the dir."""
+def start_chromium(extra_args=()):
+    """Headless Chromium with a throwaway profile (and `extra_args`):
+    (process, profile dir, a Page on a new tab). The caller kills the
+    process and removes the dir."""
     profile = tempfile.mkdtemp(prefix="latchkey-chromium-")
     browser = subprocess.Popen(
         [BROWSER, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--remote-debugging-port=0", "about:blank"],
+         "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--remote-debugging-port=0", *extra_args, "about:blank"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         port_file = os.path.join(profile, "DevToolsActivePort")
