@@ -3,16 +3,24 @@
 //! the two cookies they set. The handlers are `oidc.rs`.
 //!
 //! A template fills `{{name}}` with an HTML-escaped value and `{{{name}}}`
-//! with HTML the handler built from other templates; nothing else is
-//! interpreted. An operator overrides a page by putting a file of the same
-//! name in `pages_dir` (read at start; a missing file keeps the built-in
-//! one), e.g. to change the wording, the layout or the style sheet.
+//! with HTML the handler built from other templates; `{{t.name}}` is the
+//! text `name` of the catalogue in the page's language (`i18n.rs`,
+//! `catalogue.rs`), escaped, and `{{{t.name}}}` one of its texts that
+//! carry markup; nothing else is interpreted. An operator overrides a page
+//! by putting a file of the same name in `pages_dir` (read at start; a
+//! missing file keeps the built-in one), e.g. to change the wording, the
+//! layout or the style sheet.
+
+mod catalogue;
+pub mod i18n;
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+
+use self::i18n::{Key, Lang};
 
 /// The built-in templates and assets, by file name.
 const BUILT_IN: &[(&str, &str)] = &[
@@ -65,30 +73,38 @@ impl Pages {
         self.files.get(name).map(String::as_str).unwrap_or("")
     }
 
-    /// A template with its values: `{{key}}` escaped, `{{{key}}}` as is.
-    pub fn fill(&self, name: &str, values: &[(&str, &str)]) -> String {
-        fill(self.file(name), values)
+    /// A template with its values: `{{key}}` escaped, `{{{key}}}` as is,
+    /// `{{t.key}}` in `lang`.
+    pub fn fill(&self, name: &str, lang: Lang, values: &[(&str, &str)]) -> String {
+        fill(self.file(name), lang, values)
     }
 
-    /// A whole page: `body_template` inside the layout, as `status`, with
-    /// the pages' security headers; `form_targets`: the origins a form of
-    /// the page may end up at (a client's redirect URI, after a 303).
+    /// A whole page in `lang`: `body_template` inside the layout, as
+    /// `status`, with the pages' security headers; `form_targets`: the
+    /// origins a form of the page may end up at (a client's redirect URI,
+    /// after a 303).
     pub fn page(
         &self,
         status: StatusCode,
-        title: &str,
+        lang: Lang,
+        title: Key,
         body_template: &str,
         values: &[(&str, &str)],
         form_targets: &[&str],
     ) -> Response {
-        let body = self.fill(body_template, values);
-        let html = self.fill("layout.html", &[("title", title), ("body", &body)]);
+        let body = self.fill(body_template, lang, values);
+        let html = self.fill(
+            "layout.html",
+            lang,
+            &[("lang", lang.tag()), ("title", lang.text(title)), ("body", &body)],
+        );
         let mut r = (status, html).into_response();
         let h = r.headers_mut();
         h.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/html; charset=utf-8"),
         );
+        h.insert(header::CONTENT_LANGUAGE, HeaderValue::from_static(lang.tag()));
         secure_headers(h, form_targets);
         r
     }
@@ -176,7 +192,7 @@ fn is_source(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b":/.-[]".contains(&b))
 }
 
-fn fill(template: &str, values: &[(&str, &str)]) -> String {
+fn fill(template: &str, lang: Lang, values: &[(&str, &str)]) -> String {
     let mut out = String::with_capacity(template.len() + 256);
     let mut rest = template;
     while let Some(at) = rest.find("{{") {
@@ -192,13 +208,27 @@ fn fill(template: &str, values: &[(&str, &str)]) -> String {
             return out;
         };
         let key = after[open..open + end].trim();
+        rest = &after[open + end + close.len()..];
+        if let Some(name) = key.strip_prefix("t.") {
+            // A text of the catalogue, its values always escaped.
+            if let Some(k) = Key::named(name) {
+                let text_part = |out: &mut String, s: &str| {
+                    if raw {
+                        out.push_str(s)
+                    } else {
+                        escape_into(out, s)
+                    }
+                };
+                i18n::interpolate(&mut out, lang.text(k), values, text_part, escape_into);
+            }
+            continue;
+        }
         let value = values.iter().find(|(k, _)| *k == key).map_or("", |(_, v)| *v);
         if raw {
             out.push_str(value);
         } else {
             escape_into(&mut out, value);
         }
-        rest = &after[open + end + close.len()..];
     }
     out.push_str(rest);
     out
@@ -232,10 +262,43 @@ mod tests {
     fn values_are_escaped_unless_the_template_says_otherwise() {
         let t = "<p title=\"{{a}}\">{{a}}</p>{{{b}}}{{ missing }}";
         assert_eq!(
-            fill(t, &[("a", "<x onclick=\"y\">&'"), ("b", "<em>ok</em>")]),
+            fill(t, Lang::En, &[("a", "<x onclick=\"y\">&'"), ("b", "<em>ok</em>")]),
             "<p title=\"&lt;x onclick=&quot;y&quot;&gt;&amp;&#39;\">&lt;x onclick=&quot;y&quot;&gt;&amp;&#39;</p><em>ok</em>"
         );
-        assert_eq!(fill("{{unclosed", &[]), "{{unclosed");
+        assert_eq!(fill("{{unclosed", Lang::En, &[]), "{{unclosed");
+    }
+
+    #[test]
+    fn texts_are_in_the_pages_language_and_their_values_always_escaped() {
+        let t = "<p>{{{t.asks_to}}}</p><p>{{t.signed_in_as}}</p>{{t.nothing_of_that_name}}";
+        let values = [("client", "<b>App</b>"), ("email", "a<b>@example.com")];
+        assert_eq!(
+            fill(t, Lang::De, &values),
+            "<p><strong>&lt;b&gt;App&lt;/b&gt;</strong> möchte:</p><p>Sie sind als a&lt;b&gt;@example.com angemeldet.</p>"
+        );
+        assert_eq!(
+            fill("{{t.asks_to}}", Lang::En, &values),
+            "&lt;strong&gt;&lt;b&gt;App&lt;/b&gt;&lt;/strong&gt; asks to:",
+            "escaped whole unless the template says otherwise"
+        );
+    }
+
+    #[test]
+    fn every_text_a_built_in_page_names_is_in_the_catalogue() {
+        for (name, text) in BUILT_IN {
+            let mut rest = *text;
+            while let Some(at) = rest.find("t.") {
+                let after = &rest[at + 2..];
+                let end = after.find('}').unwrap_or(after.len());
+                if rest[..at].ends_with("{{") || rest[..at].ends_with("{{{") {
+                    assert!(Key::named(&after[..end]).is_some(), "{name}: t.{}", &after[..end]);
+                }
+                rest = after;
+            }
+        }
+        let pages = Pages::load(None, false).unwrap();
+        let login = pages.fill("login.html", Lang::Fr, &[("client", "App")]);
+        assert!(login.contains("Mot de passe oublié ?"), "{login}");
     }
 
     #[test]
@@ -245,11 +308,11 @@ mod tests {
         std::fs::write(dir.join("error.html"), "<p>Ours: {{message}}</p>").unwrap();
         let pages = Pages::load(Some(&dir), false).unwrap();
         assert_eq!(
-            pages.fill("error.html", &[("message", "<b>")]),
+            pages.fill("error.html", Lang::En, &[("message", "<b>")]),
             "<p>Ours: &lt;b&gt;</p>"
         );
         assert!(
-            pages.fill("login.html", &[]).contains("/oauth/login"),
+            pages.fill("login.html", Lang::En, &[]).contains("/oauth/login"),
             "the others stay built in"
         );
         std::fs::remove_dir_all(&dir).unwrap();

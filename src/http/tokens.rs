@@ -8,6 +8,7 @@ use axum::Json;
 
 use super::error::{invalid_token, rate_limited, ErrorBody};
 use super::extract::ClientIp;
+use super::pages::i18n::Lang;
 use super::AppState;
 use crate::domain::tokens::{bearer_token, AccessClaims};
 use crate::limits::PolicyName;
@@ -109,7 +110,7 @@ pub async fn discovery(State(st): State<AppState>) -> Response {
         "frontchannel_logout_supported": false,
         "backchannel_logout_supported": true,
         "backchannel_logout_session_supported": true,
-        "ui_locales_supported": ["en"],
+        "ui_locales_supported": Lang::ALL.map(Lang::tag),
     });
     (
         [(

@@ -13,8 +13,8 @@ use serde_json::{json, Value};
 
 use crate::common::{unique_email, TestApp, PASSWORD};
 use crate::oidc::{
-    application, finish_with, hidden, query, rp_input, rp_of, Browser, Page, AFTER_LOGOUT, AUTHLIB, CALLBACK,
-    GO_OIDC, ISSUER, OPENID_CLIENT,
+    application, assert_speaks, finish_with, hidden, query, rp_input, rp_of, Browser, Page, AFTER_LOGOUT,
+    AUTHLIB, CALLBACK, GO_OIDC, ISSUER, OPENID_CLIENT,
 };
 use latchkey::domain::oidc::client::{ClientKind, ConsentMode};
 
@@ -386,17 +386,60 @@ async fn oidcc_login_hint(app: &TestApp) {
     }
 }
 
-/// `oidcc-ui-locales`, `oidcc-claims-locales`: both are accepted; the
-/// pages are in English, and claims have no localized forms (Core
-/// §3.1.2.1 and §5.2 let a provider without them ignore the request).
+/// `oidcc-ui-locales`, `oidcc-claims-locales`: both are accepted. The
+/// pages speak the first language of `ui_locales` they know (en, de, fr,
+/// es; `xx-YY fr` is French), English when they know none, and keep it
+/// through the sign-in (the page after a wrong password); claims have no
+/// localized forms (Core §5.2 lets a provider without them ignore
+/// `claims_locales`).
 async fn oidcc_ui_locales_and_claims_locales(app: &TestApp) {
     for library in LIBRARIES {
         let mut rp = Rp::new(app, "locales", library).await;
-        rp.sign_in(&rp.input(
-            "openid",
-            json!({"extra": {"ui_locales": "se", "claims_locales": "se"}}),
-        ))
-        .await;
+        for (asked, lang, text) in [
+            ("xx-YY fr", "fr", "Mot de passe oublié ?"),
+            ("se xx-YY", "en", "Forgot your password?"),
+        ] {
+            let started = rp
+                .start(&rp.input("openid", json!({"extra": {"ui_locales": asked}})))
+                .await;
+            let page = rp.authorize(&started).await;
+            assert_eq!(page.status, StatusCode::OK, "{asked}: the sign-in page");
+            assert_speaks(&page, lang, text);
+        }
+
+        let input = rp.input(
+            "openid email",
+            json!({"extra": {"ui_locales": "de", "claims_locales": "de"}}),
+        );
+        let started = rp.start(&input).await;
+        let page = rp.authorize(&started).await;
+        assert_speaks(&page, "de", "Passwort vergessen?");
+        let email = rp.email.clone();
+        let wrong = rp.browser.sign_in(&page, &email, "not the password").await;
+        assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+        assert_speaks(&wrong, "de", "Die E-Mail-Adresse oder das Passwort ist falsch.");
+        let again = rp
+            .browser
+            .post(
+                "/oauth/login",
+                &[
+                    ("authz", &hidden(&wrong.body, "authz")),
+                    ("csrf", &hidden(&wrong.body, "csrf")),
+                    ("email", &email),
+                    ("password", PASSWORD),
+                ],
+            )
+            .await;
+        let back = rp.browser.follow(again).await;
+        let done = rp
+            .finish(&started, &input, back.location.as_deref().unwrap())
+            .await;
+        assert_eq!(done["claims"]["email"], email.as_str());
+        let localized = |v: &Value| v.as_object().unwrap().keys().any(|k| k.contains('#'));
+        assert!(
+            !localized(&done["claims"]) && !localized(&done["userinfo"]),
+            "{done}"
+        );
     }
 }
 

@@ -102,6 +102,8 @@ pub struct Browser<'a> {
     app: &'a TestApp,
     http: reqwest::Client,
     pub cookies: HashMap<String, String>,
+    /// The `Accept-Language` it sends, if any.
+    pub languages: Option<String>,
 }
 
 pub struct Page {
@@ -120,7 +122,18 @@ impl<'a> Browser<'a> {
                 .build()
                 .unwrap(),
             cookies: HashMap::new(),
+            languages: None,
         }
+    }
+
+    /// The headers of every request: its cookies and languages.
+    fn headers(&self) -> reqwest::header::HeaderMap {
+        let mut h = reqwest::header::HeaderMap::new();
+        h.insert(reqwest::header::COOKIE, self.cookie_header().parse().unwrap());
+        if let Some(l) = &self.languages {
+            h.insert(reqwest::header::ACCEPT_LANGUAGE, l.parse().unwrap());
+        }
+        h
     }
 
     fn address(&self, url: &str) -> String {
@@ -168,7 +181,7 @@ impl<'a> Browser<'a> {
         let r = self
             .http
             .get(self.address(url))
-            .header(reqwest::header::COOKIE, self.cookie_header())
+            .headers(self.headers())
             .send()
             .await
             .unwrap();
@@ -182,7 +195,7 @@ impl<'a> Browser<'a> {
         let r = self
             .http
             .post(self.address(url))
-            .header(reqwest::header::COOKIE, self.cookie_header())
+            .headers(self.headers())
             .header(reqwest::header::CONTENT_TYPE, "application/x-www-form-urlencoded")
             .body(body)
             .send()
@@ -324,6 +337,18 @@ pub fn hidden(body: &str, name: &str) -> String {
         .replace("&lt;", "<")
         .replace("&gt;", ">")
         .replace("&amp;", "&")
+}
+
+/// That `page` is in language `lang` (its `<html lang>` and
+/// `Content-Language`) and says `text` (as the page writes it).
+pub fn assert_speaks(page: &Page, lang: &str, text: &str) {
+    assert!(
+        page.body.contains(&format!("<html lang=\"{lang}\">")),
+        "not in {lang}: {}",
+        page.body
+    );
+    assert_eq!(page.headers["content-language"], lang);
+    assert!(page.body.contains(text), "no {text:?} in {}", page.body);
 }
 
 /// The query parameters of a URL.

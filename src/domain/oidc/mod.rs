@@ -35,6 +35,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use self::client::{ClientKind, ClientSettings, ConsentMode};
+pub use self::request::PageError;
 use self::request::{AuthorizationRequest, Context, RequestError, SessionView, Step};
 use super::clients::ClientRecord;
 use super::refresh::{self, RefreshDecision, RefreshState};
@@ -109,7 +110,7 @@ pub enum Next {
         scopes: Vec<String>,
     },
     /// An error page: the request cannot go back to any client.
-    Page(String),
+    Page(PageError),
 }
 
 /// A client as the pages show it.
@@ -304,12 +305,10 @@ impl Provider {
         origin: &Origin,
     ) -> Result<Next, AuthError> {
         let Some(req) = self.open_pending(pending) else {
-            return Ok(Next::Page(
-                "This sign-in took too long or its link is damaged: start again from the application.".into(),
-            ));
+            return Ok(Next::Page(PageError::Expired));
         };
         let Some((rec, settings)) = self.client(&req.client_id).await? else {
-            return Ok(Next::Page("The application is no longer registered.".into()));
+            return Ok(Next::Page(PageError::ClientGone));
         };
         self.proceed(&req, &rec, &settings, session, origin).await
     }
@@ -326,9 +325,7 @@ impl Provider {
         // The client as it is registered now: a pending request may be up
         // to half an hour old, and a redirect URI removed since is dead.
         if !still_allowed(settings, req) {
-            return Ok(Next::Page(
-                "The application no longer signs in through this address: start again from it.".into(),
-            ));
+            return Ok(Next::Page(PageError::NoLongerAllowed));
         }
         let hint = req
             .id_token_hint
@@ -394,17 +391,13 @@ impl Provider {
         origin: &Origin,
     ) -> Result<Next, AuthError> {
         let Some(req) = self.open_consent(consent, &session.session_id) else {
-            return Ok(Next::Page(
-                "This consent is not yours, or it took too long: start again from the application.".into(),
-            ));
+            return Ok(Next::Page(PageError::ConsentNotYours));
         };
         let Some((rec, settings)) = self.client(&req.client_id).await? else {
-            return Ok(Next::Page("The application is no longer registered.".into()));
+            return Ok(Next::Page(PageError::ClientGone));
         };
         if !still_allowed(&settings, &req) {
-            return Ok(Next::Page(
-                "The application no longer signs in through this address: start again from it.".into(),
-            ));
+            return Ok(Next::Page(PageError::NoLongerAllowed));
         }
         if !allow {
             return Ok(Next::Redirect(self.error_redirect(
@@ -517,7 +510,7 @@ impl Provider {
     pub async fn logout_request(
         &self,
         params: &[(String, String)],
-    ) -> Result<Result<LogoutRequest, String>, AuthError> {
+    ) -> Result<Result<LogoutRequest, PageError>, AuthError> {
         let get = |name: &str| {
             params
                 .iter()
@@ -528,16 +521,12 @@ impl Provider {
         let hint = match get("id_token_hint") {
             Some(h) => match self.verifier().read_id_token_hint(h) {
                 Some(h) => Some(h),
-                None => return Ok(Err("The id_token_hint is not one this service issued.".into())),
+                None => return Ok(Err(PageError::ForeignIdTokenHint)),
             },
             None => None,
         };
         let client_id = match (get("client_id"), &hint) {
-            (Some(c), Some(h)) if c != h.aud => {
-                return Ok(Err(
-                    "client_id and the id_token_hint name different applications.".into(),
-                ))
-            }
+            (Some(c), Some(h)) if c != h.aud => return Ok(Err(PageError::HintOfAnotherClient)),
             (Some(c), _) => Some(c.to_string()),
             (None, Some(h)) => Some(h.aud.clone()),
             (None, None) => None,
@@ -550,15 +539,10 @@ impl Provider {
             None => None,
             Some(uri) => {
                 let Some((_, s)) = &client else {
-                    return Ok(Err(
-                        "A post_logout_redirect_uri needs the application's client_id or id_token_hint."
-                            .into(),
-                    ));
+                    return Ok(Err(PageError::LogoutRedirectWithoutClient));
                 };
                 if !s.post_logout_redirect_uris.iter().any(|r| r == uri) {
-                    return Ok(Err(
-                        "The post_logout_redirect_uri is not one the application registered.".into(),
-                    ));
+                    return Ok(Err(PageError::UnregisteredLogoutRedirect));
                 }
                 let state = get("state").filter(|s| s.len() <= request::MAX_STATE);
                 Some(match state {
@@ -634,7 +618,9 @@ impl Provider {
         b64url(&self.sealer.seal(&body, CONSENT_AAD))
     }
 
-    fn open_consent(&self, token: &str, session_id: &str) -> Option<AuthorizationRequest> {
+    /// The request of a consent page this service sealed for the session
+    /// `session_id`, if not expired.
+    pub fn open_consent(&self, token: &str, session_id: &str) -> Option<AuthorizationRequest> {
         let bytes = self.sealer.open(&b64url_decode(token)?, CONSENT_AAD)?;
         let (req, sid, expires): (AuthorizationRequest, String, i64) = serde_json::from_slice(&bytes).ok()?;
         (expires > now_ms() && sid == session_id).then_some(req)

@@ -29,6 +29,9 @@ use super::redirect;
 
 /// The longest `state` and `nonce` taken (they come back in a URL or a token).
 pub const MAX_STATE: usize = 1024;
+/// The most of `ui_locales` kept (characters): a dozen language tags and
+/// more; the pages read only the first few (`http/pages/i18n.rs`).
+pub const MAX_UI_LOCALES: usize = 256;
 
 /// An authorization request that passed [`check`]: what the rest of the
 /// flow needs of it, carried sealed through the sign-in pages.
@@ -51,6 +54,11 @@ pub struct AuthorizationRequest {
     pub id_token_hint: Option<String>,
     /// `acr_values` asked for a second factor (`2`).
     pub wants_mfa: bool,
+    /// `ui_locales` as given (at most [`MAX_UI_LOCALES`] characters): the
+    /// languages the pages of this sign-in should speak, best first.
+    /// Absent from requests sealed before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ui_locales: Option<String>,
     /// When the request arrived (Unix ms).
     pub started_ms: i64,
 }
@@ -63,12 +71,43 @@ pub struct Prompt {
     pub select_account: bool,
 }
 
+/// Why a request ends on an error page of the provider's own (nothing goes
+/// back to any client). The pages say it in the user's language.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageError {
+    /// The request names no client (`client_id`).
+    NoClientId,
+    /// No client of that id signs in through the code flow.
+    UnknownClient,
+    NoRedirectUri,
+    /// A redirect URI the client did not register.
+    UnregisteredRedirectUri,
+    /// `client_id` or `redirect_uri` given more than once.
+    RepeatedClientOrRedirectUri,
+    /// A pending request that expired, or a damaged one.
+    Expired,
+    /// The client was removed during the sign-in.
+    ClientGone,
+    /// The client's registration no longer allows the request.
+    NoLongerAllowed,
+    /// A consent page of another session, or one that expired.
+    ConsentNotYours,
+    /// Logout: an `id_token_hint` this provider did not issue.
+    ForeignIdTokenHint,
+    /// Logout: `client_id` and the hint's audience differ.
+    HintOfAnotherClient,
+    /// Logout: a `post_logout_redirect_uri` without a client to vouch for it.
+    LogoutRedirectWithoutClient,
+    /// Logout: a `post_logout_redirect_uri` the client did not register.
+    UnregisteredLogoutRedirect,
+}
+
 /// Why a request cannot go on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RequestError {
     /// The client or the redirect URI is not known good: the user gets an
     /// error page, and nobody is redirected anywhere (RFC 6749 §4.1.2.1).
-    Page(String),
+    Page(PageError),
     /// To the redirect URI: `error`, `error_description`, `state`.
     Redirect {
         redirect_uri: String,
@@ -99,27 +138,19 @@ pub fn check(
         .find(|(i, (k, _))| params[..*i].iter().any(|(k2, _)| k2 == k))
         .map(|(_, (k, _))| k.clone());
     let Some(client_id) = get("client_id") else {
-        return Err(RequestError::Page(
-            "The request names no client (client_id).".into(),
-        ));
+        return Err(RequestError::Page(PageError::NoClientId));
     };
     let Some(client) = client.filter(|c| c.allows("authorization_code")) else {
-        return Err(RequestError::Page(
-            "The application that sent you here is not registered for signing in.".into(),
-        ));
+        return Err(RequestError::Page(PageError::UnknownClient));
     };
     let Some(redirect_uri) = get("redirect_uri") else {
-        return Err(RequestError::Page("The request has no redirect_uri.".into()));
+        return Err(RequestError::Page(PageError::NoRedirectUri));
     };
     if !redirect::matches(&client.redirect_uris, redirect_uri) {
-        return Err(RequestError::Page(
-            "The address the application asked to be sent back to is not one it registered.".into(),
-        ));
+        return Err(RequestError::Page(PageError::UnregisteredRedirectUri));
     }
     if repeated.as_deref() == Some("client_id") || repeated.as_deref() == Some("redirect_uri") {
-        return Err(RequestError::Page(
-            "client_id and redirect_uri must be given once.".into(),
-        ));
+        return Err(RequestError::Page(PageError::RepeatedClientOrRedirectUri));
     }
     // From here on, mistakes go back to the client.
     let state = get("state").map(str::to_string);
@@ -267,6 +298,9 @@ pub fn check(
         login_hint: get("login_hint").map(|s| s.chars().take(320).collect()),
         id_token_hint: get("id_token_hint").map(str::to_string),
         wants_mfa,
+        // Read by the pages, never an error (Core §3.1.2.1: a language
+        // the provider lacks is no reason to refuse).
+        ui_locales: get("ui_locales").map(|s| s.chars().take(MAX_UI_LOCALES).collect()),
         started_ms: now_ms,
     })
 }
@@ -469,6 +503,26 @@ mod tests {
                 "invalid_request"
             );
         }
+    }
+
+    #[test]
+    fn ui_locales_is_kept_as_given_but_bounded_and_never_refused() {
+        let c = client(ClientKind::Public);
+        let r = check(&params(&[("ui_locales", "xx-YY fr")]), Some(&c), NOW).unwrap();
+        assert_eq!(r.ui_locales.as_deref(), Some("xx-YY fr"));
+        assert_eq!(check(&params(&[]), Some(&c), NOW).unwrap().ui_locales, None);
+        let long = "é".repeat(10_000);
+        let r = check(&params(&[("ui_locales", &long)]), Some(&c), NOW).unwrap();
+        assert_eq!(r.ui_locales.unwrap().chars().count(), MAX_UI_LOCALES);
+        // Not in the sealed request when not given, so a request sealed
+        // before the field was kept reads the same.
+        let plain = check(&params(&[]), Some(&c), NOW).unwrap();
+        let sealed = serde_json::to_string(&plain).unwrap();
+        assert!(!sealed.contains("ui_locales"), "{sealed}");
+        assert_eq!(
+            serde_json::from_str::<AuthorizationRequest>(&sealed).unwrap(),
+            plain
+        );
     }
 
     #[test]

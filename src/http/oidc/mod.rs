@@ -27,10 +27,12 @@ use axum::Json;
 
 use super::extract::{AccountBearer, Bearer, ClientIp};
 use super::pages::escape;
+use super::pages::i18n::{Key, Lang};
 use super::{ApiError, AppState};
 
 use self::page::{
-    answer, checked_form, error_page, field, refusal, see_other, unavailable, visit, Pending, SESSION,
+    answer, checked_form, dead_end, error_page, field, refusal, see_other, unavailable, visit, Pending,
+    SESSION,
 };
 
 /// The form of `POST /oauth/authorize`, for the OpenAPI document (the
@@ -51,6 +53,7 @@ pub struct AuthorizeForm {
     login_hint: Option<String>,
     id_token_hint: Option<String>,
     acr_values: Option<String>,
+    ui_locales: Option<String>,
 }
 
 /// The form of `POST /oauth/logout`, for the OpenAPI document.
@@ -61,6 +64,12 @@ pub struct LogoutForm {
     client_id: Option<String>,
     post_logout_redirect_uri: Option<String>,
     state: Option<String>,
+    ui_locales: Option<String>,
+}
+
+/// The value of parameter `name`, if given (the first).
+fn param<'a>(params: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    params.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
 }
 
 /// `GET /oauth/authorize` (OpenID Connect Core §3.1.2.1).
@@ -72,7 +81,8 @@ pub struct LogoutForm {
            ("code_challenge_method" = String, Query, description = "S256"),
            ("prompt" = Option<String>, Query, description = "none, login, consent, select_account"),
            ("max_age" = Option<u64>, Query), ("login_hint" = Option<String>, Query),
-           ("id_token_hint" = Option<String>, Query), ("acr_values" = Option<String>, Query, description = "2: a second factor")),
+           ("id_token_hint" = Option<String>, Query), ("acr_values" = Option<String>, Query, description = "2: a second factor"),
+           ("ui_locales" = Option<String>, Query, description = "The pages' language: space-separated BCP 47 tags, best first; the first of en, de, fr, es wins (de-CH is de), else the browser's Accept-Language, else en. Others are ignored")),
     responses((status = 200, content_type = "text/html", description = "The sign-in or consent page"),
               (status = 303, description = "To the redirect URI with code, state and iss, or with error, error_description, state and iss"),
               (status = 400, content_type = "text/html", description = "Unknown client or unregistered redirect URI: an error page, no redirect")))]
@@ -110,14 +120,16 @@ async fn authorize(
     headers: &HeaderMap,
     params: &[(String, String)],
 ) -> Response {
-    let v = match visit(st, headers, ip).await {
+    let mut v = match visit(st, headers, ip).await {
         Ok(v) => v,
-        Err(e) => return unavailable(st, e),
+        Err(e) => return unavailable(st, Lang::of_browser(headers), e),
     };
+    // The same value the request keeps sealed for its later pages.
+    v.asked(param(params, "ui_locales"));
     match st.provider.authorize(params, v.session.as_ref(), &v.origin).await {
         Ok(next) => answer(st, &v, next, None, None),
         Err(e) => {
-            let (status, text) = refusal(&e);
+            let (status, text) = refusal(v.lang, &e);
             error_page(st, &v, status, &text)
         }
     }
@@ -130,14 +142,17 @@ pub async fn resume(
     headers: HeaderMap,
     Query(p): Query<Pending>,
 ) -> Response {
-    let v = match visit(&st, &headers, ip).await {
+    let mut v = match visit(&st, &headers, ip).await {
         Ok(v) => v,
-        Err(e) => return unavailable(&st, e),
+        Err(e) => return unavailable(&st, Lang::of_browser(&headers), e),
     };
+    if let Some(req) = st.provider.open_pending(&p.authz) {
+        v.asked(req.ui_locales.as_deref());
+    }
     match st.provider.resume(&p.authz, v.session.as_ref(), &v.origin).await {
         Ok(next) => answer(&st, &v, next, None, None),
         Err(e) => {
-            let (status, text) = refusal(&e);
+            let (status, text) = refusal(v.lang, &e);
             error_page(&st, &v, status, &text)
         }
     }
@@ -150,18 +165,19 @@ pub async fn consent(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let (v, f) = match checked_form(&st, ip, &headers, &body).await {
+    let (mut v, f) = match checked_form(&st, ip, &headers, &body).await {
         Ok(x) => x,
         Err(r) => return r,
     };
     let Some(session) = v.session.clone() else {
-        return error_page(
-            &st,
-            &v,
-            StatusCode::UNAUTHORIZED,
-            "You are not signed in any more: start again from the application.",
-        );
+        return error_page(&st, &v, StatusCode::UNAUTHORIZED, v.text(Key::NotSignedIn));
     };
+    if let Some(req) = st
+        .provider
+        .open_consent(field(&f, "consent"), &session.session_id)
+    {
+        v.asked(req.ui_locales.as_deref());
+    }
     let allow = field(&f, "decision") == "allow";
     match st
         .provider
@@ -170,20 +186,28 @@ pub async fn consent(
     {
         Ok(next) => answer(&st, &v, next, None, None),
         Err(e) => {
-            let (status, text) = refusal(&e);
+            let (status, text) = refusal(v.lang, &e);
             error_page(&st, &v, status, &text)
         }
     }
 }
 
-/// The parameters of a logout request carried to its confirmation.
-const LOGOUT_PARAMS: [&str; 4] = ["id_token_hint", "client_id", "post_logout_redirect_uri", "state"];
+/// The parameters of a logout request carried to its confirmation
+/// (`ui_locales`: RP-Initiated Logout 1.0 §2, the pages' language).
+const LOGOUT_PARAMS: [&str; 5] = [
+    "id_token_hint",
+    "client_id",
+    "post_logout_redirect_uri",
+    "state",
+    "ui_locales",
+];
 
 /// `GET|POST /oauth/logout` (RP-Initiated Logout 1.0): asks the user.
 #[utoipa::path(get, path = "/oauth/logout", tag = "openid",
     params(("id_token_hint" = Option<String>, Query), ("client_id" = Option<String>, Query),
            ("post_logout_redirect_uri" = Option<String>, Query, description = "Registered by the client, exact"),
-           ("state" = Option<String>, Query)),
+           ("state" = Option<String>, Query),
+           ("ui_locales" = Option<String>, Query, description = "The pages' language, as for /oauth/authorize")),
     responses((status = 200, content_type = "text/html", description = "The confirmation page (POST /oauth/logout/confirm ends the session), or \"signed out\" when nobody is signed in"),
               (status = 303, description = "Nobody signed in: to the post_logout_redirect_uri"),
               (status = 400, content_type = "text/html", description = "A hint or redirect URI that is not the client's")))]
@@ -221,24 +245,21 @@ async fn logout(
     headers: &HeaderMap,
     params: Vec<(String, String)>,
 ) -> Response {
-    let v = match visit(st, headers, ip).await {
+    let mut v = match visit(st, headers, ip).await {
         Ok(v) => v,
-        Err(e) => return unavailable(st, e),
+        Err(e) => return unavailable(st, Lang::of_browser(headers), e),
     };
+    v.asked(param(&params, "ui_locales"));
     let req = match st.provider.logout_request(&params).await {
         Ok(Ok(r)) => r,
-        Ok(Err(text)) => return error_page(st, &v, StatusCode::BAD_REQUEST, &text),
-        Err(e) => return unavailable(st, e),
+        Ok(Err(e)) => return dead_end(st, &v, e),
+        Err(e) => return unavailable(st, v.lang, e),
     };
     if v.session.is_none() {
         // Nobody to sign out here.
         return match req.redirect {
             Some(to) => v.finish(st, see_other(&to)),
-            None => v.finish(
-                st,
-                st.pages
-                    .page(StatusCode::OK, "Signed out", "signed_out.html", &[], &[]),
-            ),
+            None => v.finish(st, signed_out(st, v.lang)),
         };
     }
     let carried: String = LOGOUT_PARAMS
@@ -252,10 +273,11 @@ async fn logout(
             )
         })
         .collect();
+    // Plain text: the page escapes it.
     let from = req
         .client_name
         .as_deref()
-        .map(|n| format!(" (asked by {})", escape(n)))
+        .map(|n| format!(" ({})", v.lang.format(Key::AskedBy, &[("client", n)])))
         .unwrap_or_default();
     let targets: Vec<String> = req.redirect.iter().filter_map(|r| origin_of(r)).collect();
     let targets: Vec<&str> = targets.iter().map(String::as_str).collect();
@@ -263,11 +285,23 @@ async fn logout(
         st,
         st.pages.page(
             StatusCode::OK,
-            "Sign out",
+            v.lang,
+            Key::TitleSignOut,
             "logout.html",
             &[("csrf", &v.csrf), ("carried", &carried), ("from", &from)],
             &targets,
         ),
+    )
+}
+
+fn signed_out(st: &AppState, lang: Lang) -> Response {
+    st.pages.page(
+        StatusCode::OK,
+        lang,
+        Key::TitleSignedOut,
+        "signed_out.html",
+        &[],
+        &[],
     )
 }
 
@@ -287,7 +321,7 @@ pub async fn logout_confirm(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let (v, f) = match checked_form(&st, ip, &headers, &body).await {
+    let (mut v, f) = match checked_form(&st, ip, &headers, &body).await {
         Ok(x) => x,
         Err(r) => return r,
     };
@@ -295,21 +329,20 @@ pub async fn logout_confirm(
         .iter()
         .filter_map(|k| f.get(*k).map(|val| (k.to_string(), val.clone())))
         .collect();
+    v.asked(param(&params, "ui_locales"));
     let req = match st.provider.logout_request(&params).await {
         Ok(Ok(r)) => r,
-        Ok(Err(text)) => return error_page(&st, &v, StatusCode::BAD_REQUEST, &text),
-        Err(e) => return unavailable(&st, e),
+        Ok(Err(e)) => return dead_end(&st, &v, e),
+        Err(e) => return unavailable(&st, v.lang, e),
     };
     if let Some(s) = &v.session {
         if let Err(e) = st.provider.sign_out(s).await {
-            return unavailable(&st, e);
+            return unavailable(&st, v.lang, e);
         }
     }
     let mut r = match req.redirect {
         Some(to) => see_other(&to),
-        None => st
-            .pages
-            .page(StatusCode::OK, "Signed out", "signed_out.html", &[], &[]),
+        None => signed_out(&st, v.lang),
     };
     r.headers_mut()
         .append(header::SET_COOKIE, st.pages.set_cookie(SESSION, "", 0));

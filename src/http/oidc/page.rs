@@ -3,15 +3,20 @@
 //! that answer where a sign-in stands (sign-in, second step, consent,
 //! errors). Used by the protocol's endpoints (`mod.rs`) and the sign-in
 //! forms (`signin.rs`).
+//!
+//! A page speaks the language of its visit ([`Visit::lang`]): the
+//! browser's (`Accept-Language`) until the handler has the pending
+//! request, whose `ui_locales` then comes first (`http/pages/i18n.rs`).
 
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-use crate::domain::oidc::{BrowserSession, ClientView, Next};
+use crate::domain::oidc::{BrowserSession, ClientView, Next, PageError};
 use crate::domain::sessions::{Origin, TokenPair};
 use crate::domain::AuthError;
 use crate::http::extract::origin;
 use crate::http::pages::escape;
+use crate::http::pages::i18n::{Key, Lang};
 use crate::http::AppState;
 
 /// The session cookie (the browser session's refresh token, sealed) and the CSRF
@@ -35,12 +40,14 @@ pub(super) fn field<'a>(f: &'a Fields, name: &str) -> &'a str {
 }
 
 /// What a page needs of the request: its CSRF value (the cookie's, or a new
-/// one to set) and the browser session, if any.
+/// one to set), the browser session, if any, and the pages' language.
 pub(super) struct Visit {
     pub(super) csrf: String,
     pub(super) new_csrf: bool,
     pub(super) session: Option<BrowserSession>,
     pub(super) origin: Origin,
+    /// The browser's language, or the request's once [`Visit::asked`].
+    pub(super) lang: Lang,
 }
 
 pub(super) async fn visit(
@@ -61,10 +68,22 @@ pub(super) async fn visit(
         new_csrf,
         session,
         origin: origin(ip, headers),
+        lang: Lang::of_browser(headers),
     })
 }
 
 impl Visit {
+    /// The request's `ui_locales` chooses the language, if it names one
+    /// the pages speak.
+    pub(super) fn asked(&mut self, ui_locales: Option<&str>) {
+        self.lang = self.lang.or_asked(ui_locales);
+    }
+
+    /// The text of `key` in the visit's language.
+    pub(super) fn text(&self, key: Key) -> &'static str {
+        self.lang.text(key)
+    }
+
     /// Adds the CSRF cookie to a page that sets it first.
     pub(super) fn finish(&self, st: &AppState, mut r: Response) -> Response {
         if self.new_csrf {
@@ -97,60 +116,89 @@ pub(super) fn message(text: &str, error: bool) -> String {
 }
 
 pub(super) fn error_page(st: &AppState, v: &Visit, status: StatusCode, text: &str) -> Response {
-    v.finish(
-        st,
-        st.pages.page(
-            status,
-            "Something is wrong",
-            "error.html",
-            &[("message", text)],
-            &[],
-        ),
+    v.finish(st, error_in(st, v.lang, status, text))
+}
+
+fn error_in(st: &AppState, lang: Lang, status: StatusCode, text: &str) -> Response {
+    st.pages.page(
+        status,
+        lang,
+        Key::TitleError,
+        "error.html",
+        &[("message", text)],
+        &[],
     )
 }
 
-/// What a refused step tells the person at the page, and with what status.
-pub(super) fn refusal(e: &AuthError) -> (StatusCode, String) {
+/// The error page of a request that cannot go back to its client.
+pub(super) fn dead_end(st: &AppState, v: &Visit, e: PageError) -> Response {
+    error_page(st, v, StatusCode::BAD_REQUEST, v.text(page_error(e)))
+}
+
+/// What the pages say of a [`PageError`].
+fn page_error(e: PageError) -> Key {
     match e {
-        AuthError::InvalidCredentials => (StatusCode::UNAUTHORIZED, "The email or the password is wrong.".into()),
-        AuthError::VerificationPending => (
-            StatusCode::FORBIDDEN,
-            "This email address is not verified yet: enter the code we emailed, or create the account again for a new one.".into(),
-        ),
-        AuthError::AccountDisabled => (StatusCode::FORBIDDEN, "This account is disabled.".into()),
-        AuthError::InvalidOtp => (StatusCode::UNAUTHORIZED, "That code is wrong or expired.".into()),
+        PageError::NoClientId => Key::NoClientId,
+        PageError::UnknownClient => Key::UnknownClient,
+        PageError::NoRedirectUri => Key::NoRedirectUri,
+        PageError::UnregisteredRedirectUri => Key::UnregisteredRedirectUri,
+        PageError::RepeatedClientOrRedirectUri => Key::RepeatedClientOrRedirectUri,
+        PageError::Expired => Key::PendingExpired,
+        PageError::ClientGone => Key::ClientGone,
+        PageError::NoLongerAllowed => Key::NoLongerAllowed,
+        PageError::ConsentNotYours => Key::ConsentNotYours,
+        PageError::ForeignIdTokenHint => Key::ForeignIdTokenHint,
+        PageError::HintOfAnotherClient => Key::HintOfAnotherClient,
+        PageError::LogoutRedirectWithoutClient => Key::LogoutRedirectWithoutClient,
+        PageError::UnregisteredLogoutRedirect => Key::UnregisteredLogoutRedirect,
+    }
+}
+
+/// What a refused step tells the person at the page, in `lang`, and with
+/// what status.
+pub(super) fn refusal(lang: Lang, e: &AuthError) -> (StatusCode, String) {
+    let text = |key| lang.text(key).to_string();
+    let seconds = |key, n: u64| lang.format(key, &[("n", &n.to_string())]);
+    match e {
+        AuthError::InvalidCredentials => (StatusCode::UNAUTHORIZED, text(Key::WrongCredentials)),
+        AuthError::VerificationPending => (StatusCode::FORBIDDEN, text(Key::NotVerified)),
+        AuthError::AccountDisabled => (StatusCode::FORBIDDEN, text(Key::AccountDisabled)),
+        AuthError::InvalidOtp => (StatusCode::UNAUTHORIZED, text(Key::WrongCode)),
         AuthError::InvalidFactor { tries_left } if *tries_left > 0 => (
             StatusCode::UNAUTHORIZED,
-            format!("That did not work. {tries_left} more tries for this sign-in."),
+            lang.format(Key::FactorFailedTries, &[("n", &tries_left.to_string())]),
         ),
-        AuthError::InvalidFactor { .. } => (StatusCode::UNAUTHORIZED, "That did not work.".into()),
-        AuthError::InvalidToken => (
-            StatusCode::UNAUTHORIZED,
-            "This step has expired or was used already: start again.".into(),
-        ),
+        AuthError::InvalidFactor { .. } => (StatusCode::UNAUTHORIZED, text(Key::FactorFailed)),
+        AuthError::InvalidToken => (StatusCode::UNAUTHORIZED, text(Key::StepExpired)),
         AuthError::TooManyAttempts { retry_after } => (
             StatusCode::TOO_MANY_REQUESTS,
-            format!("Too many attempts: try again in {} seconds.", retry_after.unwrap_or(60)),
+            seconds(Key::TooManyAttempts, retry_after.unwrap_or(60)),
         ),
         AuthError::RateLimited(l) => (
             StatusCode::TOO_MANY_REQUESTS,
-            format!("Too many requests: try again in {} seconds.", l.retry_after_secs),
+            seconds(Key::TooManyRequests, l.retry_after_secs),
         ),
-        AuthError::Overloaded { .. } | AuthError::Unavailable(_) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "The service is busy: try again in a moment.".into(),
+        AuthError::Overloaded { .. } | AuthError::Unavailable(_) => {
+            (StatusCode::SERVICE_UNAVAILABLE, text(Key::Busy))
+        }
+        // The fields of the pages' forms; another one (none today) in
+        // the JSON API's words.
+        AuthError::Invalid(f) => (
+            StatusCode::BAD_REQUEST,
+            match f.field {
+                "email" => text(Key::InvalidEmail),
+                "password" => text(Key::InvalidPassword),
+                "code" => text(Key::InvalidCode),
+                _ => f.to_string(),
+            },
         ),
-        AuthError::Invalid(f) => (StatusCode::BAD_REQUEST, f.to_string()),
         AuthError::BadRequest(m) => (StatusCode::BAD_REQUEST, m.clone()),
-        AuthError::EmailTaken => (StatusCode::CONFLICT, "This email address has an account already.".into()),
+        AuthError::EmailTaken => (StatusCode::CONFLICT, text(Key::EmailTaken)),
         other => {
             if let AuthError::Internal(e) = other {
                 tracing::error!(error = ?e, "internal error on a sign-in page");
             }
-            (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "Something went wrong on our side: try again.".into(),
-            )
+            (StatusCode::INTERNAL_SERVER_ERROR, text(Key::Internal))
         }
     }
 }
@@ -165,7 +213,7 @@ pub(super) fn answer(
 ) -> Response {
     match next {
         Next::Redirect(to) => v.finish(st, see_other(&to)),
-        Next::Page(text) => error_page(st, v, StatusCode::BAD_REQUEST, &text),
+        Next::Page(e) => dead_end(st, v, e),
         Next::Login {
             pending,
             login_hint,
@@ -182,11 +230,12 @@ pub(super) fn answer(
             let email = v.session.as_ref().map_or("", |s| s.email.as_str());
             let list: String = scopes
                 .iter()
-                .map(|s| format!("  <li>{}</li>\n", escape(scope_text(s))))
+                .map(|s| format!("  <li>{}</li>\n", escape(v.text(scope_text(s)))))
                 .collect();
             let page = st.pages.page(
                 StatusCode::OK,
-                "Allow access?",
+                v.lang,
+                Key::TitleAllow,
                 "consent.html",
                 &[
                     ("client", &client.name),
@@ -219,7 +268,7 @@ pub(super) fn login_page(
         v,
         client,
         status,
-        "Sign in",
+        Key::TitleSignIn,
         "login.html",
         pending,
         email,
@@ -235,7 +284,7 @@ pub(super) fn pending_page(
     v: &Visit,
     client: &ClientView,
     status: StatusCode,
-    title: &str,
+    title: Key,
     template: &str,
     pending: &str,
     email: &str,
@@ -245,6 +294,7 @@ pub(super) fn pending_page(
         st,
         st.pages.page(
             status,
+            v.lang,
             title,
             template,
             &[
@@ -260,25 +310,21 @@ pub(super) fn pending_page(
 }
 
 /// What a scope lets the application do, as the consent page says it.
-pub(super) fn scope_text(scope: &str) -> &'static str {
+pub(super) fn scope_text(scope: &str) -> Key {
     match scope {
-        "openid" => "Sign you in with your latchkey account",
-        "email" => "See your email address",
-        "profile" => "See your name",
-        "offline_access" => "Stay signed in while you are away",
-        _ => "Something this service does not know",
+        "openid" => Key::ScopeOpenid,
+        "email" => Key::ScopeEmail,
+        "profile" => Key::ScopeProfile,
+        "offline_access" => Key::ScopeOfflineAccess,
+        _ => Key::ScopeUnknown,
     }
 }
 
-pub(super) fn unavailable(st: &AppState, e: AuthError) -> Response {
-    let (status, text) = refusal(&e);
-    st.pages.page(
-        status,
-        "Something is wrong",
-        "error.html",
-        &[("message", &text)],
-        &[],
-    )
+/// The page of a failure before the visit could be read (or after), in
+/// `lang`.
+pub(super) fn unavailable(st: &AppState, lang: Lang, e: AuthError) -> Response {
+    let (status, text) = refusal(lang, &e);
+    error_in(st, lang, status, &text)
 }
 
 /// A signed-in browser: its session cookie, then the request goes on.
@@ -303,14 +349,16 @@ pub(super) async fn checked_form(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<(Visit, Fields), Response> {
-    let v = visit(st, headers, ip).await.map_err(|e| unavailable(st, e))?;
+    let v = visit(st, headers, ip)
+        .await
+        .map_err(|e| unavailable(st, Lang::of_browser(headers), e))?;
     let f = fields(body);
     if !v.csrf_ok(st, &f) {
         return Err(error_page(
             st,
             &v,
             StatusCode::FORBIDDEN,
-            "This form did not come from this service's page (or your browser refused its cookie): go back and try again.",
+            v.text(Key::ForeignForm),
         ));
     }
     Ok((v, f))
@@ -324,23 +372,19 @@ pub(super) async fn posted(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<(Visit, Fields, ClientView), Response> {
-    let (v, f) = checked_form(st, ip, headers, body).await?;
-    let client = match pending_client(st, field(&f, "authz")).await {
+    let (mut v, f) = checked_form(st, ip, headers, body).await?;
+    let client = match pending_client(st, &mut v, field(&f, "authz")).await {
         Some(c) => c,
-        None => {
-            return Err(error_page(
-                st,
-                &v,
-                StatusCode::BAD_REQUEST,
-                "This sign-in took too long or its link is damaged: start again from the application.",
-            ))
-        }
+        None => return Err(dead_end(st, &v, PageError::Expired)),
     };
     Ok((v, f, client))
 }
 
-pub(super) async fn pending_client(st: &AppState, pending: &str) -> Option<ClientView> {
+/// The client of a pending request, as the pages show it; the visit
+/// takes up the language the request asked for.
+pub(super) async fn pending_client(st: &AppState, v: &mut Visit, pending: &str) -> Option<ClientView> {
     let req = st.provider.open_pending(pending)?;
+    v.asked(req.ui_locales.as_deref());
     let (rec, _) = st.provider.client(&req.client_id).await.ok()??;
     let origin = url::Url::parse(&req.redirect_uri)
         .ok()
@@ -373,14 +417,14 @@ pub(super) fn mfa_page(
     let mut forms = String::new();
     for kind in &step.factors {
         match *kind {
-            "totp" => forms.push_str(&st.pages.fill("mfa_totp.html", &common)),
+            "totp" => forms.push_str(&st.pages.fill("mfa_totp.html", v.lang, &common)),
             "webauthn" => {
                 let options = step.webauthn.as_ref().map(|o| o.to_string()).unwrap_or_default();
                 let mut values = common.to_vec();
                 values.push(("options", &options));
-                forms.push_str(&st.pages.fill("mfa_passkey.html", &values));
+                forms.push_str(&st.pages.fill("mfa_passkey.html", v.lang, &values));
             }
-            "recovery_code" => forms.push_str(&st.pages.fill("mfa_recovery.html", &common)),
+            "recovery_code" => forms.push_str(&st.pages.fill("mfa_recovery.html", v.lang, &common)),
             _ => {}
         }
     }
@@ -392,7 +436,8 @@ pub(super) fn mfa_page(
         st,
         st.pages.page(
             status,
-            "Second step",
+            v.lang,
+            Key::TitleSecondStep,
             "mfa.html",
             &[("client", &client.name), ("message", &msg), ("forms", &forms)],
             &[&client.redirect_origin],

@@ -12,6 +12,7 @@ use crate::domain::input::{Code, Email, Password};
 use crate::domain::mfa::Proof;
 use crate::domain::AuthError;
 use crate::http::extract::ClientIp;
+use crate::http::pages::i18n::{Key, Lang};
 use crate::http::AppState;
 
 use super::page::{
@@ -41,7 +42,7 @@ pub async fn login(
         Ok(pair) => signed_in(&st, &v, &pair, pending),
         Err(AuthError::SecondFactorRequired(Some(step))) => mfa_page(&st, &v, pending, &client, &step, None),
         Err(e) => {
-            let (status, text) = refusal(&e);
+            let (status, text) = refusal(v.lang, &e);
             login_page(&st, &v, pending, &client, email_text, Some((status, &text)))
         }
     }
@@ -71,19 +72,14 @@ pub async fn mfa(
             .map(|c| Proof::WebAuthn(Box::new(c)))
     };
     let Some(proof) = proof else {
-        return error_page(
-            &st,
-            &v,
-            StatusCode::BAD_REQUEST,
-            "Enter a code, a recovery code or use a passkey.",
-        );
+        return error_page(&st, &v, StatusCode::BAD_REQUEST, v.text(Key::EnterAFactor));
     };
     match st.login.second_factor(&v.origin, token, proof).await {
         Ok(pair) => signed_in(&st, &v, &pair, pending),
         Err(e @ AuthError::InvalidFactor { tries_left }) if tries_left > 0 => {
             // The same step again: the login's challenge is still live (a
             // passkey's options are not carried: its form is left out).
-            let (status, text) = refusal(&e);
+            let (status, text) = refusal(v.lang, &e);
             let step = crate::domain::mfa::StepUp {
                 mfa_token: token.to_string(),
                 factors: field(&f, "factors")
@@ -96,7 +92,7 @@ pub async fn mfa(
             mfa_page(&st, &v, pending, &client, &step, Some((status, &text)))
         }
         Err(e) => {
-            let (status, text) = refusal(&e);
+            let (status, text) = refusal(v.lang, &e);
             login_page(&st, &v, pending, &client, "", Some((status, &text)))
         }
     }
@@ -122,7 +118,7 @@ pub async fn passkey(
             pending,
             &client,
             "",
-            Some((StatusCode::BAD_REQUEST, "The passkey gave no answer.")),
+            Some((StatusCode::BAD_REQUEST, v.text(Key::PasskeyNoAnswer))),
         );
     };
     match st
@@ -132,7 +128,7 @@ pub async fn passkey(
     {
         Ok(pair) => signed_in(&st, &v, &pair, pending),
         Err(e) => {
-            let (status, text) = refusal(&e);
+            let (status, text) = refusal(v.lang, &e);
             login_page(&st, &v, pending, &client, "", Some((status, &text)))
         }
     }
@@ -145,7 +141,15 @@ pub async fn signup_form(
     headers: HeaderMap,
     Query(p): Query<Pending>,
 ) -> Response {
-    form_page(&st, ip, &headers, &p.authz, "Create an account", "signup.html").await
+    form_page(
+        &st,
+        ip,
+        &headers,
+        &p.authz,
+        Key::TitleCreateAccount,
+        "signup.html",
+    )
+    .await
 }
 
 pub async fn reset_form(
@@ -154,7 +158,7 @@ pub async fn reset_form(
     headers: HeaderMap,
     Query(p): Query<Pending>,
 ) -> Response {
-    form_page(&st, ip, &headers, &p.authz, "Reset your password", "reset.html").await
+    form_page(&st, ip, &headers, &p.authz, Key::TitleResetPassword, "reset.html").await
 }
 
 async fn form_page(
@@ -162,20 +166,15 @@ async fn form_page(
     ip: std::net::IpAddr,
     headers: &HeaderMap,
     pending: &str,
-    title: &str,
+    title: Key,
     template: &str,
 ) -> Response {
-    let v = match visit(st, headers, ip).await {
+    let mut v = match visit(st, headers, ip).await {
         Ok(v) => v,
-        Err(e) => return unavailable(st, e),
+        Err(e) => return unavailable(st, Lang::of_browser(headers), e),
     };
-    let Some(client) = pending_client(st, pending).await else {
-        return error_page(
-            st,
-            &v,
-            StatusCode::BAD_REQUEST,
-            "This link is damaged or too old: start again from the application.",
-        );
+    let Some(client) = pending_client(st, &mut v, pending).await else {
+        return error_page(st, &v, StatusCode::BAD_REQUEST, v.text(Key::LinkDamaged));
     };
     pending_page(st, &v, &client, StatusCode::OK, title, template, pending, "", "")
 }
@@ -200,10 +199,15 @@ pub async fn signup(
     };
     let (status, title, template, msg) = match attempt.await {
         // The same answer whether or not the address had an account.
-        Ok(()) => (StatusCode::OK, "Check your email", "verify.html", String::new()),
+        Ok(()) => (StatusCode::OK, Key::TitleCheckEmail, "verify.html", String::new()),
         Err(e) => {
-            let (status, text) = refusal(&e);
-            (status, "Create an account", "signup.html", message(&text, true))
+            let (status, text) = refusal(v.lang, &e);
+            (
+                status,
+                Key::TitleCreateAccount,
+                "signup.html",
+                message(&text, true),
+            )
         }
     };
     pending_page(
@@ -234,14 +238,14 @@ pub async fn verify(
         Ok(pair) => signed_in(&st, &v, &pair, pending),
         Err(AuthError::SecondFactorRequired(Some(step))) => mfa_page(&st, &v, pending, &client, &step, None),
         Err(e) => {
-            let (status, text) = refusal(&e);
+            let (status, text) = refusal(v.lang, &e);
             let msg = message(&text, true);
             pending_page(
                 &st,
                 &v,
                 &client,
                 status,
-                "Check your email",
+                Key::TitleCheckEmail,
                 "verify.html",
                 pending,
                 email_text,
@@ -271,13 +275,18 @@ pub async fn reset(
     let (status, title, template, msg) = match attempt.await {
         Ok(()) => (
             StatusCode::OK,
-            "Choose a new password",
+            Key::TitleNewPassword,
             "reset_confirm.html",
             String::new(),
         ),
         Err(e) => {
-            let (status, text) = refusal(&e);
-            (status, "Reset your password", "reset.html", message(&text, true))
+            let (status, text) = refusal(v.lang, &e);
+            (
+                status,
+                Key::TitleResetPassword,
+                "reset.html",
+                message(&text, true),
+            )
         }
     };
     pending_page(
@@ -313,17 +322,17 @@ pub async fn reset_confirm(
             pending,
             &client,
             email_text,
-            Some((StatusCode::OK, "Your password is changed: sign in with it.")),
+            Some((StatusCode::OK, v.text(Key::PasswordChanged))),
         ),
         Err(e) => {
-            let (status, text) = refusal(&e);
+            let (status, text) = refusal(v.lang, &e);
             let msg = message(&text, true);
             pending_page(
                 &st,
                 &v,
                 &client,
                 status,
-                "Choose a new password",
+                Key::TitleNewPassword,
                 "reset_confirm.html",
                 pending,
                 email_text,
