@@ -48,6 +48,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import time
 import zipfile
@@ -89,6 +90,14 @@ def pin(pid, cpu):
             os.sched_setaffinity(int(task.name), {cpu})
         except OSError:
             pass
+
+
+def alive(pid):
+    """Running (a zombie is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def ensure_keycloak(version):
@@ -176,6 +185,22 @@ class Keycloak:
 
     def pids(self):
         return proc_tree(self.proc.pid)
+
+    def stop(self):
+        """kc.sh runs java as its child: the whole tree is stopped."""
+        if self.proc is None:
+            return
+        tree = self.pids()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in tree:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.time() + 30
+            while time.time() < deadline and any(alive(p) for p in tree):
+                time.sleep(0.2)
+        self.procs.stop("keycloak")
 
 
 class Latchkey:
@@ -333,6 +358,7 @@ def main(argv):
     home = ensure_keycloak(args.keycloak_version)
     with bench_workspace("oidc-compare", args.out) as (started, outdir, raw, tmp, procs):
         pg = Postgres(Path(tmp))
+        kc = None
         try:
             pg.init()
             pg.sql("CREATE DATABASE keycloak")
@@ -368,6 +394,8 @@ def main(argv):
                     "finished": utc_now().isoformat()}
             report(outdir, started, args, binary_info, results, rss, meta)
         finally:
+            if kc:
+                kc.stop()
             procs.stop_all()
             pg.stop()
     return 0
