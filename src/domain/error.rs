@@ -30,6 +30,10 @@ pub enum AuthError {
     /// most likely was not made. `503 UNAVAILABLE` with `Retry-After`.
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// The database's disk is full: nothing of the request was written.
+    /// `503 STORAGE_FULL` with `Retry-After`; reads still answer.
+    #[error("storage full")]
+    StorageFull,
     #[error("OAuth client authentication failed")]
     InvalidClient,
     /// What the request names does not exist for the caller (the same
@@ -78,6 +82,7 @@ impl From<StoreError> for AuthError {
             // Counted where it happened (`store::acquire`).
             StoreError::Overloaded => AuthError::Overloaded { retry_after: 1 },
             StoreError::Unavailable(e) => AuthError::Unavailable(e.to_string()),
+            StoreError::StorageFull(_) => AuthError::StorageFull,
             other => AuthError::Internal(other.into()),
         }
     }

@@ -11,6 +11,10 @@ pub use crate::server::answers::{
     error_response, invalid_token, overloaded, rate_limit_headers, rate_limited, with_header, ErrorBody,
 };
 
+/// How long a client waits before trying a write again on a full disk:
+/// freeing space is an operator's task, not a matter of a second.
+const STORAGE_FULL_RETRY_SECS: u64 = 30;
+
 #[derive(Debug)]
 pub enum ApiError {
     Auth(AuthError),
@@ -95,6 +99,14 @@ impl IntoResponse for ApiError {
                         "the service cannot reach its database right now; retry shortly",
                     );
                     with_header(r, header::RETRY_AFTER, 1)
+                }
+                AuthError::StorageFull => {
+                    let r = error_response(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "STORAGE_FULL",
+                        "the service's storage is full: nothing of this request was saved; retry later",
+                    );
+                    with_header(r, header::RETRY_AFTER, STORAGE_FULL_RETRY_SECS)
                 }
                 AuthError::InsufficientScope(scope) => {
                     let r = error_response(
@@ -199,6 +211,13 @@ impl IntoResponse for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_disk_answers_503_storage_full_with_retry_after_never_500() {
+        let r = ApiError::from(AuthError::StorageFull).into_response();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "30");
+    }
 
     #[test]
     fn an_unreachable_database_answers_503_with_retry_after_never_500() {

@@ -155,7 +155,7 @@ impl Modify for CommonResponses {
                 };
                 add(
                     "503",
-                    "OVERLOADED (with Retry-After), or the request deadline passed; UNAVAILABLE (with Retry-After): the database cannot be reached",
+                    "OVERLOADED (with Retry-After), or the request deadline passed; UNAVAILABLE (with Retry-After): the database cannot be reached; STORAGE_FULL (with Retry-After): the database's disk is full, nothing was written",
                 );
                 if let Some(json) = body {
                     add(

@@ -116,6 +116,14 @@ impl From<AuthError> for OAuthError {
                     "the service cannot reach its database right now",
                 )
             },
+            AuthError::StorageFull => OAuthError {
+                retry_after: Some(30),
+                ..OAuthError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "temporarily_unavailable",
+                    "the service's storage is full: nothing was saved",
+                )
+            },
             AuthError::Internal(e) => {
                 tracing::error!(error = ?e, "internal error");
                 OAuthError::new(

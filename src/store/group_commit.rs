@@ -166,7 +166,8 @@ async fn write(pool: &Pool<sqlx::Sqlite>, batch: Vec<(LiveRotation, Reply)>) {
                 }
                 return;
             }
-            Err(StoreError::Database(_)) => {}
+            // A full disk may still take a smaller write: one at a time.
+            Err(StoreError::Database(_) | StoreError::StorageFull(_)) => {}
         }
     }
     let mut unreachable = None;

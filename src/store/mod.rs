@@ -116,12 +116,22 @@ pub enum StoreError {
     /// right.
     #[error("database unavailable: {0}")]
     Unavailable(#[source] sqlx::Error),
+    /// The database's disk is full ([`is_storage_full`]): the statement
+    /// and its transaction rolled back, nothing was written. Asking again
+    /// helps once an operator has freed space.
+    #[error("database storage full: {0}")]
+    StorageFull(#[source] sqlx::Error),
     #[error("database error: {0}")]
     Database(#[source] sqlx::Error),
 }
 
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
+        if is_storage_full(&e) {
+            metrics::counter!("latchkey_db_storage_full_total").increment(1);
+            tracing::error!(error = %e, "the database's storage is full; the request answers 503 and writes nothing");
+            return StoreError::StorageFull(e);
+        }
         if is_transient(&e) {
             metrics::counter!("latchkey_db_unavailable_total").increment(1);
             tracing::warn!(error = %e, "database unavailable; the request answers 503");
@@ -152,6 +162,28 @@ fn is_transient(e: &sqlx::Error) -> bool {
         sqlx::Error::Database(db) => db.code().is_some_and(|c| CODES.contains(&c.as_ref())),
         _ => false,
     }
+}
+
+/// A write refused for want of space: SQLite's `SQLITE_FULL` (result code
+/// 13, in any extended form) or PostgreSQL's `53100` (disk_full). Both roll
+/// the statement back: the store is as it was before the request.
+pub fn is_storage_full(e: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = e else {
+        return false;
+    };
+    let postgres = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>().is_some();
+    db.code().is_some_and(|code| means_storage_full(&code, postgres))
+}
+
+/// Whether an error code of PostgreSQL (a SQLSTATE) or of SQLite (a
+/// number) is [`is_storage_full`]'s. SQLSTATEs can be all digits too, so
+/// the backend says which the code is.
+fn means_storage_full(code: &str, postgres: bool) -> bool {
+    if postgres {
+        return code == "53100";
+    }
+    // SQLite's extended codes keep the primary code in the low byte.
+    code.parse::<i32>().is_ok_and(|n| n & 0xff == 13)
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -396,6 +428,22 @@ impl Drop for QueryTimer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_sqlites_full_and_postgres_disk_full_codes_mean_the_storage_is_full() {
+        // The real errors come from a real full disk in tests/it/full_disk.rs.
+        assert!(means_storage_full("13", false));
+        assert!(means_storage_full("53100", true));
+        // SQLite: an I/O error, its write form, busy; a SQLSTATE is no
+        // SQLite code even when it parses as a number.
+        for code in ["10", "778", "5", "53100"] {
+            assert!(!means_storage_full(code, false), "{code}");
+        }
+        // PostgreSQL: too many connections, out of memory, a unique key.
+        for code in ["53300", "53200", "23505", "13"] {
+            assert!(!means_storage_full(code, true), "{code}");
+        }
+    }
 
     #[test]
     fn a_lost_connection_is_unavailable_and_a_bad_statement_is_not() {

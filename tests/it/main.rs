@@ -11,6 +11,7 @@ mod conformance;
 mod connections;
 mod dump;
 mod events;
+mod full_disk;
 mod gateway;
 mod gateway_attacks;
 mod grant_properties;

@@ -178,7 +178,7 @@ pub(super) fn refusal(lang: Lang, e: &AuthError) -> (StatusCode, String) {
             StatusCode::TOO_MANY_REQUESTS,
             seconds(Key::TooManyRequests, l.retry_after_secs),
         ),
-        AuthError::Overloaded { .. } | AuthError::Unavailable(_) => {
+        AuthError::Overloaded { .. } | AuthError::Unavailable(_) | AuthError::StorageFull => {
             (StatusCode::SERVICE_UNAVAILABLE, text(Key::Busy))
         }
         // The fields of the pages' forms; another one (none today) in
