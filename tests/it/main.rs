@@ -29,6 +29,7 @@ mod oidc_languages;
 mod oidc_logout;
 mod oidc_spa;
 mod ops;
+mod pg_restore;
 mod registration_properties;
 mod sessions;
 mod timing;
