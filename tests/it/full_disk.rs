@@ -4,7 +4,9 @@
 //! the service serves. Writes are refused with `503 STORAGE_FULL`, never a
 //! 500, and leave nothing half-made; reads (token validation) go on; once
 //! space is freed the service writes again without a restart, and nothing
-//! it had accepted is lost.
+//! it had accepted is lost: not an account, not a queued message.
+//! A mail directory on a disk of its own that fills keeps the messages in
+//! the outbox until they can be written.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -124,8 +126,54 @@ async fn a_full_disk_refuses_writes_with_503_keeps_what_it_had_and_recovers_once
     for email in &accepted {
         assert_eq!(users_named(&app, email).await, 1, "{email}");
     }
+    // The refused sign-up queued nothing: its address gets one message,
+    // the second sign-up's.
+    app.wait_for_mail(&refused, 1).await;
+    assert_eq!(app.mails_to(&refused).len(), 1);
     let integrity = app.count("SELECT count(*) FROM pragma_integrity_check WHERE integrity_check <> 'ok'");
     assert_eq!(integrity.await, 0);
+    app.stop().await;
+    drop(mount);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mail_that_cannot_be_written_to_a_full_disk_stays_queued_and_goes_out_once_space_is_freed() {
+    let mail = tempfile::tempdir().unwrap();
+    let mount = Tmpfs::mount(mail.path(), 1);
+    let filler = mail.path().join("filler");
+    fill(&filler);
+    let setting = format!("file:{}", mail.path().display());
+    let app = TestApp::embedded(&[("mail", &setting)]).await;
+
+    // The database has room: sign-ups are accepted, their codes queued.
+    let emails: Vec<String> = (0..3).map(|_| unique_email("mail-full")).collect();
+    for email in &emails {
+        app.register(email, PASSWORD).await;
+    }
+    // The worker tried, and could not write a message.
+    let failed = || async {
+        let m = app.metrics().await;
+        m.lines()
+            .filter(|l| l.starts_with("latchkey_outbox_failures_total"))
+            .any(|l| !l.ends_with(" 0"))
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !failed().await {
+        assert!(std::time::Instant::now() < deadline, "no delivery was tried");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    for email in &emails {
+        assert!(app.mails_to(email).is_empty(), "{email}");
+    }
+
+    std::fs::remove_file(&filler).unwrap();
+    for email in &emails {
+        let code = app.wait_for_code(email, 1).await;
+        let r = app
+            .post("/auth/verify-otp", json!({"email": email, "code": code}))
+            .await;
+        assert_eq!(r.status(), 200, "{email}");
+    }
     app.stop().await;
     drop(mount);
 }
