@@ -18,6 +18,7 @@ mod grant_properties;
 mod import;
 mod layers;
 mod limits;
+mod litestream;
 mod mail;
 mod mfa;
 mod oauth;
