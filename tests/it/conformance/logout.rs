@@ -1,0 +1,201 @@
+//! The RP-Initiated Logout OP and Back-Channel Logout OP plans' modules
+//! (the scenarios of `super`, with its relying parties).
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use super::{Rp, LIBRARIES};
+use crate::common::TestApp;
+use crate::oidc::{hidden, query, Browser, Page, AFTER_LOGOUT, ISSUER};
+
+/// The logout URL of `params`.
+fn logout_url(params: &[(&str, &str)]) -> String {
+    format!(
+        "/oauth/logout?{}",
+        url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(params)
+            .finish()
+    )
+}
+
+/// Confirms the logout page `page` (every parameter it carries): the answer.
+async fn confirm(browser: &mut Browser<'_>, page: &Page) -> Page {
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let mut form = vec![("csrf".to_string(), hidden(&page.body, "csrf"))];
+    for k in ["id_token_hint", "client_id", "post_logout_redirect_uri", "state"] {
+        if page.body.contains(&format!("name=\"{k}\"")) {
+            form.push((k.to_string(), hidden(&page.body, k)));
+        }
+    }
+    let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    browser.post("/oauth/logout/confirm", &form).await
+}
+
+/// Whether the browser session still signs in silently.
+async fn still_signed_in(rp: &mut Rp<'_>) -> bool {
+    let input = rp.input("openid", json!({"extra": {"prompt": "none"}}));
+    let started = rp.start(&input).await;
+    let back = rp.authorize(&started).await;
+    back.location
+        .as_deref()
+        .is_some_and(|l| query(l).contains_key("code"))
+}
+
+/// A logout request of `params` that the provider must refuse: an error
+/// page, no redirect, and the user still signed in.
+async fn refused_logout(rp: &mut Rp<'_>, params: &[(&str, &str)]) {
+    let page = rp.browser.get(&logout_url(params)).await;
+    assert_eq!(
+        (page.status, page.location.as_deref()),
+        (StatusCode::BAD_REQUEST, None),
+        "{params:?}: an error page, never a redirect"
+    );
+    assert!(still_signed_in(rp).await, "{params:?}: still signed in");
+}
+
+/// `oidcc-rp-initiated-logout-bad-post-logout-redirect-uri`: a
+/// `post_logout_redirect_uri` the client did not register is refused with
+/// an error page: no redirect, and the user stays signed in.
+pub(super) async fn oidcc_rp_initiated_logout_bad_post_logout_redirect_uri(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "bad-plru", library).await;
+        let done = rp.sign_in(&rp.input("openid", json!({}))).await;
+        let hint = done["id_token"].as_str().unwrap();
+        refused_logout(
+            &mut rp,
+            &[
+                ("id_token_hint", hint),
+                ("post_logout_redirect_uri", "http://127.0.0.1/elsewhere"),
+                ("state", "s"),
+            ],
+        )
+        .await;
+    }
+}
+
+/// `oidcc-rp-initiated-logout-modified-id-token-hint`: an `id_token_hint`
+/// whose signature does not verify is refused with an error page: no
+/// redirect, and the user stays signed in.
+pub(super) async fn oidcc_rp_initiated_logout_modified_id_token_hint(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "bad-hint", library).await;
+        let done = rp.sign_in(&rp.input("openid", json!({}))).await;
+        let token = done["id_token"].as_str().unwrap();
+        let (signed, signature) = token.rsplit_once('.').unwrap();
+        let flipped = if signature.starts_with('A') { "B" } else { "A" };
+        let modified = format!("{signed}.{flipped}{}", &signature[1..]);
+        refused_logout(
+            &mut rp,
+            &[
+                ("id_token_hint", &modified),
+                ("post_logout_redirect_uri", AFTER_LOGOUT),
+                ("state", "s"),
+            ],
+        )
+        .await;
+    }
+}
+
+/// `oidcc-rp-initiated-logout-no-id-token-hint`: with a
+/// `post_logout_redirect_uri` but neither `id_token_hint` nor `client_id`,
+/// the provider cannot tell whose URI it is: it does not redirect there
+/// (RP-Initiated Logout §3). latchkey refuses the request with an error
+/// page; the user stays signed in.
+pub(super) async fn oidcc_rp_initiated_logout_no_id_token_hint(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "no-hint", library).await;
+        rp.sign_in(&rp.input("openid", json!({}))).await;
+        // Never redirected to a URI nobody vouched for.
+        refused_logout(
+            &mut rp,
+            &[("post_logout_redirect_uri", AFTER_LOGOUT), ("state", "s")],
+        )
+        .await;
+    }
+}
+
+/// `oidcc-rp-initiated-logout-no-params`: a logout without any parameter
+/// asks the user, and confirming signs them out (a page, no redirect).
+pub(super) async fn oidcc_rp_initiated_logout_no_params(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "no-params", library).await;
+        rp.sign_in(&rp.input("openid", json!({}))).await;
+        let page = rp.browser.get("/oauth/logout").await;
+        let out = confirm(&mut rp.browser, &page).await;
+        let out = rp.browser.follow(out).await;
+        assert_eq!(
+            (out.status, out.location.as_deref()),
+            (StatusCode::OK, None),
+            "{}",
+            out.body
+        );
+        assert!(!still_signed_in(&mut rp).await);
+    }
+}
+
+/// `oidcc-rp-initiated-logout-no-post-logout-redirect-uri`: with an
+/// `id_token_hint` only, the user is signed out and shown a page.
+pub(super) async fn oidcc_rp_initiated_logout_no_post_logout_redirect_uri(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "no-plru", library).await;
+        let done = rp.sign_in(&rp.input("openid", json!({}))).await;
+        let page = rp
+            .browser
+            .get(&logout_url(&[(
+                "id_token_hint",
+                done["id_token"].as_str().unwrap(),
+            )]))
+            .await;
+        let out = confirm(&mut rp.browser, &page).await;
+        let out = rp.browser.follow(out).await;
+        assert_eq!((out.status, out.location.as_deref()), (StatusCode::OK, None));
+        assert!(!still_signed_in(&mut rp).await);
+    }
+}
+
+/// `oidcc-rp-initiated-logout-no-state`, `oidcc-rp-initiated-logout-only-state`:
+/// without `state`, the redirect to the registered URI carries none; with
+/// `state` but no `post_logout_redirect_uri`, there is no redirect to carry
+/// it (a page).
+pub(super) async fn oidcc_rp_initiated_logout_no_state_and_only_state(app: &TestApp) {
+    for library in LIBRARIES {
+        let mut rp = Rp::new(app, "states", library).await;
+        let done = rp.sign_in(&rp.input("openid", json!({}))).await;
+        let page = rp
+            .browser
+            .get(&logout_url(&[
+                ("id_token_hint", done["id_token"].as_str().unwrap()),
+                ("post_logout_redirect_uri", AFTER_LOGOUT),
+            ]))
+            .await;
+        let out = confirm(&mut rp.browser, &page).await;
+        assert_eq!(out.location.as_deref(), Some(AFTER_LOGOUT), "no state added");
+
+        rp.sign_in(&rp.input("openid", json!({}))).await;
+        let page = rp.browser.get(&logout_url(&[("state", "only")])).await;
+        let out = confirm(&mut rp.browser, &page).await;
+        let out = rp.browser.follow(out).await;
+        assert_eq!((out.status, out.location.as_deref()), (StatusCode::OK, None));
+        assert!(!out.body.contains("only"), "the state goes nowhere");
+    }
+}
+
+/// `oidcc-rp-initiated-logout-discovery-endpoint-verification`,
+/// `oidcc-backchannel-logout-discovery-endpoint-verification`: discovery
+/// names the `end_session_endpoint` (under the issuer), and says
+/// `backchannel_logout_supported` and `backchannel_logout_session_supported`.
+pub(super) async fn oidcc_rp_initiated_logout_and_backchannel_logout_discovery_endpoint_verification(
+    app: &TestApp,
+) {
+    let d: Value = app
+        .get("/.well-known/openid-configuration")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(d["issuer"], ISSUER);
+    assert_eq!(d["end_session_endpoint"], format!("{ISSUER}/oauth/logout"));
+    assert_eq!(d["backchannel_logout_supported"], true);
+    assert_eq!(d["backchannel_logout_session_supported"], true);
+    assert_eq!(d["frontchannel_logout_supported"], false);
+}
