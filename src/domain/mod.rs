@@ -7,7 +7,8 @@
 //! `ops`; they share the handles of `shared` and the mailed codes of
 //! `codebook`. The rules they apply are pure functions with `now` passed
 //! in: `registration`, `refresh`, `codes`, `mfa::challenge`, `admission`,
-//! `input`.
+//! `input`, and `federation` (what an identity from another provider may
+//! do to local accounts; the flow that will apply it is not built yet).
 
 pub mod admin;
 pub mod admission;
@@ -16,6 +17,7 @@ pub mod codebook;
 pub mod codes;
 pub mod credcache;
 pub mod error;
+pub mod federation;
 pub mod hashing;
 pub mod import;
 pub mod input;

@@ -1,0 +1,321 @@
+//! Signing in with another provider: what an upstream identity may do to
+//! local accounts, as a pure decision over what the store read (the
+//! account the identity is linked to, the account its address names) and
+//! what the provider asserted. The sign-in flow that gathers these (the
+//! upstream's code, its validated id_token) is not built yet; this is the
+//! rule it will apply, written and tested first because it is where
+//! identity services get takeovers wrong (docs/security.md, 3.18).
+//!
+//! An upstream identity is keyed by (issuer, subject), never by email: an
+//! address is only ever a reason to *ask* for proof, never a key.
+//!
+//! ```text
+//!   intent     linked to            address (verified, trusted)     decision
+//!   ─────────  ───────────────────  ──────────────────────────────  ─────────────────────────
+//!   sign in    account A            (not read)                      SignIn(A) | Refuse(Disabled)
+//!   sign in    nothing              not verified, or not trusted    Refuse(UnverifiedEmail)
+//!   sign in    nothing              names account A                 ProveFirst(A) | Refuse(Disabled)
+//!   sign in    nothing              names no account                Create | Refuse(NoAccount)
+//!   link to B  account B            (not read)                      AlreadyLinked
+//!   link to B  another account      (not read)                      Refuse(LinkedElsewhere)
+//!   link to B  nothing              (not read)                      Link(B) | Refuse(Disabled)
+//! ```
+//!
+//! `ProveFirst`: the person proves the local account once (its password
+//! and second factor, or a code mailed to it), and only then is the link
+//! made; until then the upstream sign-in signs in to nothing. `link to B`
+//! is a person signed in to B (a fresh authentication) adding a provider
+//! on their account page: the identity is theirs to link whatever address
+//! it asserts, and is refused only if another account holds it.
+
+/// What the operator allows a provider.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// Its `email_verified` claim is believed (a provider that lets a
+    /// tenant's administrator set any address, unverified, must not be:
+    /// the "nOAuth" takeovers of 2023).
+    pub trusts_email_verified: bool,
+    /// A new identity with a verified address no account has creates one
+    /// (just-in-time); otherwise it signs in to linked accounts only.
+    pub may_create: bool,
+}
+
+/// What the provider asserted, beside (issuer, subject).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Asserted {
+    pub has_email: bool,
+    /// `email_verified: true` (absent counts as false).
+    pub email_verified: bool,
+}
+
+/// A local account, as the decision needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Account {
+    pub id: String,
+    pub disabled: bool,
+}
+
+/// Why the arrival is signed into nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The account is disabled.
+    Disabled,
+    /// No address, an unverified one, or a provider whose verification is
+    /// not trusted: it neither links nor creates.
+    UnverifiedEmail,
+    /// No account has the address, and the provider may not create one.
+    NoAccount,
+    /// Linking: the identity is another account's.
+    LinkedElsewhere,
+}
+
+/// What to do with an upstream identity that arrived.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Sign in to this linked account.
+    SignIn(String),
+    /// An account has the address: the person proves it, then it is linked.
+    ProveFirst(String),
+    /// A new account with the asserted (verified) address, linked.
+    Create,
+    /// Link the identity to this account (the signed-in person's).
+    Link(String),
+    /// It is linked to this account already: nothing to do.
+    AlreadyLinked,
+    Refuse(Refusal),
+}
+
+/// Signing in, or linking to the signed-in person's account.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Intent {
+    SignIn,
+    LinkTo(Account),
+}
+
+/// The decision. `linked`: the account (issuer, subject) is linked to;
+/// `by_email`: the account the asserted address names (read only when the
+/// address is verified and trusted; ignored otherwise).
+pub fn decide(
+    intent: &Intent,
+    policy: Policy,
+    asserted: Asserted,
+    linked: Option<&Account>,
+    by_email: Option<&Account>,
+) -> Decision {
+    let usable = |a: &Account, then: fn(String) -> Decision| {
+        if a.disabled {
+            Decision::Refuse(Refusal::Disabled)
+        } else {
+            then(a.id.clone())
+        }
+    };
+    match intent {
+        Intent::LinkTo(me) => match linked {
+            Some(a) if a.id == me.id => Decision::AlreadyLinked,
+            Some(_) => Decision::Refuse(Refusal::LinkedElsewhere),
+            None => usable(me, Decision::Link),
+        },
+        Intent::SignIn => {
+            if let Some(a) = linked {
+                return usable(a, Decision::SignIn);
+            }
+            let verified = asserted.has_email && asserted.email_verified && policy.trusts_email_verified;
+            if !verified {
+                return Decision::Refuse(Refusal::UnverifiedEmail);
+            }
+            match by_email {
+                Some(a) => usable(a, Decision::ProveFirst),
+                None if policy.may_create => Decision::Create,
+                None => Decision::Refuse(Refusal::NoAccount),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn account(id: &str, disabled: bool) -> Account {
+        Account {
+            id: id.into(),
+            disabled,
+        }
+    }
+
+    /// One combination of the inputs: intent, policy, claims, the linked
+    /// account and the account of the address.
+    type Case = (Intent, Policy, Asserted, Option<Account>, Option<Account>);
+
+    /// Every combination of the inputs.
+    fn every_case() -> Vec<Case> {
+        let accounts = [
+            None,
+            Some(account("a", false)),
+            Some(account("a", true)),
+            Some(account("b", false)),
+        ];
+        let mut out = Vec::new();
+        for intent in [
+            Intent::SignIn,
+            Intent::LinkTo(account("a", false)),
+            Intent::LinkTo(account("a", true)),
+        ] {
+            for bits in 0..16u8 {
+                let [trusts, create, has, verified] = [0, 1, 2, 3].map(|i| bits & (1 << i) != 0);
+                for linked in &accounts {
+                    for by_email in &accounts {
+                        out.push((
+                            intent.clone(),
+                            Policy {
+                                trusts_email_verified: trusts,
+                                may_create: create,
+                            },
+                            Asserted {
+                                has_email: has,
+                                email_verified: verified,
+                            },
+                            linked.clone(),
+                            by_email.clone(),
+                        ));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn an_address_never_signs_anyone_in_to_an_account_it_is_not_linked_to() {
+        for (intent, policy, asserted, linked, by_email) in every_case() {
+            let d = decide(&intent, policy, asserted, linked.as_ref(), by_email.as_ref());
+            if let Decision::SignIn(id) = &d {
+                assert_eq!(
+                    Some(id),
+                    linked.as_ref().map(|a| &a.id),
+                    "{intent:?} {linked:?} {by_email:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn only_the_signed_in_persons_own_account_is_ever_linked_without_proof() {
+        for (intent, policy, asserted, linked, by_email) in every_case() {
+            if let Decision::Link(id) = decide(&intent, policy, asserted, linked.as_ref(), by_email.as_ref())
+            {
+                assert_eq!(intent, Intent::LinkTo(account(&id, false)));
+                assert!(linked.is_none());
+            }
+        }
+    }
+
+    #[test]
+    fn an_unverified_or_untrusted_address_neither_links_nor_creates() {
+        for (intent, policy, asserted, linked, by_email) in every_case() {
+            let trusted = asserted.has_email && asserted.email_verified && policy.trusts_email_verified;
+            let d = decide(&intent, policy, asserted, linked.as_ref(), by_email.as_ref());
+            if matches!(d, Decision::ProveFirst(_) | Decision::Create) {
+                assert!(trusted, "{d:?} from {asserted:?} under {policy:?}");
+                assert_eq!(intent, Intent::SignIn);
+                assert!(linked.is_none());
+            }
+        }
+    }
+
+    #[test]
+    fn an_account_is_created_only_where_the_provider_may_and_no_account_has_the_address() {
+        for (intent, policy, asserted, linked, by_email) in every_case() {
+            if decide(&intent, policy, asserted, linked.as_ref(), by_email.as_ref()) == Decision::Create {
+                assert!(policy.may_create && by_email.is_none() && linked.is_none());
+            }
+        }
+    }
+
+    #[test]
+    fn a_disabled_account_is_never_signed_in_linked_or_offered_for_proof() {
+        for (intent, policy, asserted, linked, by_email) in every_case() {
+            let d = decide(&intent, policy, asserted, linked.as_ref(), by_email.as_ref());
+            // The account each outcome is about, as the store read it.
+            let about = match (&d, &intent) {
+                (Decision::SignIn(_), _) => linked.clone(),
+                (Decision::ProveFirst(_), _) => by_email.clone(),
+                (Decision::Link(_), Intent::LinkTo(me)) => Some(me.clone()),
+                _ => continue,
+            };
+            let (Decision::SignIn(id) | Decision::ProveFirst(id) | Decision::Link(id)) = &d else {
+                continue;
+            };
+            let about = about.expect("an outcome names an account it read");
+            assert_eq!(&about.id, id);
+            let disabled = about.disabled;
+            assert!(!disabled, "{d:?}: {intent:?} {linked:?} {by_email:?}");
+        }
+    }
+
+    #[test]
+    fn the_table_row_by_row() {
+        let trusted = Policy {
+            trusts_email_verified: true,
+            may_create: true,
+        };
+        let verified = Asserted {
+            has_email: true,
+            email_verified: true,
+        };
+        let a = account("a", false);
+        let b = account("b", false);
+        let off = account("a", true);
+        let sign_in = Intent::SignIn;
+        assert_eq!(
+            decide(&sign_in, trusted, verified, Some(&a), Some(&b)),
+            Decision::SignIn("a".into())
+        );
+        assert_eq!(
+            decide(&sign_in, trusted, verified, Some(&off), None),
+            Decision::Refuse(Refusal::Disabled)
+        );
+        let unverified = Asserted {
+            has_email: true,
+            email_verified: false,
+        };
+        assert_eq!(
+            decide(&sign_in, trusted, unverified, None, Some(&a)),
+            Decision::Refuse(Refusal::UnverifiedEmail)
+        );
+        let untrusting = Policy {
+            trusts_email_verified: false,
+            ..trusted
+        };
+        assert_eq!(
+            decide(&sign_in, untrusting, verified, None, Some(&a)),
+            Decision::Refuse(Refusal::UnverifiedEmail)
+        );
+        assert_eq!(
+            decide(&sign_in, trusted, verified, None, Some(&a)),
+            Decision::ProveFirst("a".into())
+        );
+        assert_eq!(decide(&sign_in, trusted, verified, None, None), Decision::Create);
+        let linked_only = Policy {
+            may_create: false,
+            ..trusted
+        };
+        assert_eq!(
+            decide(&sign_in, linked_only, verified, None, None),
+            Decision::Refuse(Refusal::NoAccount)
+        );
+        let link_a = Intent::LinkTo(a.clone());
+        assert_eq!(
+            decide(&link_a, untrusting, unverified, Some(&a), None),
+            Decision::AlreadyLinked
+        );
+        assert_eq!(
+            decide(&link_a, trusted, verified, Some(&b), None),
+            Decision::Refuse(Refusal::LinkedElsewhere)
+        );
+        assert_eq!(
+            decide(&link_a, untrusting, unverified, None, Some(&b)),
+            Decision::Link("a".into())
+        );
+    }
+}
