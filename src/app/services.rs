@@ -152,6 +152,7 @@ impl Services {
             factors,
             ceremonies,
         )?);
+        let origins = Arc::new(crate::domain::oidc::origins::ClientOrigins::new(store.clone()));
         let provider = Arc::new(Provider::new(
             shared.clone(),
             sessions.clone(),
@@ -159,6 +160,7 @@ impl Services {
             authorizations,
             config.accounts.refresh_grace,
             config.oidc.clone(),
+            origins.clone(),
         ));
         let features = Features {
             provider,
@@ -180,6 +182,7 @@ impl Services {
                 tokens.clone(),
                 revocations.clone(),
                 config.webhooks.allow_private,
+                origins,
             )),
             webhooks: Arc::new(Webhooks::new(
                 store.clone(),

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::oidc::client::ClientSettings;
+use super::oidc::origins::ClientOrigins;
 use super::sessions::FIRST_PARTY_CLIENT;
 use super::tokens::{client_sid, Issuer};
 use super::AuthError;
@@ -67,6 +68,8 @@ pub struct Clients {
     /// Whether back-channel logout URIs may be at non-public addresses
     /// (the webhooks' rule: `webhook_allow_private_addresses`).
     allow_private: bool,
+    /// The origins clients registered for CORS, forgotten at each change.
+    origins: Arc<ClientOrigins>,
 }
 
 impl Clients {
@@ -75,12 +78,14 @@ impl Clients {
         tokens: Arc<Issuer>,
         revocations: Arc<Revocations>,
         allow_private: bool,
+        origins: Arc<ClientOrigins>,
     ) -> Clients {
         Clients {
             store,
             tokens,
             revocations,
             allow_private,
+            origins,
         }
     }
 
@@ -132,11 +137,12 @@ impl Clients {
             return Ok(false);
         };
         let sid = client_sid(id, client.created_at);
-        match self
+        let removed = self
             .store
             .remove_client(id, client.created_at, &sid, now_ms())
-            .await?
-        {
+            .await?;
+        self.origins.forget();
+        match removed {
             Some(sids) => {
                 self.revocations.revoke(&sids).await;
                 Ok(true)
@@ -163,7 +169,7 @@ impl Clients {
     /// to the new settings when it resumes. `false`: no such client.
     pub async fn set_oidc(&self, id: &str, oidc: Option<&ClientSettings>) -> Result<bool, AuthError> {
         self.check(oidc)?;
-        Ok(self
+        let changed = self
             .store
             .set_client_oidc(
                 id,
@@ -171,7 +177,9 @@ impl Clients {
                 logout_uri(oidc).as_deref(),
                 now_ms(),
             )
-            .await?)
+            .await?;
+        self.origins.forget();
+        Ok(changed)
     }
 
     /// Settings as registration takes them: well formed, and a back-channel
@@ -244,11 +252,9 @@ impl Clients {
             scopes: scopes.join(" "),
             oidc: oidc.map(ClientSettings::to_json),
         };
-        Ok(self
-            .store
-            .add_client(&rec, logout_uri(oidc).as_deref())
-            .await?
-            .then_some(secret))
+        let added = self.store.add_client(&rec, logout_uri(oidc).as_deref()).await?;
+        self.origins.forget();
+        Ok(added.then_some(secret))
     }
 }
 

@@ -76,8 +76,10 @@ pub async fn discovery(State(st): State<AppState>) -> Response {
     if st.provider.settings().password_grant {
         grants.push("password");
     }
-    let mut scopes: Vec<&str> = crate::domain::oidc::client::OIDC_SCOPES.to_vec();
-    scopes.push(crate::domain::clients::ADMIN_SCOPE);
+    // The OpenID scopes only: the admin API's scope is for the operator's
+    // service clients, and listing it would name it to anyone (RFC 8414
+    // §2 lets a server leave scopes it supports unlisted).
+    let scopes: Vec<&str> = crate::domain::oidc::client::OIDC_SCOPES.to_vec();
     let doc = serde_json::json!({
         "issuer": iss,
         "authorization_endpoint": format!("{iss}/oauth/authorize"),

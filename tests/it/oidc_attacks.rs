@@ -26,6 +26,7 @@ crate::on_every_backend!(
     the_password_grant_is_off_by_default,
     a_code_presented_twice_ends_the_session_it_started,
     cross_origin_calls_are_answered_only_for_origins_a_client_registered,
+    a_flood_of_cross_origin_requests_reads_the_clients_at_most_once_a_second,
     withdrawing_consent_voids_the_codes_not_yet_exchanged,
     an_applications_token_tells_only_what_the_user_let_it_see,
     the_browsers_session_cookie_is_no_refresh_token,
@@ -548,6 +549,58 @@ async fn the_password_grant_is_off_by_default(app: &TestApp) {
         .as_str()
         .unwrap()
         .contains("oauth_password_grant"));
+}
+
+/// How many times the store read every client (its `clients` operation).
+fn clients_reads(metrics: &str) -> f64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with("latchkey_db_query_seconds_count{") && l.contains("op=\"clients\""))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Every request with an `Origin` header asks whether some client
+/// registered it: a set in memory, read from the clients at most once a
+/// second, so a flood of such requests is no flood of database reads. A
+/// client added here is answered at once all the same.
+async fn a_flood_of_cross_origin_requests_reads_the_clients_at_most_once_a_second(app: &TestApp) {
+    let preflight = |origin: String| {
+        app.http
+            .request(reqwest::Method::OPTIONS, app.url("/oauth/token"))
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .send()
+    };
+    let before = clients_reads(&app.metrics().await);
+    let started = std::time::Instant::now();
+    for i in 0..300 {
+        let r = preflight(format!("https://flood{i}.example")).await.unwrap();
+        assert!(!r.headers().contains_key("access-control-allow-origin"));
+    }
+    let reads = clients_reads(&app.metrics().await) - before;
+    let allowed = started.elapsed().as_secs_f64().ceil() + 1.0;
+    assert!(reads <= allowed, "{reads} reads of every client for 300 requests");
+
+    // Registered now, answered now: adding a client forgets what was read.
+    let mut s = ClientSettings::new(ClientKind::Public, vec![CALLBACK.into()]);
+    s.allowed_origins = vec!["https://new.example.test".into()];
+    app.services
+        .features
+        .clients
+        .add("spa-new", None, &[], Some(&s))
+        .await
+        .unwrap();
+    let r = preflight("https://new.example.test".into()).await.unwrap();
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "https://new.example.test"
+    );
+    // And removing it takes it away at once.
+    app.services.features.clients.remove("spa-new").await.unwrap();
+    let r = preflight("https://new.example.test".into()).await.unwrap();
+    assert!(!r.headers().contains_key("access-control-allow-origin"));
 }
 
 async fn cross_origin_calls_are_answered_only_for_origins_a_client_registered(app: &TestApp) {

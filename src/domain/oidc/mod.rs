@@ -24,6 +24,7 @@
 
 pub mod client;
 mod exchange;
+pub mod origins;
 pub mod redirect;
 pub mod request;
 
@@ -158,6 +159,8 @@ pub struct Provider {
     sealer: Sealer,
     refresh_grace_ms: i64,
     settings: OidcSettings,
+    /// The origins clients registered for CORS.
+    origins: Arc<origins::ClientOrigins>,
 }
 
 /// The associated data of a sealed pending request.
@@ -173,6 +176,7 @@ impl Provider {
         sealer: Sealer,
         refresh_grace: Duration,
         settings: OidcSettings,
+        origins: Arc<origins::ClientOrigins>,
     ) -> Provider {
         Provider {
             shared,
@@ -181,6 +185,7 @@ impl Provider {
             sealer,
             refresh_grace_ms: refresh_grace.as_millis() as i64,
             settings,
+            origins,
         }
     }
 
@@ -226,17 +231,7 @@ impl Provider {
     /// (CORS, `http/cors.rs`). A database failure answers no: the browser
     /// then refuses the call, which the application retries.
     pub async fn origin_allowed(&self, origin: &str) -> bool {
-        let Ok(clients) = self.shared.store.clients().await else {
-            return false;
-        };
-        clients
-            .iter()
-            .filter_map(|c| c.oidc.as_deref().and_then(ClientSettings::from_json))
-            .any(|s| {
-                s.allowed_origins
-                    .iter()
-                    .any(|o| o.trim_end_matches('/') == origin)
-            })
+        self.origins.allows(origin).await
     }
 
     /// The browser session of a session cookie: the refresh token of a

@@ -297,8 +297,6 @@ pub(super) async fn a_certified_provider_answers_as_latchkey_does_but_for_the_di
         "discovery id_token_signing_alg_values_supported",
         // The code flow's query only: no form_post, no fragment.
         "discovery response_modes_supported",
-        // and the admin API's scope.
-        "discovery scopes_supported",
         // No JWT client authentication.
         "discovery token_endpoint_auth_methods_supported",
     ];
