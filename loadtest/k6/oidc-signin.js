@@ -54,8 +54,9 @@ export const options = {
   scenarios: {
     [FLOW]: {
       executor: 'constant-arrival-rate',
-      rate: RATE,
-      timeUnit: '1s',
+      // k6 takes whole iterations per time unit: tenths of a flow per second.
+      rate: Math.round(RATE * 10),
+      timeUnit: '10s',
       duration: `${SECS}s`,
       preAllocatedVUs: Math.min(envNumber('MAX_VUS', 400), Math.max(10, Math.ceil(RATE))),
       maxVUs: envNumber('MAX_VUS', 400),
