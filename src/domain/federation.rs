@@ -14,19 +14,32 @@
 //!   ─────────  ───────────────────  ──────────────────────────────  ─────────────────────────
 //!   sign in    account A            (not read)                      SignIn(A) | Refuse(Disabled)
 //!   sign in    nothing              not verified, or not trusted    Refuse(UnverifiedEmail)
-//!   sign in    nothing              names account A                 ProveFirst(A) | Refuse(Disabled)
+//!   sign in    nothing              names account A, verified       ProveFirst(A) | Refuse(Disabled)
+//!   sign in    nothing              names account A, never verified ProveMailbox(A) | Refuse(Disabled)
 //!   sign in    nothing              names no account                Create | Refuse(NoAccount)
+//!   link to B  (B disabled)         (not read)                      Refuse(Disabled)
 //!   link to B  account B            (not read)                      AlreadyLinked
 //!   link to B  another account      (not read)                      Refuse(LinkedElsewhere)
-//!   link to B  nothing              (not read)                      Link(B) | Refuse(Disabled)
+//!   link to B  nothing              (not read)                      Link(B)
 //! ```
 //!
 //! `ProveFirst`: the person proves the local account once (its password
 //! and second factor, or a code mailed to it), and only then is the link
-//! made; until then the upstream sign-in signs in to nothing. `link to B`
-//! is a person signed in to B (a fresh authentication) adding a provider
-//! on their account page: the identity is theirs to link whatever address
-//! it asserts, and is refused only if another account holds it.
+//! made; until then the upstream sign-in signs in to nothing.
+//!
+//! `ProveMailbox`: the account at that address was never verified (a
+//! sign-up that never entered its code, or an address an administrator
+//! set), so whoever chose its password never proved the mailbox: a
+//! pre-registration by an attacker waiting for the owner. The person
+//! proves the mailbox with a mailed code, and the account's password,
+//! second factors and sessions are removed before the link is made, so
+//! nothing the pre-registration set survives (the owner sets a password
+//! later if they want one).
+//!
+//! `link to B` is a person signed in to B (a fresh authentication) adding
+//! a provider on their account page: the identity is theirs to link
+//! whatever address it asserts, and is refused only if another account
+//! holds it.
 
 /// What the operator allows a provider.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,6 +66,9 @@ pub struct Asserted {
 pub struct Account {
     pub id: String,
     pub disabled: bool,
+    /// Its address was proved (a code entered); false for a sign-up that
+    /// never entered its code and for an address an administrator set.
+    pub email_verified: bool,
 }
 
 /// Why the arrival is signed into nothing.
@@ -74,8 +90,13 @@ pub enum Refusal {
 pub enum Decision {
     /// Sign in to this linked account.
     SignIn(String),
-    /// An account has the address: the person proves it, then it is linked.
+    /// A verified account has the address: the person proves the account
+    /// (password and second factor, or a mailed code), then it is linked.
     ProveFirst(String),
+    /// A never-verified account has the address: the person proves the
+    /// mailbox with a mailed code; the account's password, second factors
+    /// and sessions are removed, then it is linked.
+    ProveMailbox(String),
     /// A new account with the asserted (verified) address, linked.
     Create,
     /// Link the identity to this account (the signed-in person's).
@@ -110,10 +131,11 @@ pub fn decide(
         }
     };
     match intent {
+        Intent::LinkTo(me) if me.disabled => Decision::Refuse(Refusal::Disabled),
         Intent::LinkTo(me) => match linked {
             Some(a) if a.id == me.id => Decision::AlreadyLinked,
             Some(_) => Decision::Refuse(Refusal::LinkedElsewhere),
-            None => usable(me, Decision::Link),
+            None => Decision::Link(me.id.clone()),
         },
         Intent::SignIn => {
             if let Some(a) = linked {
@@ -124,7 +146,8 @@ pub fn decide(
                 return Decision::Refuse(Refusal::UnverifiedEmail);
             }
             match by_email {
-                Some(a) => usable(a, Decision::ProveFirst),
+                Some(a) if a.email_verified => usable(a, Decision::ProveFirst),
+                Some(a) => usable(a, Decision::ProveMailbox),
                 None if policy.may_create => Decision::Create,
                 None => Decision::Refuse(Refusal::NoAccount),
             }
@@ -140,6 +163,14 @@ mod tests {
         Account {
             id: id.into(),
             disabled,
+            email_verified: true,
+        }
+    }
+
+    fn never_verified(id: &str) -> Account {
+        Account {
+            email_verified: false,
+            ..account(id, false)
         }
     }
 
@@ -154,6 +185,8 @@ mod tests {
             Some(account("a", false)),
             Some(account("a", true)),
             Some(account("b", false)),
+            Some(never_verified("a")),
+            Some(never_verified("b")),
         ];
         let mut out = Vec::new();
         for intent in [
@@ -215,7 +248,10 @@ mod tests {
         for (intent, policy, asserted, linked, by_email) in every_case() {
             let trusted = asserted.has_email && asserted.email_verified && policy.trusts_email_verified;
             let d = decide(&intent, policy, asserted, linked.as_ref(), by_email.as_ref());
-            if matches!(d, Decision::ProveFirst(_) | Decision::Create) {
+            if matches!(
+                d,
+                Decision::ProveFirst(_) | Decision::ProveMailbox(_) | Decision::Create
+            ) {
                 assert!(trusted, "{d:?} from {asserted:?} under {policy:?}");
                 assert_eq!(intent, Intent::SignIn);
                 assert!(linked.is_none());
@@ -239,17 +275,45 @@ mod tests {
             // The account each outcome is about, as the store read it.
             let about = match (&d, &intent) {
                 (Decision::SignIn(_), _) => linked.clone(),
-                (Decision::ProveFirst(_), _) => by_email.clone(),
+                (Decision::ProveFirst(_) | Decision::ProveMailbox(_), _) => by_email.clone(),
                 (Decision::Link(_), Intent::LinkTo(me)) => Some(me.clone()),
                 _ => continue,
             };
-            let (Decision::SignIn(id) | Decision::ProveFirst(id) | Decision::Link(id)) = &d else {
+            let (Decision::SignIn(id)
+            | Decision::ProveFirst(id)
+            | Decision::ProveMailbox(id)
+            | Decision::Link(id)) = &d
+            else {
                 continue;
             };
             let about = about.expect("an outcome names an account it read");
             assert_eq!(&about.id, id);
             let disabled = about.disabled;
             assert!(!disabled, "{d:?}: {intent:?} {linked:?} {by_email:?}");
+        }
+    }
+
+    #[test]
+    fn an_account_whose_address_was_never_proved_is_only_ever_offered_to_the_mailbox_with_its_credentials_cleared(
+    ) {
+        for (intent, policy, asserted, linked, by_email) in every_case() {
+            let d = decide(&intent, policy, asserted, linked.as_ref(), by_email.as_ref());
+            match &d {
+                Decision::ProveFirst(_) => assert!(by_email.as_ref().unwrap().email_verified, "{d:?}"),
+                Decision::ProveMailbox(_) => assert!(!by_email.as_ref().unwrap().email_verified, "{d:?}"),
+                _ => {}
+            }
+        }
+    }
+
+    #[test]
+    fn the_address_is_not_read_once_the_identity_is_linked_or_the_person_links_it_themselves() {
+        for (intent, policy, asserted, linked, by_email) in every_case() {
+            let read = decide(&intent, policy, asserted, linked.as_ref(), by_email.as_ref());
+            let unread = decide(&intent, policy, asserted, linked.as_ref(), None);
+            if linked.is_some() || matches!(intent, Intent::LinkTo(_)) {
+                assert_eq!(read, unread, "{intent:?} {linked:?} {by_email:?}");
+            }
         }
     }
 
