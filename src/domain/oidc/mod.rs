@@ -234,6 +234,11 @@ impl Provider {
         self.origins.allows(origin).await
     }
 
+    /// How many times this instance read the clients' origins (tests).
+    pub fn origin_reads(&self) -> u64 {
+        self.origins.reads()
+    }
+
     /// The browser session of a session cookie: the refresh token of a
     /// live first-party session, not yet exchanged.
     pub async fn browser_session(&self, cookie: &str) -> Result<Option<BrowserSession>, AuthError> {

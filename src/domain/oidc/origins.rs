@@ -4,9 +4,12 @@
 //! requests would turn into load on the database). The set is read again
 //! at most once a second per instance, by one request while the others
 //! wait for it; a change of this instance's clients forgets it at once,
-//! another instance's is seen within the second.
+//! another instance's is seen within the second. A read that fails keeps
+//! the last set (or none) for the second, so a database in trouble is
+//! asked once a second, not once per waiting request.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,6 +24,11 @@ pub struct ClientOrigins {
     cached: Mutex<Option<(Instant, Arc<HashSet<String>>)>>,
     /// Held by the one request that reads the clients again.
     reading: tokio::sync::Mutex<()>,
+    /// Moves at each [`ClientOrigins::forget`]: a read that began before
+    /// a change does not store what it read.
+    generation: AtomicU64,
+    /// Reads of the clients so far (for tests).
+    reads: AtomicU64,
 }
 
 impl ClientOrigins {
@@ -29,6 +37,8 @@ impl ClientOrigins {
             store,
             cached: Mutex::new(None),
             reading: tokio::sync::Mutex::new(()),
+            generation: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
         }
     }
 
@@ -42,23 +52,41 @@ impl ClientOrigins {
         if let Some(set) = self.fresh() {
             return set.contains(origin);
         }
-        let Ok(clients) = self.store.clients().await else {
-            return false;
+        let (started, generation) = (Instant::now(), self.generation.load(Ordering::SeqCst));
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        let set = match self.store.clients().await {
+            Ok(clients) => Arc::new(
+                clients
+                    .iter()
+                    .filter_map(|c| c.oidc.as_deref().and_then(ClientSettings::from_json))
+                    .flat_map(|s| s.allowed_origins)
+                    .map(|o| o.trim_end_matches('/').to_string())
+                    .collect::<HashSet<String>>(),
+            ),
+            // The last set read, or none: for a second, not per request.
+            Err(_) => match &*self.cached.lock().expect("origins") {
+                Some((_, last)) => last.clone(),
+                None => Arc::new(HashSet::new()),
+            },
         };
-        let set: HashSet<String> = clients
-            .iter()
-            .filter_map(|c| c.oidc.as_deref().and_then(ClientSettings::from_json))
-            .flat_map(|s| s.allowed_origins)
-            .map(|o| o.trim_end_matches('/').to_string())
-            .collect();
-        let set = Arc::new(set);
-        *self.cached.lock().expect("origins") = Some((Instant::now(), set.clone()));
+        let mut cached = self.cached.lock().expect("origins");
+        if self.generation.load(Ordering::SeqCst) == generation {
+            // Stamped with the read's start: never fresher than what it saw.
+            *cached = Some((started, set.clone()));
+        }
         set.contains(origin)
     }
 
     /// This instance's clients changed: the next request reads them again.
     pub fn forget(&self) {
-        *self.cached.lock().expect("origins") = None;
+        let mut cached = self.cached.lock().expect("origins");
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        *cached = None;
+    }
+
+    /// How many times the clients were read (for tests).
+    pub fn reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
     }
 
     fn fresh(&self) -> Option<Arc<HashSet<String>>> {
