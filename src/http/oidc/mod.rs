@@ -273,8 +273,10 @@ async fn logout(
             )
         })
         .collect();
-    // Plain text: the page escapes it.
-    let from = req
+    // Plain text: the page escapes it. Not named `from`, which the page
+    // of earlier versions took as HTML (`{{{from}}}`): an operator's copy
+    // of that page now shows nothing there rather than a raw client name.
+    let requester = req
         .client_name
         .as_deref()
         .map(|n| format!(" ({})", v.lang.format(Key::AskedBy, &[("client", n)])))
@@ -288,7 +290,11 @@ async fn logout(
             v.lang,
             Key::TitleSignOut,
             "logout.html",
-            &[("csrf", &v.csrf), ("carried", &carried), ("from", &from)],
+            &[
+                ("csrf", &v.csrf),
+                ("carried", &carried),
+                ("requester", &requester),
+            ],
             &targets,
         ),
     )

@@ -334,10 +334,10 @@ catalogue! {
 
     // Logout.
     SignOutQuestion "sign_out_question" {
-        en: "Sign out of latchkey{from}? Every application you signed in to here is signed out too.",
-        de: "Von latchkey abmelden{from}? Jede Anwendung, bei der Sie sich hier angemeldet haben, wird ebenfalls abgemeldet.",
-        fr: "Se déconnecter de latchkey{from} ? Toutes les applications auxquelles vous vous êtes connecté ici seront aussi déconnectées.",
-        es: "¿Cerrar sesión en latchkey{from}? También se cerrará la sesión en todas las aplicaciones en las que la inició aquí.",
+        en: "Sign out of latchkey{requester}? Every application you signed in to here is signed out too.",
+        de: "Von latchkey abmelden{requester}? Jede Anwendung, bei der Sie sich hier angemeldet haben, wird ebenfalls abgemeldet.",
+        fr: "Se déconnecter de latchkey{requester} ? Toutes les applications auxquelles vous vous êtes connecté ici seront aussi déconnectées.",
+        es: "¿Cerrar sesión en latchkey{requester}? También se cerrará la sesión en todas las aplicaciones en las que la inició aquí.",
     }
     AskedBy "asked_by" {
         en: "asked by {client}",
