@@ -104,7 +104,7 @@ impl IntoResponse for ApiError {
                     let r = error_response(
                         StatusCode::SERVICE_UNAVAILABLE,
                         "STORAGE_FULL",
-                        "the service's storage is full: nothing of this request was saved; retry later",
+                        "the service's storage is full: the change was refused; retry later",
                     );
                     with_header(r, header::RETRY_AFTER, STORAGE_FULL_RETRY_SECS)
                 }

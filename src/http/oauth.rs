@@ -121,7 +121,7 @@ impl From<AuthError> for OAuthError {
                 ..OAuthError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "temporarily_unavailable",
-                    "the service's storage is full: nothing was saved",
+                    "the service's storage is full",
                 )
             },
             AuthError::Internal(e) => {

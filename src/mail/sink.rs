@@ -108,9 +108,12 @@ impl MailSink {
                 let name = format!("{}-{id:010}.eml", crate::clock::now_ms());
                 let tmp = dir.join(format!(".{name}.tmp"));
                 let bytes = email.formatted();
-                tokio::fs::write(&tmp, &bytes)
-                    .await
-                    .map_err(|e| SinkError::Temporary(format!("writing {}: {e}", tmp.display())))?;
+                if let Err(e) = tokio::fs::write(&tmp, &bytes).await {
+                    // A part written to a full disk is removed: each retry
+                    // writes under a new name, and would leave one more.
+                    let _ = tokio::fs::remove_file(&tmp).await;
+                    return Err(SinkError::Temporary(format!("writing {}: {e}", tmp.display())));
+                }
                 tokio::fs::rename(&tmp, dir.join(&name))
                     .await
                     .map_err(|e| SinkError::Temporary(format!("renaming {}: {e}", tmp.display())))?;

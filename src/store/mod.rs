@@ -129,7 +129,7 @@ impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
         if is_storage_full(&e) {
             metrics::counter!("latchkey_db_storage_full_total").increment(1);
-            tracing::error!(error = %e, "the database's storage is full; the request answers 503 and writes nothing");
+            tracing::error!(error = %e, "the database's storage is full; the write was rolled back and the request answers 503");
             return StoreError::StorageFull(e);
         }
         if is_transient(&e) {
