@@ -99,17 +99,19 @@ async fn a_single_page_app_signs_in_refreshes_in_two_tabs_at_once_signs_in_silen
     assert!(signed_in["user"]["refresh_token"].is_string(), "{signed_in}");
     assert_eq!(signed_in["userinfo"]["value"]["body"]["email"], email.as_str());
 
-    // The race: both tabs presented the same token; both got an answer,
-    // and the same successor (the grace window returns it again rather
-    // than forking the family).
+    // The race: both tabs took the same token from the shared storage and
+    // both got an answer. When their calls overlapped (the usual case)
+    // the grace window handed both the same successor rather than forking
+    // the family; on a loaded machine the second may start after the
+    // first finished and rotate that successor instead. Either way, both
+    // then refresh again and read userinfo.
     let race = step("two tabs refresh at once");
     let results = race["results"].as_array().unwrap();
     assert_eq!(results.len(), 2);
-    assert_ne!(results[0]["value"]["refresh_token"], race["shared_token"]);
-    assert_eq!(
-        results[0]["value"]["refresh_token"], results[1]["value"]["refresh_token"],
-        "{race}"
-    );
+    for r in results {
+        assert_eq!(r["ok"], true, "{race}");
+        assert_ne!(r["value"]["refresh_token"], race["shared_token"], "{race}");
+    }
     step("both tabs stay signed in");
 
     let silent = step("silent sign-in");

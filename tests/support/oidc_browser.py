@@ -44,7 +44,7 @@ import urllib.request
 
 import pyotp
 
-from passkey_browser import BROWSER, start_chromium, step
+from passkey_browser import BROWSER, start_chromium, step, wait_for
 
 # Installed in every document before its own scripts: records what the
 # page's policy blocked, per origin, across the page loads of one tab.
@@ -74,18 +74,6 @@ class Callback(http.server.BaseHTTPRequestHandler):
 
 def b64url(data):
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def wait_for(page, expression, what, timeout=20):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            if page.js(f"document.readyState === 'complete' && !!({expression})"):
-                return
-        except RuntimeError:
-            pass  # the page is between documents
-        time.sleep(0.05)
-    raise RuntimeError(f"{what}: not reached; at {page.js('location.href')}")
 
 
 def csp_violations(page):

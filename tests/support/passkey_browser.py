@@ -108,6 +108,19 @@ def start_chromium(extra_args=()):
         raise
 
 
+def wait_for(page, expression, what, timeout=20):
+    """Waits until a loaded document of `page` makes `expression` true."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if page.js(f"document.readyState === 'complete' && !!({expression})"):
+                return
+        except RuntimeError:
+            pass  # the page is between documents
+        time.sleep(0.05)
+    raise RuntimeError(f"{what}: not reached; at {page.js('location.href')}")
+
+
 def step(page, name, action, expect_done=True, **extra):
     page.js("document.getElementById('status').dataset.state = 'busy'")
     action()

@@ -39,7 +39,7 @@ import tempfile
 import threading
 import time
 
-from passkey_browser import BROWSER, Page, start_chromium
+from passkey_browser import BROWSER, Page, start_chromium, wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -86,18 +86,6 @@ def app_server(issuer, client_id, library, tmp):
     server.socket = context.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
-
-
-def wait_for(page, expression, what, timeout=20):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            if page.js(f"document.readyState === 'complete' && !!({expression})"):
-                return
-        except RuntimeError:
-            pass  # between documents
-        time.sleep(0.05)
-    raise RuntimeError(f"{what}: not reached; at {page.js('location.href')}")
 
 
 def fire(tab, expression):
