@@ -20,8 +20,8 @@ use serde_json::{json, Value};
 
 use crate::common::{unique_email, TestApp, PASSWORD};
 use crate::oidc::{
-    application, assert_speaks, finish_with, hidden, query, rp_input, rp_of, Browser, Page, AUTHLIB,
-    CALLBACK, GO_OIDC, IDPYOIDC, ISSUER, OPENID_CLIENT, RUST_OPENIDCONNECT,
+    application, assert_speaks, finish_with, hidden, query, rp_input, rp_of, with_query, Browser, Page,
+    AUTHLIB, CALLBACK, GO_OIDC, IDPYOIDC, ISSUER, OPENID_CLIENT, RUST_OPENIDCONNECT,
 };
 use latchkey::domain::oidc::client::{ClientKind, ConsentMode};
 
@@ -161,12 +161,7 @@ impl<'a> Rp<'a> {
 
 /// `/oauth/authorize?...` of `params`.
 fn authorize_url(params: &[(&str, &str)]) -> String {
-    format!(
-        "/oauth/authorize?{}",
-        url::form_urlencoded::Serializer::new(String::new())
-            .extend_pairs(params)
-            .finish()
-    )
+    with_query("/oauth/authorize", params)
 }
 
 /// `oidcc-response-type-missing`: an authorization request without

@@ -22,7 +22,7 @@ use proptest::prelude::*;
 use serde_json::Value;
 
 use crate::common::{unique_email, TestApp, PASSWORD};
-use crate::oidc::{query, Browser, CALLBACK};
+use crate::oidc::{pkce, query, Browser, CALLBACK};
 use latchkey::domain::oidc::client::{ClientKind, ConsentMode};
 
 #[derive(Clone, Debug)]
@@ -96,14 +96,6 @@ struct Grant {
     ended: bool,
 }
 
-fn pkce() -> (String, String) {
-    use base64::Engine;
-    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
-    let verifier = b64(ring::digest::digest(&ring::digest::SHA256, unique_email("v").as_bytes()).as_ref());
-    let challenge = b64(ring::digest::digest(&ring::digest::SHA256, verifier.as_bytes()).as_ref());
-    (verifier, challenge)
-}
-
 fn sid_of(access: &str) -> String {
     use base64::Engine;
     let payload = access.split('.').nth(1).unwrap();
@@ -150,26 +142,9 @@ async fn run(app: &'static TestApp, secret: &str, admin: &str, steps: &[Step]) -
         match s {
             Step::Authorize => {
                 let (verifier, challenge) = pkce();
-                let url = format!(
-                    "/oauth/authorize?{}",
-                    url::form_urlencoded::Serializer::new(String::new())
-                        .extend_pairs([
-                            ("response_type", "code"),
-                            ("client_id", "prop-app"),
-                            ("redirect_uri", CALLBACK),
-                            ("scope", "openid offline_access"),
-                            ("code_challenge", &challenge),
-                            ("code_challenge_method", "S256"),
-                        ])
-                        .finish()
-                );
-                let page = browser.get(&url).await;
-                let page = browser.follow(page).await;
-                let back = if page.location.is_some() {
-                    page
-                } else {
-                    browser.sign_in(&page, &email, PASSWORD).await
-                };
+                let back = browser
+                    .authorize_and_sign_in("prop-app", "openid offline_access", &challenge, &email)
+                    .await;
                 let to = back.location.ok_or(format!("step {i}: no code"))?;
                 let code = query(&to).remove("code").ok_or(format!("step {i}: {to}"))?;
                 codes.push(Code {

@@ -11,7 +11,7 @@ use reqwest::StatusCode;
 use serde_json::Value;
 
 use crate::common::{unique_email, TestApp, PASSWORD};
-use crate::oidc::{application, hidden, query, Browser, Page, CALLBACK, ISSUER};
+use crate::oidc::{application, hidden, pkce, query, with_query, Browser, Page, CALLBACK, ISSUER};
 use latchkey::domain::oidc::client::{ClientKind, ClientSettings, ConsentMode};
 
 crate::on_every_backend!(
@@ -34,26 +34,9 @@ crate::on_every_backend!(
     a_back_channel_logout_uri_cannot_point_the_provider_at_its_own_network,
 );
 
-/// base64url without padding.
-fn b64(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
-}
-
-/// A fresh PKCE pair: (verifier, S256 challenge).
-fn pkce() -> (String, String) {
-    let verifier = b64(ring::digest::digest(&ring::digest::SHA256, unique_email("v").as_bytes()).as_ref());
-    let challenge = b64(ring::digest::digest(&ring::digest::SHA256, verifier.as_bytes()).as_ref());
-    (verifier, challenge)
-}
-
 /// `/oauth/authorize?...` of these parameters.
 fn authorize(params: &[(&str, &str)]) -> String {
-    format!(
-        "/oauth/authorize?{}",
-        url::form_urlencoded::Serializer::new(String::new())
-            .extend_pairs(params)
-            .finish()
-    )
+    with_query("/oauth/authorize", params)
 }
 
 /// A well-formed request of `client` with `challenge`, and `extra`.

@@ -6,16 +6,11 @@ use serde_json::{json, Value};
 
 use super::{Rp, LIBRARIES};
 use crate::common::TestApp;
-use crate::oidc::{hidden, query, Browser, Page, AFTER_LOGOUT, ISSUER};
+use crate::oidc::{hidden, query, with_query, Browser, Page, AFTER_LOGOUT, ISSUER};
 
 /// The logout URL of `params`.
 fn logout_url(params: &[(&str, &str)]) -> String {
-    format!(
-        "/oauth/logout?{}",
-        url::form_urlencoded::Serializer::new(String::new())
-            .extend_pairs(params)
-            .finish()
-    )
+    with_query("/oauth/logout", params)
 }
 
 /// Confirms the logout page `page` (every parameter it carries): the answer.

@@ -273,32 +273,8 @@ pub async fn code_grant_in(
     scope: &str,
 ) -> Value {
     let app = browser.app;
-    use base64::Engine;
-    let b64 = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
-    let verifier = b64(ring::digest::digest(&ring::digest::SHA256, unique_email("pkce").as_bytes()).as_ref());
-    let digest = ring::digest::digest(&ring::digest::SHA256, verifier.as_bytes());
-    let challenge = b64(digest.as_ref());
-    let url = format!(
-        "/oauth/authorize?{}",
-        url::form_urlencoded::Serializer::new(String::new())
-            .extend_pairs([
-                ("response_type", "code"),
-                ("client_id", id),
-                ("redirect_uri", CALLBACK),
-                ("scope", scope),
-                ("code_challenge", &challenge),
-                ("code_challenge_method", "S256"),
-            ])
-            .finish()
-    );
-    let page = browser.get(&url).await;
-    let page = browser.follow(page).await;
-    // Signed in already (single sign-on): straight back to the application.
-    let back = if page.location.is_some() {
-        page
-    } else {
-        browser.sign_in(&page, email, PASSWORD).await
-    };
+    let (verifier, challenge) = pkce();
+    let back = browser.authorize_and_sign_in(id, scope, &challenge, email).await;
     let callback = back
         .location
         .unwrap_or_else(|| panic!("back to the application: {}", back.body));
@@ -320,6 +296,59 @@ pub async fn code_grant_in(
     let body: Value = r.json().await.unwrap();
     assert_eq!(status, 200, "{body}");
     body
+}
+
+/// A fresh PKCE pair: (verifier, S256 challenge).
+pub fn pkce() -> (String, String) {
+    use base64::Engine;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    let verifier = b64(ring::digest::digest(&ring::digest::SHA256, unique_email("v").as_bytes()).as_ref());
+    let challenge = b64(ring::digest::digest(&ring::digest::SHA256, verifier.as_bytes()).as_ref());
+    (verifier, challenge)
+}
+
+/// `path?...` with `params` form-encoded.
+pub fn with_query(path: &str, params: &[(&str, &str)]) -> String {
+    format!(
+        "{path}?{}",
+        url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(params)
+            .finish()
+    )
+}
+
+impl Browser<'_> {
+    /// An authorization request of client `id` for `scope` (S256
+    /// `challenge`, [`CALLBACK`]), signing in as `email` with [`PASSWORD`]
+    /// if the provider asks: the page it ends on (the redirect back to the
+    /// application when it went well).
+    pub async fn authorize_and_sign_in(
+        &mut self,
+        id: &str,
+        scope: &str,
+        challenge: &str,
+        email: &str,
+    ) -> Page {
+        let url = with_query(
+            "/oauth/authorize",
+            &[
+                ("response_type", "code"),
+                ("client_id", id),
+                ("redirect_uri", CALLBACK),
+                ("scope", scope),
+                ("code_challenge", challenge),
+                ("code_challenge_method", "S256"),
+            ],
+        );
+        let page = self.get(&url).await;
+        let page = self.follow(page).await;
+        // Signed in already (single sign-on): straight back to the application.
+        if page.location.is_some() {
+            page
+        } else {
+            self.sign_in(&page, email, PASSWORD).await
+        }
+    }
 }
 
 /// The value of the hidden (or any) input `name` of a page.
