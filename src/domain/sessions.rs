@@ -230,16 +230,18 @@ impl Sessions {
         self.store_started(user, session, refresh).await
     }
 
-    /// Starts the session of an OAuth client signing `user` in through the
-    /// browser session `parent` (the authorization code flow): it holds
-    /// `scope`, and ends when `parent` ends.
-    pub async fn start_for_client(
+    /// The session of an OAuth client signing a user in through the
+    /// browser session `grant.parent` (the authorization code flow), not yet
+    /// stored: it holds `grant.scope`, ends when the parent ends and no
+    /// later, and starts in the transaction that spends the code
+    /// (`Store::redeem_authorization_code`), which then answers with
+    /// [`Self::pair`].
+    pub fn draft_for_client(
         &self,
-        user: &UserRecord,
         grant: ClientGrant<'_>,
         origin: &Origin,
         authn: Authn,
-    ) -> Result<Started, AuthError> {
+    ) -> (SessionDraft, String) {
         let second_factor = authn.is_mfa();
         let (mut session, refresh) = self.draft(Some(grant.client_id), origin, authn, second_factor);
         session.scope = Some(grant.scope.to_string());
@@ -248,7 +250,7 @@ impl Sessions {
         if let Some(ttl) = grant.session_ttl {
             session.expires_at = session.expires_at.min(session.now + ttl.as_millis() as i64);
         }
-        self.store_started(user, session, refresh).await
+        (session, refresh)
     }
 
     async fn store_started(

@@ -4,7 +4,8 @@
 use sqlx::Connection;
 
 use super::events::record_event;
-use super::{db_op, Event, Store, StoreResult};
+use super::sessions::{bind_new_session, insert_session, start_session_statement, why_not_started};
+use super::{db_op, Event, NewSession, SessionStart, Store, StoreResult};
 
 /// An authorization code about to be stored, or as stored.
 #[derive(Clone, Debug, sqlx::FromRow)]
@@ -28,23 +29,6 @@ pub struct AuthorizationCode {
     pub issued_session: Option<String>,
 }
 
-/// What presenting a code did.
-#[derive(Debug)]
-pub enum CodeUse {
-    /// This presentation spent it (the code as it was).
-    Spent(Box<AuthorizationCode>),
-    /// It was spent before: a second use (RFC 6749 §4.1.2). The session its
-    /// first exchange started has been ended, in the same transaction.
-    Reused {
-        user_id: String,
-        client_id: String,
-        ended: Option<String>,
-    },
-    /// No such code, or one of another client, redirect URI or PKCE
-    /// verifier, or expired: nothing changed.
-    Refused,
-}
-
 /// A consent as stored.
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct ConsentRecord {
@@ -53,6 +37,10 @@ pub struct ConsentRecord {
     pub granted_at: i64,
     pub expires_at: Option<i64>,
 }
+
+/// Spends code `$3` (at `$1`, for session `$2`) if unspent and unexpired.
+const SPEND_CODE: &str = "UPDATE authorization_codes SET used_at = $1, issued_session = $2 \
+     WHERE code_hash = $3 AND used_at IS NULL AND expires_at > $1";
 
 const CODE_COLUMNS: &str =
     "code_hash, client_id, user_id, session_id, redirect_uri, code_challenge, scope, nonce, \
@@ -97,92 +85,91 @@ impl Store {
         })
     }
 
-    /// Spends the code of `code_hash` if it belongs to `client_id`, was
-    /// issued for `redirect_uri` and `code_challenge` (the challenge of the
-    /// verifier presented; `None`: no verifier), is unspent and not expired
-    /// at `now`. A code spent before is a second use: the session its first
-    /// exchange started ends with it (and `oauth.code_reused` is recorded),
-    /// whoever presents it.
-    pub async fn spend_authorization_code(
+    /// The code of `code_hash`, spent or not (the provider judges it:
+    /// `domain::oidc::exchange::judge`).
+    pub async fn authorization_code(&self, code_hash: &[u8]) -> StoreResult<Option<AuthorizationCode>> {
+        db_op!(self, "authorization_code", conn => Ok(sqlx::query_as(&format!(
+            "SELECT {CODE_COLUMNS} FROM authorization_codes WHERE code_hash = $1"
+        ))
+        .bind(code_hash)
+        .fetch_optional(&mut *conn)
+        .await?))
+    }
+
+    /// Spends the code of `code_hash` and starts the application's session
+    /// `s` with it, in one commit: the code notes the session (what a
+    /// second use of it ends), and the session starts if it may
+    /// ([`SessionStart`]; the browser session `s.parent_id` must be live).
+    /// `None`: the code was spent meanwhile, or expired at `s.now`, and
+    /// nothing changed. A code is spent even when its session may not
+    /// start. One statement on PostgreSQL, one transaction on SQLite.
+    pub async fn redeem_authorization_code(
         &self,
         code_hash: &[u8],
-        client_id: &str,
-        redirect_uri: &str,
-        code_challenge: Option<&str>,
-        now: i64,
-    ) -> StoreResult<CodeUse> {
-        db_op!(self, "spend_authorization_code", conn => {
+        s: &NewSession<'_>,
+    ) -> StoreResult<Option<SessionStart>> {
+        db_op!(self, "redeem_authorization_code",
+            sqlite conn => {
+                let mut tx = conn.begin().await?;
+                let n = sqlx::query(SPEND_CODE)
+                    .bind(s.now)
+                    .bind(s.id)
+                    .bind(code_hash)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                if n == 0 {
+                    return Ok(None);
+                }
+                let started = insert_session!(tx, s);
+                tx.commit().await?;
+                Ok(Some(started))
+            },
+            postgres conn => {
+                let (spent, created): (i64, i64) = bind_new_session!(
+                    sqlx::query_as(start_session_statement!(
+                        "c AS (UPDATE authorization_codes SET used_at = $4, issued_session = $1 \
+                         WHERE code_hash = $17 AND used_at IS NULL AND expires_at > $4 RETURNING code_hash), ",
+                        " AND EXISTS (SELECT 1 FROM c)",
+                        "(SELECT count(*) FROM c), (SELECT count(*) FROM s)"
+                    )),
+                    s
+                )
+                .bind(code_hash)
+                .fetch_one(&mut *conn)
+                .await?;
+                Ok(match (spent, created) {
+                    (0, _) => None,
+                    (_, 1) => Some(SessionStart::Started),
+                    _ => Some(why_not_started!(conn, s.user_id)),
+                })
+            },
+        )
+    }
+
+    /// A spent code presented again by the client it was issued to (RFC
+    /// 6749 §4.1.2): ends the session its first exchange started, if still
+    /// live, and records `oauth.code_reused`, in one transaction. The id
+    /// of the session ended.
+    pub async fn end_reused_code(&self, code: &AuthorizationCode, now: i64) -> StoreResult<Option<String>> {
+        db_op!(self, "end_reused_code", conn => {
             let mut tx = conn.begin().await?;
-            let spent: Option<AuthorizationCode> = sqlx::query_as(&format!(
-                "UPDATE authorization_codes SET used_at = $5 WHERE code_hash = $1 AND client_id = $2 \
-                 AND redirect_uri = $3 AND code_challenge IS NOT DISTINCT FROM $4 AND used_at IS NULL \
-                 AND expires_at > $5 RETURNING {CODE_COLUMNS}"
-            ))
-            .bind(code_hash)
-            .bind(client_id)
-            .bind(redirect_uri)
-            .bind(code_challenge)
+            let ended: Option<(String,)> = sqlx::query_as(
+                "UPDATE sessions SET revoked_at = $2, revoked_reason = 'code_reused' WHERE revoked_at IS NULL \
+                 AND id = (SELECT issued_session FROM authorization_codes WHERE code_hash = $1) RETURNING id",
+            )
+            .bind(&code.code_hash)
             .bind(now)
             .fetch_optional(&mut *tx)
             .await?;
-            if let Some(c) = spent {
-                tx.commit().await?;
-                return Ok(CodeUse::Spent(Box::new(c)));
+            if let Some((sid,)) = &ended {
+                let e = Event::new("session.ended", now).user(&code.user_id).session(sid).reason("code_reused");
+                record_event!(tx, &e);
             }
-            let used: Option<(String, String, Option<String>)> = sqlx::query_as(
-                "SELECT user_id, client_id, issued_session FROM authorization_codes \
-                 WHERE code_hash = $1 AND used_at IS NOT NULL",
-            )
-            .bind(code_hash)
-            .fetch_optional(&mut *tx)
-            .await?;
-            let Some((user_id, owner, issued)) = used else {
-                return Ok(CodeUse::Refused);
-            };
-            // Only the client the code was issued to ends what it got: a
-            // spent code found elsewhere (a log, a history) presented by
-            // another client must not log the user out of this one.
-            if owner != client_id {
-                return Ok(CodeUse::Refused);
-            }
-            let mut ended = None;
-            if let Some(sid) = &issued {
-                let n = sqlx::query(
-                    "UPDATE sessions SET revoked_at = $2, revoked_reason = 'code_reused' \
-                     WHERE id = $1 AND revoked_at IS NULL",
-                )
-                .bind(sid)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-                if n == 1 {
-                    let e = Event::new("session.ended", now).user(&user_id).session(sid).reason("code_reused");
-                    record_event!(tx, &e);
-                    ended = Some(sid.clone());
-                }
-            }
-            let e = Event::new("oauth.code_reused", now).user(&user_id).reason(&owner);
+            let e = Event::new("oauth.code_reused", now).user(&code.user_id).reason(&code.client_id);
             record_event!(tx, &e);
             tx.commit().await?;
-            Ok(CodeUse::Reused {
-                user_id,
-                client_id: owner,
-                ended,
-            })
-        })
-    }
-
-    /// Notes the session a spent code's exchange started (what a second use
-    /// of the code ends).
-    pub async fn set_code_session(&self, code_hash: &[u8], session_id: &str) -> StoreResult<()> {
-        db_op!(self, "set_code_session", conn => {
-            sqlx::query("UPDATE authorization_codes SET issued_session = $2 WHERE code_hash = $1")
-                .bind(code_hash)
-                .bind(session_id)
-                .execute(&mut *conn)
-                .await?;
-            Ok(())
+            Ok(ended.map(|(sid,)| sid))
         })
     }
 

@@ -292,10 +292,74 @@ macro_rules! revoke_user_sessions {
 }
 pub(super) use revoke_user_sessions;
 
+/// PostgreSQL: one statement that starts a session (data-modifying CTEs
+/// all run, in one transaction): the session, its first refresh token, its
+/// event and the event's webhook deliveries (the filter of
+/// `ENQUEUE_DELIVERIES`; a session that starts is no logout). It starts
+/// under the conditions of [`insert_session!`] (the account enabled, a
+/// factor passed or none to pass, the parent session live, no later expiry
+/// than the parent's) and `$when`, after the CTEs `$with` (each followed by
+/// a comma); it selects `$select`. The account's row is read FOR SHARE: a
+/// disable in flight either commits first (no session) or waits for this
+/// one and then ends it with the others. `$1`-`$16` as bound by
+/// [`bind_new_session!`].
+macro_rules! start_session_statement {
+    ($with:literal, $when:literal, $select:literal) => {
+        concat!(
+            "WITH ",
+            $with,
+            "s AS (INSERT INTO sessions (id, user_id, client_id, created_at, expires_at, user_agent, ip, amr, \
+             auth_time, scope, parent_id) SELECT $1, u.id, $3, $4, CASE WHEN $16::text IS NULL THEN $5 \
+             ELSE (SELECT LEAST(p.expires_at, $5) FROM sessions p WHERE p.id = $16) END, \
+             $7, $8, $12, $14, $15, $16 FROM users u WHERE u.id = $2 AND u.disabled_at IS NULL \
+             AND ($13 OR NOT EXISTS (SELECT 1 FROM factors f WHERE f.user_id = u.id AND f.confirmed_at IS NOT NULL)) \
+             AND ($16::text IS NULL OR EXISTS (SELECT 1 FROM sessions p \
+             WHERE p.id = $16 AND p.revoked_at IS NULL AND p.expires_at > $4))",
+            $when,
+            " FOR SHARE OF u RETURNING id, user_id), \
+             r AS (INSERT INTO refresh_tokens (token_hash, session_id, created_at) SELECT $6, id, $4 FROM s), \
+             e AS (INSERT INTO events (at, kind, user_id, session_id, ip, reason) \
+             SELECT $4, $9, user_id, id, $8, $10 FROM s RETURNING id), \
+             d AS (INSERT INTO webhook_deliveries (webhook_id, event_id, created_at, next_attempt_at) \
+             SELECT w.id, e.id, $4, $4 FROM webhooks w, e WHERE w.client_id IS NULL AND (w.kinds = '' \
+             OR (' ' || w.kinds || ' ') LIKE ('% ' || $9 || ' %') OR (' ' || w.kinds || ' ') LIKE ('% ' || $11 || ' %'))) \
+             SELECT ",
+            $select
+        )
+    };
+}
+pub(super) use start_session_statement;
+
+/// Binds `$1`-`$16` of [`start_session_statement!`] for session `$s` to
+/// query `$q`.
+macro_rules! bind_new_session {
+    ($q:expr, $s:expr) => {{
+        let s: &$crate::store::NewSession<'_> = $s;
+        let e = s.event();
+        $q.bind(s.id)
+            .bind(s.user_id)
+            .bind(s.client_id)
+            .bind(s.now)
+            .bind(s.expires_at)
+            .bind(s.token_hash)
+            .bind(s.user_agent)
+            .bind(s.ip)
+            .bind(e.kind)
+            .bind(e.reason)
+            .bind($crate::store::events::family(e.kind))
+            .bind(s.amr)
+            .bind(s.second_factor)
+            .bind(s.auth_time)
+            .bind(s.scope)
+            .bind(s.parent_id)
+    }};
+}
+pub(super) use bind_new_session;
+
 impl Store {
-    /// Starts a session: one round trip on PostgreSQL (a data-modifying CTE),
-    /// one local transaction on SQLite.
-    /// Starts a session if it may ([`SessionStart`] says why not).
+    /// Starts a session if it may ([`SessionStart`] says why not): one
+    /// statement on PostgreSQL ([`start_session_statement!`]), one local
+    /// transaction on SQLite ([`insert_session!`]).
     pub async fn create_session(&self, s: &NewSession<'_>) -> StoreResult<SessionStart> {
         db_op!(self, "create_session",
             sqlite conn => {
@@ -305,42 +369,10 @@ impl Store {
                 Ok(started)
             },
             postgres conn => {
-                // The session, its first refresh token and its event in one
-                // statement (data-modifying CTEs all run, in one transaction).
-                // The webhook deliveries of the event too: the same filter as
-                // ENQUEUE_DELIVERIES (a session that starts is no logout). The account's row is read FOR SHARE:
-                // a disable in flight either commits first (no session) or
-                // waits for this one and then ends it with the others.
-                let e = s.event();
-                let (created,): (i64,) = sqlx::query_as(
-                    "WITH s AS (INSERT INTO sessions (id, user_id, client_id, created_at, expires_at, user_agent, ip, amr, auth_time, \
-                     scope, parent_id) SELECT $1, u.id, $3, $4, $5, $7, $8, $12, $14, $15, $16 FROM users u WHERE u.id = $2 AND u.disabled_at IS NULL \
-                     AND ($13 OR NOT EXISTS (SELECT 1 FROM factors f WHERE f.user_id = u.id AND f.confirmed_at IS NOT NULL)) \
-                     FOR SHARE OF u RETURNING id, user_id), \
-                     r AS (INSERT INTO refresh_tokens (token_hash, session_id, created_at) SELECT $6, id, $4 FROM s), \
-                     e AS (INSERT INTO events (at, kind, user_id, session_id, ip, reason) \
-                     SELECT $4, $9, user_id, id, $8, $10 FROM s RETURNING id), \
-                     d AS (INSERT INTO webhook_deliveries (webhook_id, event_id, created_at, next_attempt_at) \
-                     SELECT w.id, e.id, $4, $4 FROM webhooks w, e WHERE w.client_id IS NULL AND (w.kinds = '' \
-                     OR (' ' || w.kinds || ' ') LIKE ('% ' || $9 || ' %') OR (' ' || w.kinds || ' ') LIKE ('% ' || $11 || ' %'))) \
-                     SELECT count(*) FROM s",
+                let (created,): (i64,) = bind_new_session!(
+                    sqlx::query_as(start_session_statement!("", "", "count(*) FROM s")),
+                    s
                 )
-                .bind(s.id)
-                .bind(s.user_id)
-                .bind(s.client_id)
-                .bind(s.now)
-                .bind(s.expires_at)
-                .bind(s.token_hash)
-                .bind(s.user_agent)
-                .bind(s.ip)
-                .bind(e.kind)
-                .bind(e.reason)
-                .bind(super::events::family(e.kind))
-                .bind(s.amr)
-                .bind(s.second_factor)
-                .bind(s.auth_time)
-                .bind(s.scope)
-                .bind(s.parent_id)
                 .fetch_one(&mut *conn)
                 .await?;
                 if created == 1 {

@@ -26,6 +26,7 @@ mod oauth2_proxy;
 mod observability;
 mod oidc;
 mod oidc_attacks;
+mod oidc_codes;
 mod oidc_languages;
 mod oidc_logout;
 mod oidc_spa;

@@ -7,12 +7,72 @@ use serde::Serialize;
 use super::client::{ClientKind, ClientSettings};
 use super::Provider;
 use crate::clock::now_ms;
+use crate::crypto::ct_eq;
 use crate::crypto::{b64url, sha256};
 use crate::domain::clients::ClientRecord;
-use crate::domain::sessions::{ClientGrant, Origin, Started};
+use crate::domain::sessions::{ClientGrant, Origin};
 use crate::domain::tokens::{AccessClaims, IdClaims, ACR_MFA, ACR_SINGLE};
 use crate::domain::AuthError;
-use crate::store::CodeUse;
+use crate::store::{AuthorizationCode, SessionStart};
+
+/// What a client presents with a code at the token endpoint.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Presented<'a> {
+    pub client_id: &'a str,
+    pub redirect_uri: &'a str,
+    /// The S256 challenge of the verifier presented (`None`: no verifier).
+    pub code_challenge: Option<&'a str>,
+}
+
+/// What a presented code is worth.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Spend it and start the application's session.
+    Redeem,
+    /// A second use by the client it was issued to: end what its first use
+    /// started (RFC 6749 §4.1.2, "SHOULD revoke").
+    Reused,
+    /// Nothing to give and nothing to change.
+    Refused,
+}
+
+/// Judges a presented code against the code stored under its hash, at
+/// `now` (Unix ms). A pure decision; the store then spends the code only if
+/// still unspent (`Store::redeem_authorization_code`), so that two
+/// presentations at once give one session.
+///
+/// ```text
+///   no such code ───────────────────────────────────────────────> Refused
+///   issued to another client ───────────────────────────────────> Refused
+///   spent ──────────────────────────────────────────────────────> Reused
+///   unspent, expired ───────────────────────────────────────────> Refused
+///   unspent, other redirect_uri (RFC 6749 §4.1.3) ──────────────> Refused
+///   unspent, verifier missing, extra or not matching (RFC 7636) ─> Refused
+///   unspent, all of them match ─────────────────────────────────> Redeem
+/// ```
+///
+/// Only the client a spent code was issued to ends what it got: a spent
+/// code found elsewhere (a log, a history) and presented by another client
+/// must not sign the user out of this one. A refused presentation leaves an
+/// unspent code usable by its client.
+pub(crate) fn judge(code: Option<&AuthorizationCode>, p: &Presented<'_>, now: i64) -> Verdict {
+    let Some(c) = code else { return Verdict::Refused };
+    if c.client_id != p.client_id {
+        return Verdict::Refused;
+    }
+    if c.used_at.is_some() {
+        return Verdict::Reused;
+    }
+    let challenge_matches = match (c.code_challenge.as_deref(), p.code_challenge) {
+        (Some(stored), Some(given)) => ct_eq(stored.as_bytes(), given.as_bytes()),
+        (None, None) => true,
+        _ => false,
+    };
+    if c.expires_at <= now || c.redirect_uri != p.redirect_uri || !challenge_matches {
+        return Verdict::Refused;
+    }
+    Verdict::Redeem
+}
 
 /// What the token endpoint answers to a code (RFC 6749 §5.1, Core §3.1.3.3).
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -81,26 +141,21 @@ impl Provider {
         let challenge = verifier.map(|v| b64url(&sha256(v.as_bytes())));
         let hash = sha256(code.as_bytes());
         let now = now_ms();
-        let spent = self
-            .shared
-            .store
-            .spend_authorization_code(&hash, &client.id, redirect_uri, challenge.as_deref(), now)
-            .await?;
-        let c = match spent {
-            CodeUse::Spent(c) => c,
-            CodeUse::Reused { ended, .. } => {
-                tracing::warn!(client_id = %client.id, "an authorization code was presented again: the session of its first use ended");
-                if let Some(sid) = ended {
-                    self.shared.revocations.revoke(&[sid]).await;
-                }
-                return Err(AuthError::InvalidToken);
-            }
-            CodeUse::Refused => return Err(AuthError::InvalidToken),
+        let stored = self.shared.store.authorization_code(&hash).await?;
+        let presented = Presented {
+            client_id: &client.id,
+            redirect_uri,
+            code_challenge: challenge.as_deref(),
         };
-        // The user may have signed out (or been disabled) since.
-        if !self.shared.store.session_is_live(&c.session_id, now).await? {
-            return Err(AuthError::InvalidToken);
-        }
+        let c = match judge(stored.as_ref(), &presented, now) {
+            Verdict::Redeem => stored.expect("judged redeemable"),
+            Verdict::Reused => {
+                return Err(self
+                    .code_reused(stored.as_ref().expect("judged reused"), now)
+                    .await)
+            }
+            Verdict::Refused => return Err(AuthError::InvalidToken),
+        };
         let user = self
             .shared
             .store
@@ -115,15 +170,27 @@ impl Provider {
             access_ttl: settings.access_ttl(),
             session_ttl: settings.session_ttl(),
         };
-        let (pair, session_id) = match self
-            .sessions
-            .start_for_client(&user, grant, origin, authn.clone())
+        let (session, refresh_token) = self.sessions.draft_for_client(grant, origin, authn.clone());
+        // One commit spends the code and starts the session (or neither):
+        // the browser session must still be live (the user may have signed
+        // out since), the account enabled.
+        let pair = match self
+            .shared
+            .store
+            .redeem_authorization_code(&hash, &session.as_new(&user.id))
             .await?
         {
-            Started::Pair(pair, sid) => (pair, sid),
-            Started::Disabled | Started::FactorRequired(_) => return Err(AuthError::InvalidToken),
+            Some(SessionStart::Started) => {
+                self.sessions
+                    .pair(&user.id, &user.email, &session, &client.id, refresh_token)?
+            }
+            Some(SessionStart::Disabled | SessionStart::FactorRequired) => {
+                return Err(AuthError::InvalidToken)
+            }
+            // Another presentation spent it since it was read: this is
+            // the second use.
+            None => return Err(self.code_reused(&c, now).await),
         };
-        self.shared.store.set_code_session(&hash, &session_id).await?;
         let scopes: Vec<&str> = c.scope.split(' ').filter(|s| !s.is_empty()).collect();
         let id_token = if scopes.contains(&"openid") {
             let iat = now / 1000;
@@ -176,6 +243,21 @@ impl Provider {
         })
     }
 
+    /// A spent code presented again by its client: the session of its
+    /// first exchange ends (RFC 6749 §4.1.2). The error to answer.
+    async fn code_reused(&self, code: &AuthorizationCode, now: i64) -> AuthError {
+        tracing::warn!(client_id = %code.client_id, "an authorization code was presented again: the session of its first use ends");
+        match self.shared.store.end_reused_code(code, now).await {
+            Ok(ended) => {
+                if let Some(sid) = ended {
+                    self.shared.revocations.revoke(&[sid]).await;
+                }
+                AuthError::InvalidToken
+            }
+            Err(e) => e.into(),
+        }
+    }
+
     /// The claims of `GET /oauth/userinfo` (Core §5.3) for an access token
     /// an application got through this flow with `openid`.
     pub async fn userinfo(&self, claims: &AccessClaims) -> Result<serde_json::Value, AuthError> {
@@ -200,5 +282,122 @@ impl Provider {
             }
         }
         Ok(doc)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 1_000_000;
+
+    fn code() -> AuthorizationCode {
+        AuthorizationCode {
+            code_hash: vec![1; 32],
+            client_id: "app".into(),
+            user_id: "u1".into(),
+            session_id: "browser".into(),
+            redirect_uri: "https://app.example/cb".into(),
+            code_challenge: Some("challenge".into()),
+            scope: "openid".into(),
+            nonce: None,
+            amr: "pwd".into(),
+            auth_time: NOW - 5_000,
+            created_at: NOW - 1_000,
+            expires_at: NOW + 59_000,
+            used_at: None,
+            issued_session: None,
+        }
+    }
+
+    fn presented() -> Presented<'static> {
+        Presented {
+            client_id: "app",
+            redirect_uri: "https://app.example/cb",
+            code_challenge: Some("challenge"),
+        }
+    }
+
+    #[test]
+    fn a_fresh_code_presented_by_its_client_with_its_redirect_uri_and_verifier_is_redeemed() {
+        assert_eq!(judge(Some(&code()), &presented(), NOW), Verdict::Redeem);
+    }
+
+    #[test]
+    fn an_unknown_code_is_refused() {
+        assert_eq!(judge(None, &presented(), NOW), Verdict::Refused);
+    }
+
+    #[test]
+    fn another_clients_code_is_refused_spent_or_not() {
+        let other = Presented {
+            client_id: "other",
+            ..presented()
+        };
+        assert_eq!(judge(Some(&code()), &other, NOW), Verdict::Refused);
+        let spent = AuthorizationCode {
+            used_at: Some(NOW - 10),
+            ..code()
+        };
+        assert_eq!(judge(Some(&spent), &other, NOW), Verdict::Refused);
+    }
+
+    #[test]
+    fn a_spent_code_presented_again_by_its_client_is_a_reuse_whatever_else_it_carries() {
+        let spent = AuthorizationCode {
+            used_at: Some(NOW - 10),
+            expires_at: NOW - 1,
+            ..code()
+        };
+        assert_eq!(judge(Some(&spent), &presented(), NOW), Verdict::Reused);
+        let sloppy = Presented {
+            redirect_uri: "https://elsewhere.example/",
+            code_challenge: None,
+            ..presented()
+        };
+        assert_eq!(judge(Some(&spent), &sloppy, NOW), Verdict::Reused);
+    }
+
+    #[test]
+    fn a_code_is_refused_from_the_moment_it_expires() {
+        let c = code();
+        assert_eq!(judge(Some(&c), &presented(), c.expires_at - 1), Verdict::Redeem);
+        assert_eq!(judge(Some(&c), &presented(), c.expires_at), Verdict::Refused);
+    }
+
+    #[test]
+    fn another_redirect_uri_is_refused_even_one_that_differs_only_in_case_or_a_slash() {
+        for uri in [
+            "https://app.example/cb/",
+            "https://APP.example/cb",
+            "https://app.example/cb?x=1",
+            "",
+        ] {
+            let p = Presented {
+                redirect_uri: uri,
+                ..presented()
+            };
+            assert_eq!(judge(Some(&code()), &p, NOW), Verdict::Refused, "{uri}");
+        }
+    }
+
+    #[test]
+    fn a_verifier_that_is_missing_wrong_or_not_asked_for_is_refused() {
+        let missing = Presented {
+            code_challenge: None,
+            ..presented()
+        };
+        assert_eq!(judge(Some(&code()), &missing, NOW), Verdict::Refused);
+        let wrong = Presented {
+            code_challenge: Some("challengf"),
+            ..presented()
+        };
+        assert_eq!(judge(Some(&code()), &wrong, NOW), Verdict::Refused);
+        let without = AuthorizationCode {
+            code_challenge: None,
+            ..code()
+        };
+        assert_eq!(judge(Some(&without), &presented(), NOW), Verdict::Refused);
+        assert_eq!(judge(Some(&without), &missing, NOW), Verdict::Redeem);
     }
 }
