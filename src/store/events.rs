@@ -77,6 +77,27 @@ pub(super) const ENQUEUE_DELIVERIES: &str =
      OR (' ' || w.kinds || ' ') LIKE ('% ' || $3 || ' %') OR (' ' || w.kinds || ' ') LIKE ('% ' || $4 || ' %'))) \
      OR s.sid IS NOT NULL";
 
+/// PostgreSQL: the CTEs `e` and `d` of a statement that records an event
+/// for each row of CTE `$from` (at `$at`, of kind `$kind` in family
+/// `$family`, user `$user`, session `$session`, address `$ip`, reason
+/// `$reason`: SQL expressions) and queues its deliveries to the webhooks
+/// that ask for it, as [`ENQUEUE_DELIVERIES`] does for an event that ends
+/// no session (no back-channel logout). For statements that write a row
+/// and its event in one round trip.
+macro_rules! event_ctes {
+    ($from:literal, $at:literal, $kind:literal, $family:literal, $user:literal, $session:literal, $ip:literal, $reason:literal) => {
+        concat!(
+            "e AS (INSERT INTO events (at, kind, user_id, session_id, ip, reason) SELECT ",
+            $at, ", ", $kind, ", ", $user, ", ", $session, ", ", $ip, ", ", $reason, " FROM ", $from,
+            " RETURNING id), d AS (INSERT INTO webhook_deliveries (webhook_id, event_id, created_at, next_attempt_at) \
+             SELECT w.id, e.id, ", $at, ", ", $at, " FROM webhooks w, e WHERE w.client_id IS NULL AND (w.kinds = '' \
+             OR (' ' || w.kinds || ' ') LIKE ('% ' || ", $kind, " || ' %') \
+             OR (' ' || w.kinds || ' ') LIKE ('% ' || ", $family, " || ' %')))"
+        )
+    };
+}
+pub(super) use event_ctes;
+
 /// Every kind recorded (docs/events.md has what each means).
 pub const KINDS: &[&str] = &[
     "user.registered",

@@ -3,7 +3,7 @@
 
 use sqlx::Connection;
 
-use super::events::record_event;
+use super::events::{event_ctes, record_event};
 use super::sessions::{bind_new_session, insert_session, start_session_statement, why_not_started};
 use super::{db_op, Event, NewSession, SessionStart, Store, StoreResult};
 
@@ -38,6 +38,35 @@ pub struct ConsentRecord {
     pub expires_at: Option<i64>,
 }
 
+/// Inserts the code `$1`-`$12` (as bound by `bind_code!`).
+macro_rules! insert_code {
+    () => {
+        "INSERT INTO authorization_codes (code_hash, client_id, user_id, session_id, redirect_uri, \
+         code_challenge, scope, nonce, amr, auth_time, created_at, expires_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+    };
+}
+const INSERT_CODE: &str = insert_code!();
+
+/// Binds `$1`-`$12` of [`insert_code!`] for code `$c` to query `$q`.
+macro_rules! bind_code {
+    ($q:expr, $c:expr) => {{
+        let c: &AuthorizationCode = $c;
+        $q.bind(&c.code_hash)
+            .bind(&c.client_id)
+            .bind(&c.user_id)
+            .bind(&c.session_id)
+            .bind(&c.redirect_uri)
+            .bind(&c.code_challenge)
+            .bind(&c.scope)
+            .bind(&c.nonce)
+            .bind(&c.amr)
+            .bind(c.auth_time)
+            .bind(c.created_at)
+            .bind(c.expires_at)
+    }};
+}
+
 /// Spends code `$3` (at `$1`, for session `$2`) if unspent and unexpired.
 const SPEND_CODE: &str = "UPDATE authorization_codes SET used_at = $1, issued_session = $2 \
      WHERE code_hash = $3 AND used_at IS NULL AND expires_at > $1";
@@ -53,36 +82,38 @@ impl Store {
         c: &AuthorizationCode,
         ip: Option<&str>,
     ) -> StoreResult<()> {
-        db_op!(self, "create_authorization_code", conn => {
-            let mut tx = conn.begin().await?;
-            sqlx::query(
-                "INSERT INTO authorization_codes (code_hash, client_id, user_id, session_id, redirect_uri, \
-                 code_challenge, scope, nonce, amr, auth_time, created_at, expires_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-            )
-            .bind(&c.code_hash)
-            .bind(&c.client_id)
-            .bind(&c.user_id)
-            .bind(&c.session_id)
-            .bind(&c.redirect_uri)
-            .bind(&c.code_challenge)
-            .bind(&c.scope)
-            .bind(&c.nonce)
-            .bind(&c.amr)
-            .bind(c.auth_time)
-            .bind(c.created_at)
-            .bind(c.expires_at)
-            .execute(&mut *tx)
-            .await?;
-            let e = Event::new("oauth.authorized", c.created_at)
-                .user(&c.user_id)
-                .session(&c.session_id)
-                .ip(ip)
-                .reason(&c.client_id);
-            record_event!(tx, &e);
-            tx.commit().await?;
-            Ok(())
-        })
+        let e = Event::new("oauth.authorized", c.created_at)
+            .user(&c.user_id)
+            .session(&c.session_id)
+            .ip(ip)
+            .reason(&c.client_id);
+        db_op!(self, "create_authorization_code",
+            sqlite conn => {
+                let mut tx = conn.begin().await?;
+                bind_code!(sqlx::query(INSERT_CODE), c).execute(&mut *tx).await?;
+                record_event!(tx, &e);
+                tx.commit().await?;
+                Ok(())
+            },
+            postgres conn => {
+                // The code, its event and the event's deliveries in one
+                // statement.
+                bind_code!(
+                    sqlx::query(concat!(
+                        "WITH c AS (", insert_code!(), " RETURNING user_id, session_id, client_id), ",
+                        event_ctes!("c", "$11", "$13", "$14", "user_id", "session_id", "$15", "client_id"),
+                        " SELECT 1"
+                    )),
+                    c
+                )
+                .bind(e.kind)
+                .bind(super::events::family(e.kind))
+                .bind(ip)
+                .execute(&mut *conn)
+                .await?;
+                Ok(())
+            },
+        )
     }
 
     /// The code of `code_hash`, spent or not (the provider judges it:

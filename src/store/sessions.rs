@@ -294,8 +294,7 @@ pub(super) use revoke_user_sessions;
 
 /// PostgreSQL: one statement that starts a session (data-modifying CTEs
 /// all run, in one transaction): the session, its first refresh token, its
-/// event and the event's webhook deliveries (the filter of
-/// `ENQUEUE_DELIVERIES`; a session that starts is no logout). It starts
+/// event and the event's webhook deliveries (`event_ctes!`). It starts
 /// under the conditions of [`insert_session!`] (the account enabled, a
 /// factor passed or none to pass, the parent session live, no later expiry
 /// than the parent's) and `$when`, after the CTEs `$with` (each followed by
@@ -317,13 +316,9 @@ macro_rules! start_session_statement {
              WHERE p.id = $16 AND p.revoked_at IS NULL AND p.expires_at > $4))",
             $when,
             " FOR SHARE OF u RETURNING id, user_id), \
-             r AS (INSERT INTO refresh_tokens (token_hash, session_id, created_at) SELECT $6, id, $4 FROM s), \
-             e AS (INSERT INTO events (at, kind, user_id, session_id, ip, reason) \
-             SELECT $4, $9, user_id, id, $8, $10 FROM s RETURNING id), \
-             d AS (INSERT INTO webhook_deliveries (webhook_id, event_id, created_at, next_attempt_at) \
-             SELECT w.id, e.id, $4, $4 FROM webhooks w, e WHERE w.client_id IS NULL AND (w.kinds = '' \
-             OR (' ' || w.kinds || ' ') LIKE ('% ' || $9 || ' %') OR (' ' || w.kinds || ' ') LIKE ('% ' || $11 || ' %'))) \
-             SELECT ",
+             r AS (INSERT INTO refresh_tokens (token_hash, session_id, created_at) SELECT $6, id, $4 FROM s), ",
+            $crate::store::events::event_ctes!("s", "$4", "$9", "$11", "user_id", "id", "$8", "$10"),
+            " SELECT ",
             $select
         )
     };

@@ -8,14 +8,18 @@
 use futures_util::future::join_all;
 use serde_json::Value;
 
-use crate::common::{unique_email, TestApp, PASSWORD};
+use crate::common::{free_port, unique_email, TestApp, PASSWORD};
 use crate::oidc::{application, pkce, query, Browser, CALLBACK};
 use latchkey::domain::oidc::client::{ClientKind, ConsentMode};
 
 crate::on_every_backend!(
+    // The webhook of the events' test points at a loopback port where
+    // nothing listens.
+    settings = &[("webhook_allow_private_addresses", "true")];
     a_code_presented_many_times_at_once_starts_one_session_and_the_others_end_it,
     a_code_whose_browser_session_ended_starts_nothing_and_is_spent,
     an_applications_session_ends_no_later_than_the_browser_session_it_came_from,
+    the_code_flow_records_its_events_with_their_webhook_deliveries,
 );
 
 /// A signed-in user's code for the new application `id` (consent
@@ -136,4 +140,33 @@ async fn an_applications_session_ends_no_later_than_the_browser_session_it_came_
         .count("SELECT count(*) FROM sessions WHERE client_id = 'child' AND parent_id IS NOT NULL")
         .await;
     assert_eq!((children, later), (1, 0));
+}
+
+async fn the_code_flow_records_its_events_with_their_webhook_deliveries(app: &TestApp) {
+    let (_, admin) = app.admin_client().await;
+    let r = app
+        .http
+        .post(app.url("/admin/webhooks"))
+        .bearer_auth(&admin)
+        .json(&serde_json::json!({
+            "url": format!("http://127.0.0.1:{}/never", free_port()),
+            "kinds": ["oauth.authorized", "session.created"],
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    let (secret, code, verifier, _) = fresh_code(app, "recorded").await;
+    let (status, body) = exchange(app, "recorded", &secret, &code, &verifier).await;
+    assert_eq!(status, 200, "{body}");
+    // The code's event, written with the code, and the application's
+    // session's, written with the session: each with its delivery.
+    for kind in ["oauth.authorized", "session.created"] {
+        let sql = format!(
+            "SELECT count(*) FROM events e WHERE e.kind = '{kind}' AND e.reason = 'recorded' \
+             AND e.user_id IS NOT NULL AND e.session_id IS NOT NULL AND e.ip IS NOT NULL \
+             AND EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_id = e.id)"
+        );
+        assert_eq!(app.count(&sql).await, 1, "{kind}");
+    }
 }
