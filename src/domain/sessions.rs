@@ -156,7 +156,9 @@ pub struct SessionDraft {
     id: String,
     client_id: Option<String>,
     now: i64,
-    expires_at: i64,
+    /// Unix ms; the store may end it earlier (an application's session,
+    /// with its browser session), and says when.
+    pub expires_at: i64,
     token_hash: [u8; 32],
     user_agent: Option<String>,
     ip: String,

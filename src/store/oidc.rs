@@ -29,6 +29,21 @@ pub struct AuthorizationCode {
     pub issued_session: Option<String>,
 }
 
+/// What redeeming a code did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Redeemed {
+    /// Spent by this call, and the session started; it ends at `expires_at`
+    /// (Unix ms: no later than its browser session).
+    Started { expires_at: i64 },
+    /// Spent by this call, but the session may not start: the account is
+    /// disabled or has a factor the sign-in did not pass
+    /// ([`SessionStart`]), or the browser session ended.
+    Refused(SessionStart),
+    /// Not spent by this call: spent meanwhile, expired, or removed (a
+    /// consent withdrawn). Nothing changed.
+    NotSpent,
+}
+
 /// A consent as stored.
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct ConsentRecord {
@@ -129,16 +144,17 @@ impl Store {
 
     /// Spends the code of `code_hash` and starts the application's session
     /// `s` with it, in one commit: the code notes the session (what a
-    /// second use of it ends), and the session starts if it may
-    /// ([`SessionStart`]; the browser session `s.parent_id` must be live).
-    /// `None`: the code was spent meanwhile, or expired at `s.now`, and
-    /// nothing changed. A code is spent even when its session may not
+    /// second use of it ends), and the session starts if it may: the
+    /// account enabled, its factor passed, and the browser session
+    /// `s.parent_id` live (read FOR SHARE on PostgreSQL, so that a sign-out
+    /// in flight either ends it too or comes first); it ends no later than
+    /// the browser session. A code is spent even when its session may not
     /// start. One statement on PostgreSQL, one transaction on SQLite.
     pub async fn redeem_authorization_code(
         &self,
         code_hash: &[u8],
         s: &NewSession<'_>,
-    ) -> StoreResult<Option<SessionStart>> {
+    ) -> StoreResult<Redeemed> {
         db_op!(self, "redeem_authorization_code",
             sqlite conn => {
                 let mut tx = conn.begin().await?;
@@ -150,29 +166,42 @@ impl Store {
                     .await?
                     .rows_affected();
                 if n == 0 {
-                    return Ok(None);
+                    return Ok(Redeemed::NotSpent);
                 }
                 let started = insert_session!(tx, s);
+                let out = match started {
+                    SessionStart::Started => {
+                        let (expires_at,): (i64,) = sqlx::query_as("SELECT expires_at FROM sessions WHERE id = $1")
+                            .bind(s.id)
+                            .fetch_one(&mut *tx)
+                            .await?;
+                        Redeemed::Started { expires_at }
+                    }
+                    not => Redeemed::Refused(not),
+                };
                 tx.commit().await?;
-                Ok(Some(started))
+                Ok(out)
             },
             postgres conn => {
-                let (spent, created): (i64, i64) = bind_new_session!(
+                let (spent, expires_at): (i64, Option<i64>) = bind_new_session!(
                     sqlx::query_as(start_session_statement!(
                         "c AS (UPDATE authorization_codes SET used_at = $4, issued_session = $1 \
                          WHERE code_hash = $17 AND used_at IS NULL AND expires_at > $4 RETURNING code_hash), ",
-                        " AND EXISTS (SELECT 1 FROM c)",
-                        "(SELECT count(*) FROM c), (SELECT count(*) FROM s)"
+                        ", sessions p",
+                        "LEAST(p.expires_at, $5)",
+                        " AND p.id = $16 AND p.revoked_at IS NULL AND p.expires_at > $4 AND EXISTS (SELECT 1 FROM c)",
+                        "u, p",
+                        "(SELECT count(*) FROM c), (SELECT max(expires_at) FROM s)"
                     )),
                     s
                 )
                 .bind(code_hash)
                 .fetch_one(&mut *conn)
                 .await?;
-                Ok(match (spent, created) {
-                    (0, _) => None,
-                    (_, 1) => Some(SessionStart::Started),
-                    _ => Some(why_not_started!(conn, s.user_id)),
+                Ok(match (spent, expires_at) {
+                    (0, _) => Redeemed::NotSpent,
+                    (_, Some(expires_at)) => Redeemed::Started { expires_at },
+                    _ => Redeemed::Refused(why_not_started!(conn, s.user_id)),
                 })
             },
         )
@@ -180,27 +209,47 @@ impl Store {
 
     /// A spent code presented again by the client it was issued to (RFC
     /// 6749 §4.1.2): ends the session its first exchange started, if still
-    /// live, and records `oauth.code_reused`, in one transaction. The id
-    /// of the session ended.
-    pub async fn end_reused_code(&self, code: &AuthorizationCode, now: i64) -> StoreResult<Option<String>> {
+    /// live, and records `oauth.code_reused`, in one transaction. Nothing,
+    /// if the code is not spent (it expired, or a withdrawn consent removed
+    /// it, since it was read). Whether it was spent, and the id of the
+    /// session ended.
+    pub async fn end_reused_code(
+        &self,
+        code: &AuthorizationCode,
+        now: i64,
+    ) -> StoreResult<(bool, Option<String>)> {
         db_op!(self, "end_reused_code", conn => {
             let mut tx = conn.begin().await?;
-            let ended: Option<(String,)> = sqlx::query_as(
-                "UPDATE sessions SET revoked_at = $2, revoked_reason = 'code_reused' WHERE revoked_at IS NULL \
-                 AND id = (SELECT issued_session FROM authorization_codes WHERE code_hash = $1) RETURNING id",
+            let spent: Option<(Option<String>,)> = sqlx::query_as(
+                "SELECT issued_session FROM authorization_codes WHERE code_hash = $1 AND used_at IS NOT NULL",
             )
             .bind(&code.code_hash)
-            .bind(now)
             .fetch_optional(&mut *tx)
             .await?;
-            if let Some((sid,)) = &ended {
-                let e = Event::new("session.ended", now).user(&code.user_id).session(sid).reason("code_reused");
-                record_event!(tx, &e);
+            let Some((issued,)) = spent else {
+                return Ok((false, None));
+            };
+            let mut ended = None;
+            if let Some(sid) = issued {
+                let n = sqlx::query(
+                    "UPDATE sessions SET revoked_at = $2, revoked_reason = 'code_reused' \
+                     WHERE id = $1 AND revoked_at IS NULL",
+                )
+                .bind(&sid)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+                if n == 1 {
+                    let e = Event::new("session.ended", now).user(&code.user_id).session(&sid).reason("code_reused");
+                    record_event!(tx, &e);
+                    ended = Some(sid);
+                }
             }
             let e = Event::new("oauth.code_reused", now).user(&code.user_id).reason(&code.client_id);
             record_event!(tx, &e);
             tx.commit().await?;
-            Ok(ended.map(|(sid,)| sid))
+            Ok((true, ended))
         })
     }
 

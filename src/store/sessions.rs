@@ -294,28 +294,30 @@ pub(super) use revoke_user_sessions;
 
 /// PostgreSQL: one statement that starts a session (data-modifying CTEs
 /// all run, in one transaction): the session, its first refresh token, its
-/// event and the event's webhook deliveries (`event_ctes!`). It starts
-/// under the conditions of [`insert_session!`] (the account enabled, a
-/// factor passed or none to pass, the parent session live, no later expiry
-/// than the parent's) and `$when`, after the CTEs `$with` (each followed by
-/// a comma); it selects `$select`. The account's row is read FOR SHARE: a
-/// disable in flight either commits first (no session) or waits for this
-/// one and then ends it with the others. `$1`-`$16` as bound by
-/// [`bind_new_session!`].
+/// event and the event's webhook deliveries (`event_ctes!`). It starts if
+/// the account is enabled and a factor was passed or there is none to pass,
+/// and `$when` holds over the tables `u` (the account) and `$from`, after
+/// the CTEs `$with` (each followed by a comma); it ends at `$expiry`, and
+/// selects `$select`. The rows of `$lock` are read FOR SHARE: a disable
+/// (or the parent session's end) in flight either commits first (no
+/// session) or waits for this one and then ends it with the others.
+/// `$1`-`$16` as bound by [`bind_new_session!`].
 macro_rules! start_session_statement {
-    ($with:literal, $when:literal, $select:literal) => {
+    ($with:literal, $from:literal, $expiry:literal, $when:literal, $lock:literal, $select:literal) => {
         concat!(
             "WITH ",
             $with,
             "s AS (INSERT INTO sessions (id, user_id, client_id, created_at, expires_at, user_agent, ip, amr, \
-             auth_time, scope, parent_id) SELECT $1, u.id, $3, $4, CASE WHEN $16::text IS NULL THEN $5 \
-             ELSE (SELECT LEAST(p.expires_at, $5) FROM sessions p WHERE p.id = $16) END, \
-             $7, $8, $12, $14, $15, $16 FROM users u WHERE u.id = $2 AND u.disabled_at IS NULL \
-             AND ($13 OR NOT EXISTS (SELECT 1 FROM factors f WHERE f.user_id = u.id AND f.confirmed_at IS NOT NULL)) \
-             AND ($16::text IS NULL OR EXISTS (SELECT 1 FROM sessions p \
-             WHERE p.id = $16 AND p.revoked_at IS NULL AND p.expires_at > $4))",
+             auth_time, scope, parent_id) SELECT $1, u.id, $3, $4, ",
+            $expiry,
+            ", $7, $8, $12, $14, $15, $16 FROM users u",
+            $from,
+            " WHERE u.id = $2 AND u.disabled_at IS NULL \
+             AND ($13 OR NOT EXISTS (SELECT 1 FROM factors f WHERE f.user_id = u.id AND f.confirmed_at IS NOT NULL))",
             $when,
-            " FOR SHARE OF u RETURNING id, user_id), \
+            " FOR SHARE OF ",
+            $lock,
+            " RETURNING id, user_id, expires_at), \
              r AS (INSERT INTO refresh_tokens (token_hash, session_id, created_at) SELECT $6, id, $4 FROM s), ",
             $crate::store::events::event_ctes!("s", "$4", "$9", "$11", "user_id", "id", "$8", "$10"),
             " SELECT ",
@@ -364,8 +366,12 @@ impl Store {
                 Ok(started)
             },
             postgres conn => {
+                // An application's session from a browser session starts
+                // with its code (`redeem_authorization_code`), which checks
+                // and locks the parent.
+                debug_assert!(s.parent_id.is_none(), "a session with a parent starts with its code");
                 let (created,): (i64,) = bind_new_session!(
-                    sqlx::query_as(start_session_statement!("", "", "count(*) FROM s")),
+                    sqlx::query_as(start_session_statement!("", "", "$5", "", "u", "count(*) FROM s")),
                     s
                 )
                 .fetch_one(&mut *conn)

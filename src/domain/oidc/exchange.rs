@@ -13,7 +13,7 @@ use crate::domain::clients::ClientRecord;
 use crate::domain::sessions::{ClientGrant, Origin};
 use crate::domain::tokens::{AccessClaims, IdClaims, ACR_MFA, ACR_SINGLE};
 use crate::domain::AuthError;
-use crate::store::{AuthorizationCode, SessionStart};
+use crate::store::{AuthorizationCode, Redeemed};
 
 /// What a client presents with a code at the token endpoint.
 #[derive(Clone, Copy, Debug)]
@@ -170,7 +170,7 @@ impl Provider {
             access_ttl: settings.access_ttl(),
             session_ttl: settings.session_ttl(),
         };
-        let (session, refresh_token) = self.sessions.draft_for_client(grant, origin, authn.clone());
+        let (mut session, refresh_token) = self.sessions.draft_for_client(grant, origin, authn.clone());
         // One commit spends the code and starts the session (or neither):
         // the browser session must still be live (the user may have signed
         // out since), the account enabled.
@@ -180,16 +180,15 @@ impl Provider {
             .redeem_authorization_code(&hash, &session.as_new(&user.id))
             .await?
         {
-            Some(SessionStart::Started) => {
+            Redeemed::Started { expires_at } => {
+                session.expires_at = expires_at;
                 self.sessions
                     .pair(&user.id, &user.email, &session, &client.id, refresh_token)?
             }
-            Some(SessionStart::Disabled | SessionStart::FactorRequired) => {
-                return Err(AuthError::InvalidToken)
-            }
-            // Another presentation spent it since it was read: this is
-            // the second use.
-            None => return Err(self.code_reused(&c, now).await),
+            Redeemed::Refused(_) => return Err(AuthError::InvalidToken),
+            // Spent by another presentation since it was read (this is the
+            // second use), or expired or removed meanwhile.
+            Redeemed::NotSpent => return Err(self.code_reused(&c, now).await),
         };
         let scopes: Vec<&str> = c.scope.split(' ').filter(|s| !s.is_empty()).collect();
         let id_token = if scopes.contains(&"openid") {
@@ -246,9 +245,11 @@ impl Provider {
     /// A spent code presented again by its client: the session of its
     /// first exchange ends (RFC 6749 §4.1.2). The error to answer.
     async fn code_reused(&self, code: &AuthorizationCode, now: i64) -> AuthError {
-        tracing::warn!(client_id = %code.client_id, "an authorization code was presented again: the session of its first use ends");
         match self.shared.store.end_reused_code(code, now).await {
-            Ok(ended) => {
+            Ok((spent, ended)) => {
+                if spent {
+                    tracing::warn!(client_id = %code.client_id, "an authorization code was presented again: the session of its first use ends");
+                }
                 if let Some(sid) = ended {
                     self.shared.revocations.revoke(&[sid]).await;
                 }
