@@ -30,15 +30,19 @@ pub enum Command {
     /// Write a consistent copy of the embedded database to PATH while the
     /// service serves (docs/backup.md).
     Backup { path: std::path::PathBuf },
-    /// Put a backup in place of the embedded database, once it passes
-    /// SQLite's integrity check, its schema is not newer than this build's,
-    /// and it was made under the configured master secret. Stop every
-    /// instance first.
+    /// Put a backup in place of the embedded database, once its bytes
+    /// match the seal beside it (PATH.mac), it passes SQLite's integrity
+    /// check, its schema is not newer than this build's, and it was made
+    /// under the configured master secret. Stop every instance first.
     Restore {
         path: std::path::PathBuf,
         /// Replace an existing database (kept as latchkey.db.before-restore).
         #[arg(long)]
         replace: bool,
+        /// Restore a copy without a seal (made by Litestream or sqlite3,
+        /// not by `latchkey backup`); every other check still applies.
+        #[arg(long)]
+        unsealed: bool,
     },
     /// Manage OAuth clients.
     Clients {
@@ -223,14 +227,25 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
             println!("backup written to {}", path.display());
             Ok(())
         }
-        Command::Restore { path, replace } => {
-            let r = crate::app::backup::restore(&config, &path, replace).await?;
+        Command::Restore {
+            path,
+            replace,
+            unsealed,
+        } => {
+            let r = crate::app::backup::restore(&config, &path, replace, unsealed).await?;
             println!(
                 "restored {} (schema {}, migrated to {})",
                 path.display(),
                 r.schema_version,
                 r.migrated_to
             );
+            match r.made_at {
+                Some(t) => println!(
+                    "the backup was made at {} (as its seal says)",
+                    crate::clock::rfc3339(t)
+                ),
+                None => println!("the copy had no seal (--unsealed): when it was made is not known"),
+            }
             if let Some(kept) = r.kept {
                 println!("the database it replaced is kept as {}", kept.display());
             }

@@ -89,6 +89,27 @@ impl MacKey {
         out.copy_from_slice(tag.as_ref());
         out
     }
+
+    /// An HMAC computed over bytes given in pieces, as they come (a file
+    /// of any size, chunk by chunk). No length prefixes: the bytes as one.
+    pub fn stream(&self) -> MacStream {
+        MacStream(hmac::Context::with_key(&self.0))
+    }
+}
+
+/// A [`MacKey::stream`] in progress.
+pub struct MacStream(hmac::Context);
+
+impl MacStream {
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+
+    pub fn finish(self) -> [u8; 32] {
+        let mut out = [0u8; 32];
+        out.copy_from_slice(self.0.sign().as_ref());
+        out
+    }
 }
 
 /// Authenticated encryption with a random nonce; output is `nonce || ciphertext || tag`.
@@ -156,6 +177,8 @@ pub struct ServerKeys {
     /// A value that names the master secret without revealing it: stored in
     /// the database by the first instance, compared by every later one.
     pub secret_check: [u8; 32],
+    /// The seal of a backup's bytes (`latchkey backup`, docs/backup.md).
+    pub backups: MacKey,
 }
 
 impl ServerKeys {
@@ -170,12 +193,28 @@ impl ServerKeys {
             refresh_tokens: MacKey::new(&root.mac(&[b"latchkey/refresh-tokens/v1"])),
             authorizations: Sealer::new(&root.mac(&[b"latchkey/authorizations/v1"])),
             secret_check: root.mac(&[b"latchkey/secret-check/v1"]),
+            backups: MacKey::new(&root.mac(&[b"latchkey/backups/v1"])),
         }
     }
 }
 
-/// The master secret: the configured one, or `<data_dir>/secret.key`, created
-/// (mode 0600) with 32 random bytes on first start.
+/// The master secret if there is one (the configured one, or
+/// `<data_dir>/secret.key`): never creates one, for the commands that work
+/// on a deployment's data without starting it (a backup, a restore).
+pub fn read_master_secret(configured: Option<&[u8]>, data_dir: &Path) -> anyhow::Result<Option<Vec<u8>>> {
+    use anyhow::Context;
+    if let Some(s) = configured {
+        return Ok(Some(s.to_vec()));
+    }
+    let path = data_dir.join("secret.key");
+    match std::fs::read(&path) {
+        Ok(bytes) if bytes.len() >= 32 => Ok(Some(bytes)),
+        Ok(_) => anyhow::bail!("{} is shorter than 32 bytes", path.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
 /// Creates `path`, which must not exist (a symbolic link there counts),
 /// readable and writable by its owner only: for files that hold secrets or
 /// password hashes (the master secret, backups, exports).
@@ -190,18 +229,14 @@ pub fn private_new_file(path: &Path) -> std::io::Result<std::fs::File> {
     options.open(path)
 }
 
+/// The master secret: the configured one, or `<data_dir>/secret.key`, created
+/// (mode 0600) with 32 random bytes on first start.
 pub fn load_master_secret(configured: Option<&[u8]>, data_dir: &Path) -> anyhow::Result<Vec<u8>> {
     use anyhow::Context;
-    if let Some(s) = configured {
-        return Ok(s.to_vec());
+    if let Some(s) = read_master_secret(configured, data_dir)? {
+        return Ok(s);
     }
     let path = data_dir.join("secret.key");
-    match std::fs::read(&path) {
-        Ok(bytes) if bytes.len() >= 32 => return Ok(bytes),
-        Ok(_) => anyhow::bail!("{} is shorter than 32 bytes", path.display()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-    }
     std::fs::create_dir_all(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
     let secret = random_bytes::<32>().to_vec();
     match private_new_file(&path) {

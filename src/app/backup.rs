@@ -3,21 +3,28 @@
 //! ```text
 //!   latchkey backup PATH     a consistent copy while the service serves
 //!   backup_dir + interval    the same on a schedule, the newest backup_keep kept
-//!   latchkey restore PATH    trusted only if: SQLite's integrity check passes,
-//!                            its schema is not newer than this build's, and it
-//!                            was made under the configured master secret;
-//!                            then put in place (older schemas migrated)
+//!   latchkey restore PATH    trusted only if: its bytes match the seal
+//!                            PATH.mac written beside it, SQLite's integrity
+//!                            check passes, its schema is not newer than this
+//!                            build's, and it was made under the configured
+//!                            master secret; then put in place (older schemas
+//!                            migrated)
 //! ```
 //!
 //! A restore with the wrong secret is refused at once, not discovered
-//! later when sealed second factors, webhooks and mail fail to open.
+//! later when sealed second factors, webhooks and mail fail to open. The
+//! seal is an HMAC of the whole file under a key of the master secret:
+//! whoever can write where backups are kept, but does not hold the secret,
+//! cannot change a password hash or add an account in a copy and have it
+//! restored. A copy made another way (Litestream, `sqlite3 .backup`) has
+//! no seal and restores only with `--unsealed`.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
 use super::config::Config;
-use crate::crypto::private_new_file;
+use crate::crypto::{ct_eq, hex, private_new_file, MacKey};
 use crate::store::backup::{inspect_copy, newest_schema_version, sqlite_file_of, unknown_migrations};
 use crate::store::{DatabaseUrl, Store};
 
@@ -39,11 +46,164 @@ fn is_scheduled_name(name: &str) -> bool {
         })
 }
 
+/// The first word of a seal file: its format.
+const SEAL_FORMAT: &str = "latchkey-backup-hmac-sha256-v1";
+
+/// Where the seal of the backup `db` is kept: `db.mac`.
+fn seal_path(db: &Path) -> PathBuf {
+    beside(db, ".mac")
+}
+
+/// A seal: when the backup was made (Unix ms) and the HMAC of that time
+/// (8 bytes, big-endian) followed by the copy's bytes. The time is sealed
+/// too, so an old backup renamed as a new one still says when it was made.
+struct Seal {
+    made_at: i64,
+    mac: [u8; 32],
+}
+
+impl Seal {
+    fn line(&self) -> String {
+        format!("{SEAL_FORMAT} {} {}\n", self.made_at, hex(&self.mac))
+    }
+
+    /// `(made_at, hex)` of a seal file's text.
+    fn parse(text: &str) -> Option<(i64, &str)> {
+        let mut words = text.trim_end_matches('\n').split(' ');
+        let (format, made_at, mac) = (words.next()?, words.next()?, words.next()?);
+        (format == SEAL_FORMAT && words.next().is_none()).then_some(())?;
+        Some((made_at.parse().ok()?, mac))
+    }
+}
+
+/// Copies `from` into the new private file `to`, computing the seal over
+/// the bytes as they are written (not read back from `to`, which others
+/// may be able to replace).
+fn copy_sealed(key: &MacKey, made_at: i64, from: &Path, to: &Path) -> anyhow::Result<Seal> {
+    use std::io::{Read, Write};
+    let mut src = std::fs::File::open(from).with_context(|| format!("reading {}", from.display()))?;
+    let mut dst =
+        private_new_file(to).with_context(|| format!("{}: a backup never overwrites", to.display()))?;
+    let mut mac = key.stream();
+    mac.update(&made_at.to_be_bytes());
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = src
+            .read(&mut buf)
+            .with_context(|| format!("reading {}", from.display()))?;
+        if n == 0 {
+            break;
+        }
+        dst.write_all(&buf[..n])
+            .with_context(|| format!("writing {}", to.display()))?;
+        mac.update(&buf[..n]);
+    }
+    dst.sync_all()
+        .with_context(|| format!("writing {}", to.display()))?;
+    Ok(Seal {
+        made_at,
+        mac: mac.finish(),
+    })
+}
+
+/// Writes a sealed backup of the embedded database of `store` to `dest`
+/// (a new private file) and its seal to `seal_at`. The copy is made in a
+/// new private file beside the database (a directory only the service
+/// writes), then copied to `dest` while it is sealed: whoever can write
+/// where backups go cannot have their own file sealed in its place. Needs
+/// the room of one more copy beside the database, for as long as it runs.
+async fn sealed_backup(
+    store: &Store,
+    key: &MacKey,
+    dest: &Path,
+    seal_at: &Path,
+    made_at: i64,
+) -> anyhow::Result<()> {
+    if seal_at.exists() {
+        anyhow::bail!("{} exists: a backup never overwrites", seal_at.display());
+    }
+    let db = store
+        .sqlite_file()
+        .context("the database is PostgreSQL: back it up with its own tools (docs/backup.md)")?;
+    let staging = beside(&db, &format!(".backup-{}", uuid::Uuid::new_v4()));
+    let sealed = async {
+        store.backup_into(&staging).await?;
+        let seal = copy_sealed(key, made_at, &staging, dest)?;
+        let mut f = private_new_file(seal_at).with_context(|| format!("creating {}", seal_at.display()))?;
+        use std::io::Write;
+        f.write_all(seal.line().as_bytes())
+            .and_then(|_| f.sync_all())
+            .with_context(|| format!("writing {}", seal_at.display()))
+    }
+    .await;
+    let _ = std::fs::remove_file(&staging);
+    if sealed.is_err() {
+        let _ = std::fs::remove_file(dest);
+        let _ = std::fs::remove_file(seal_at);
+    }
+    sealed
+}
+
+/// Checks the staged bytes of `copy` against the seal beside it; the time
+/// the backup was made (`None`: no seal, allowed by `unsealed`). Refused:
+/// a seal that does not match, or none without `unsealed`.
+fn check_seal(key: &MacKey, copy: &Path, staged: &Path, unsealed: bool) -> anyhow::Result<Option<i64>> {
+    use std::io::Read;
+    let at = seal_path(copy);
+    let text = match std::fs::read_to_string(&at) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if unsealed {
+                tracing::warn!(copy = %copy.display(), "restoring a copy without a seal (--unsealed)");
+                return Ok(None);
+            }
+            anyhow::bail!(
+                "{} has no seal ({}): latchkey backup writes one beside every copy. A copy made \
+                 another way (Litestream, sqlite3) restores with --unsealed, once you know where it came from",
+                copy.display(),
+                at.display()
+            );
+        }
+        Err(e) => return Err(e).with_context(|| format!("reading {}", at.display())),
+    };
+    let (made_at, stated) =
+        Seal::parse(&text).with_context(|| format!("{} is not a latchkey backup seal", at.display()))?;
+    let mut mac = key.stream();
+    mac.update(&made_at.to_be_bytes());
+    let mut f = std::fs::File::open(staged).with_context(|| format!("reading {}", staged.display()))?;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = f
+            .read(&mut buf)
+            .with_context(|| format!("reading {}", staged.display()))?;
+        if n == 0 {
+            break;
+        }
+        mac.update(&buf[..n]);
+    }
+    if !ct_eq(stated.as_bytes(), hex(&mac.finish()).as_bytes()) {
+        anyhow::bail!(
+            "{} does not match its seal ({}): it was changed since latchkey made it, or made under \
+             another master secret than LATCHKEY_SECRET_KEY (or <data_dir>/secret.key)",
+            copy.display(),
+            at.display()
+        );
+    }
+    Ok(Some(made_at))
+}
+
 /// Makes a scheduled backup into `dir` (made private if new), then removes
-/// the oldest scheduled backups beyond `keep`. The copy is written as
-/// `.partial` and renamed once complete, so an interrupted one never
-/// counts as a backup. The backup's path.
-pub async fn scheduled(store: &Store, dir: &Path, keep: usize, now_ms: i64) -> anyhow::Result<PathBuf> {
+/// the oldest scheduled backups beyond `keep`, with their seals (and any
+/// seal left without its backup). The copy is written as `.partial`,
+/// sealed, and renamed once complete, so an interrupted one never counts
+/// as a backup. The backup's path.
+pub async fn scheduled(
+    store: &Store,
+    key: &MacKey,
+    dir: &Path,
+    keep: usize,
+    now_ms: i64,
+) -> anyhow::Result<PathBuf> {
     if !dir.exists() {
         let mut builder = std::fs::DirBuilder::new();
         builder.recursive(true);
@@ -60,32 +220,65 @@ pub async fn scheduled(store: &Store, dir: &Path, keep: usize, now_ms: i64) -> a
     let path = dir.join(&name);
     let partial = dir.join(format!("{name}.partial"));
     let _ = std::fs::remove_file(&partial);
-    store.backup_into(&partial).await?;
-    std::fs::rename(&partial, &path).context("naming the finished backup")?;
-    let mut ours: Vec<PathBuf> = std::fs::read_dir(dir)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(is_scheduled_name)
-        })
+    let _ = std::fs::remove_file(seal_path(&path));
+    sealed_backup(store, key, &partial, &seal_path(&path), now_ms).await?;
+    if let Err(e) = std::fs::rename(&partial, &path) {
+        let _ = std::fs::remove_file(&partial);
+        let _ = std::fs::remove_file(seal_path(&path));
+        return Err(e).context("naming the finished backup");
+    }
+    let names: Vec<String> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .collect();
+    let mut ours: Vec<&String> = names.iter().filter(|n| is_scheduled_name(n)).collect();
     ours.sort();
     let excess = ours.len().saturating_sub(keep);
     for old in &ours[..excess] {
-        std::fs::remove_file(old).with_context(|| format!("removing the old backup {}", old.display()))?;
+        let old = dir.join(old);
+        std::fs::remove_file(&old).with_context(|| format!("removing the old backup {}", old.display()))?;
+        let _ = std::fs::remove_file(seal_path(&old));
+    }
+    // Seals whose backup is gone (removed by hand, or a crash between the
+    // two removals above).
+    for seal in names
+        .iter()
+        .filter_map(|n| n.strip_suffix(".mac"))
+        .filter(|n| is_scheduled_name(n))
+    {
+        if !dir.join(seal).exists() {
+            let _ = std::fs::remove_file(dir.join(format!("{seal}.mac")));
+        }
     }
     Ok(path)
 }
 
-/// `latchkey backup PATH`.
+/// `latchkey backup PATH`: the copy, and its seal at `PATH.mac`, under
+/// the master secret the database was initialised with (the configured
+/// one must be it).
 pub async fn backup(config: &Config, path: &Path) -> anyhow::Result<()> {
+    let keys = super::services::server_keys(config)?;
     let store = Store::connect(&config.database).await?;
-    store.backup_into(path).await
+    match store.installation_get("secret_check").await? {
+        Some(stored) if ct_eq(&stored, &keys.secret_check) => {}
+        _ => anyhow::bail!(
+            "this database was not initialised under the configured master secret: run the backup with \
+             the service's LATCHKEY_SECRET_KEY (or its <data_dir>/secret.key), or its seal would open under no other"
+        ),
+    }
+    sealed_backup(
+        &store,
+        &keys.backups,
+        path,
+        &seal_path(path),
+        crate::clock::now_ms(),
+    )
+    .await
 }
 
 /// What a restore did.
 pub struct Restored {
+    /// When the copy was made, as its seal says (`None`: restored unsealed).
+    pub made_at: Option<i64>,
     pub schema_version: i64,
     pub migrated_to: i64,
     /// Where the database it replaced was kept.
@@ -99,11 +292,16 @@ fn beside(path: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// `latchkey restore PATH [--replace]`: stages the copy beside the embedded
-/// database, checks the staged bytes (integrity, migrations, triggers, the
-/// master secret), migrates them, then renames them into place (every
-/// instance must be stopped).
-pub async fn restore(config: &Config, copy: &Path, replace: bool) -> anyhow::Result<Restored> {
+/// `latchkey restore PATH [--replace] [--unsealed]`: stages the copy
+/// beside the embedded database, checks the staged bytes (the seal,
+/// integrity, migrations, triggers, the master secret), migrates them, then
+/// renames them into place (every instance must be stopped).
+pub async fn restore(
+    config: &Config,
+    copy: &Path,
+    replace: bool,
+    unsealed: bool,
+) -> anyhow::Result<Restored> {
     let DatabaseUrl::Sqlite(url) = &config.database.url else {
         anyhow::bail!("the database is PostgreSQL: restore it with its own tools (docs/backup.md)");
     };
@@ -118,16 +316,27 @@ pub async fn restore(config: &Config, copy: &Path, replace: bool) -> anyhow::Res
         std::fs::create_dir_all(dir)?;
     }
     // The bytes checked are the bytes installed: copied first, private.
+    // A log left by an earlier restore that stopped half-way must not be
+    // replayed onto them.
     let staged = beside(&target, ".restoring");
-    let _ = std::fs::remove_file(&staged);
+    for stale in [staged.clone(), beside(&staged, "-wal"), beside(&staged, "-shm")] {
+        let _ = std::fs::remove_file(stale);
+    }
     {
         let mut from = std::fs::File::open(copy).with_context(|| format!("opening {}", copy.display()))?;
         let mut to = private_new_file(&staged).with_context(|| format!("creating {}", staged.display()))?;
         std::io::copy(&mut from, &mut to).with_context(|| format!("copying {}", copy.display()))?;
         to.sync_all()?;
     }
-    let checked = check_copy(config, copy, &staged).await;
-    let version = match checked {
+    // The seal first: SQLite's checks open the file, which may rewrite
+    // its header.
+    let checked = match super::services::server_keys(config)
+        .and_then(|k| check_seal(&k.backups, copy, &staged, unsealed))
+    {
+        Ok(made_at) => check_copy(config, copy, &staged).await.map(|v| (v, made_at)),
+        Err(e) => Err(e),
+    };
+    let (version, made_at) = match checked {
         Ok(v) => v,
         Err(e) => {
             let _ = std::fs::remove_file(&staged);
@@ -172,6 +381,7 @@ pub async fn restore(config: &Config, copy: &Path, replace: bool) -> anyhow::Res
     };
     std::fs::rename(&staged, &target).context("putting the restored database in place")?;
     Ok(Restored {
+        made_at,
         schema_version: version,
         migrated_to: newest_schema_version(),
         kept,
@@ -210,9 +420,9 @@ async fn check_copy(config: &Config, copy: &Path, staged: &Path) -> anyhow::Resu
             facts.triggers
         );
     }
-    let check = super::services::secret_check(config)?;
+    let check = super::services::server_keys(config)?.secret_check;
     match facts.secret_check {
-        Some(stored) if crate::crypto::ct_eq(&stored, &check) => Ok(version),
+        Some(stored) if ct_eq(&stored, &check) => Ok(version),
         Some(_) => anyhow::bail!(
             "{} was made under another master secret than LATCHKEY_SECRET_KEY (or <data_dir>/secret.key): \
              its second factors, webhook secrets and queued mail would not open; restore it with the secret it was made under",
@@ -228,6 +438,30 @@ async fn check_copy(config: &Config, copy: &Path, staged: &Path) -> anyhow::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_seal_line_reads_back_and_nothing_else_passes_for_one() {
+        let seal = Seal {
+            made_at: 1_700_000_000_123,
+            mac: [7; 32],
+        };
+        let line = seal.line();
+        assert_eq!(
+            Seal::parse(&line),
+            Some((1_700_000_000_123, hex(&[7; 32]).as_str()))
+        );
+        let good_mac = hex(&[7; 32]);
+        for bad in [
+            String::new(),
+            format!("latchkey-backup-hmac-sha256-v2 1 {good_mac}"),
+            format!("{SEAL_FORMAT} soon {good_mac}"),
+            format!("{SEAL_FORMAT} 1 {good_mac} extra"),
+            format!("{SEAL_FORMAT} {good_mac}"),
+            format!("{SEAL_FORMAT}  1 {good_mac}"),
+        ] {
+            assert_eq!(Seal::parse(&bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn only_scheduled_backups_are_pruned() {

@@ -32,7 +32,7 @@ pub(super) fn chores(st: &Arc<Services>) -> Housekeeping {
                 let dir = dir.clone();
                 async move {
                     let now = now_ms();
-                    super::backup::scheduled(&st.store, &dir, keep, now)
+                    super::backup::scheduled(&st.store, &st.backup_key, &dir, keep, now)
                         .await
                         .map_err(|e| format!("{e:#}"))?;
                     metrics::gauge!("latchkey_backup_last_success_timestamp_seconds")

@@ -53,6 +53,8 @@ pub struct Services {
     pub mail_wake: Arc<Notify>,
     /// The sign-in pages' templates (read once, at start).
     pub pages: crate::http::pages::Pages,
+    /// Seals the scheduled backups (docs/backup.md).
+    pub backup_key: crate::crypto::MacKey,
 }
 
 impl Services {
@@ -87,6 +89,7 @@ impl Services {
             refresh_tokens,
             authorizations,
             secret_check,
+            backups,
         } = ServerKeys::derive(&master);
         check_master_secret(&store, &secret_check, &signing_keys).await?;
         let users = Arc::new(UserCache::new(100_000, Duration::from_secs(60)));
@@ -221,6 +224,7 @@ impl Services {
             metrics,
             mail_wake,
             pages,
+            backup_key: backups,
         }))
     }
 
@@ -237,16 +241,23 @@ impl Services {
     }
 }
 
-/// The check value of the configured master secret (what the database
-/// stores in `installation` to refuse another secret; a restore compares it
-/// with a copy's).
-pub(super) fn secret_check(config: &Config) -> anyhow::Result<[u8; 32]> {
-    let master = load_master_secret(
+/// The keys of the configured master secret, for the commands that run
+/// without the service (a backup, a restore): a secret that is not there
+/// is an error, never made up.
+pub(super) fn server_keys(config: &Config) -> anyhow::Result<ServerKeys> {
+    let master = crate::crypto::read_master_secret(
         config.secret_key.as_ref().map(|s| s.expose().as_slice()),
         &config.data_dir,
     )
-    .context("loading the master secret (LATCHKEY_SECRET_KEY or <data_dir>/secret.key)")?;
-    Ok(ServerKeys::derive(&master).secret_check)
+    .context("loading the master secret (LATCHKEY_SECRET_KEY or <data_dir>/secret.key)")?
+    .with_context(|| {
+        format!(
+            "no master secret: set LATCHKEY_SECRET_KEY, or LATCHKEY_DATA_DIR to where the service keeps \
+             secret.key ({} has none)",
+            config.data_dir.display()
+        )
+    })?;
+    Ok(ServerKeys::derive(&master))
 }
 
 /// Refuses to run under another master secret than the database was

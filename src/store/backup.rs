@@ -64,7 +64,7 @@ pub fn newest_schema_version() -> i64 {
 
 impl Store {
     /// The file of the embedded database, or `None` on PostgreSQL.
-    fn sqlite_file(&self) -> Option<std::path::PathBuf> {
+    pub fn sqlite_file(&self) -> Option<std::path::PathBuf> {
         match &self.db {
             Db::Sqlite(pool) => Some(pool.connect_options().get_filename().to_path_buf()),
             Db::Postgres(_) => None,

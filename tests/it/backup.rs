@@ -77,12 +77,12 @@ async fn an_online_backup_restores_to_a_service_where_every_account_signs_in_and
     );
     assert!(backup.0, "{}", backup.1);
     assert!(during["access_token"].is_string());
-    // It holds password hashes: its owner's only.
+    // It holds password hashes: its owner's only, as its seal.
     #[cfg(unix)]
-    {
+    for file in [copy.clone(), out.path().join("copy.db.mac")] {
         use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(&copy).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o600, "{mode:o}");
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}: {mode:o}", file.display());
     }
 
     let restored_dir = Arc::new(tempfile::tempdir().unwrap());
@@ -113,6 +113,20 @@ async fn a_restore_refuses_a_copy_it_cannot_trust_and_changes_nothing() {
     assert!(ok, "{text}");
     let (again, text) = latchkey(app.tmp.path(), SECRET_KEY, &["backup", &copy_arg]).await;
     assert!(!again && text.contains("never overwrites"), "{text}");
+    // A backup sealed under another secret than the database's would
+    // restore nowhere: refused, and nothing written.
+    let elsewhere = out.path().join("other-secret.db");
+    let (ok, text) = latchkey(
+        app.tmp.path(),
+        OTHER,
+        &["backup", &elsewhere.display().to_string()],
+    )
+    .await;
+    assert!(
+        !ok && text.contains("not initialised under the configured master secret"),
+        "{text}"
+    );
+    assert!(!elsewhere.exists() && !out.path().join("other-secret.db.mac").exists());
     app.stop().await;
 
     let target = tempfile::tempdir().unwrap();
@@ -120,6 +134,54 @@ async fn a_restore_refuses_a_copy_it_cannot_trust_and_changes_nothing() {
     // Made under another master secret.
     let (ok, text) = latchkey(target.path(), OTHER, &["restore", &copy_arg]).await;
     assert!(!ok && text.contains("another master secret"), "{text}");
+    assert!(!db.exists(), "nothing written");
+
+    // A copy changed after latchkey made it, its seal kept beside it: an
+    // account's password hash replaced by one the attacker knows. The seal
+    // refuses it, --unsealed or not.
+    let forged = altered(
+        &copy,
+        &out.path().join("forged.db"),
+        "UPDATE users SET password_hash = '$argon2id$v=19$m=19456,t=2,p=1$YXR0YWNrZXJzYWx0$YXR0YWNrZXJzaGFzaHZhbHVlb2ZmaXhlZGxlbmd0aA'",
+    )
+    .await;
+    std::fs::copy(out.path().join("copy.db.mac"), out.path().join("forged.db.mac")).unwrap();
+    for extra in [None, Some("--unsealed")] {
+        let mut args = vec!["restore", forged.as_str()];
+        args.extend(extra);
+        let (ok, text) = latchkey(target.path(), SECRET_KEY, &args).await;
+        assert!(!ok && text.contains("does not match its seal"), "{text}");
+        assert!(!db.exists(), "nothing written");
+    }
+
+    // Without any master secret (none configured, no secret.key where the
+    // restore runs): refused, and none made up.
+    let bare_dir = tempfile::tempdir().unwrap();
+    let mut c = Command::new(env!("CARGO_BIN_EXE_latchkey"));
+    c.args(["restore", &copy_arg])
+        .env("LATCHKEY_DATA_DIR", bare_dir.path())
+        .env("LATCHKEY_LOG", "warn")
+        .env_remove("LATCHKEY_SECRET_KEY")
+        .env_remove("LATCHKEY_DATABASE_URL")
+        .env_remove("LATCHKEY_REDIS_URL");
+    let out_none = tokio::task::spawn_blocking(move || c.output().unwrap())
+        .await
+        .unwrap();
+    assert!(!out_none.status.success());
+    assert!(
+        String::from_utf8_lossy(&out_none.stderr).contains("no master secret"),
+        "{out_none:?}"
+    );
+    assert!(!bare_dir.path().join("secret.key").exists(), "no secret made up");
+    assert!(!bare_dir.path().join("latchkey.db").exists(), "nothing written");
+
+    // A copy without a seal (made by hand): only with --unsealed, and then
+    // every other check still applies (below).
+    let bare = out.path().join("bare.db");
+    std::fs::copy(&copy, &bare).unwrap();
+    let bare_arg = bare.display().to_string();
+    let (ok, text) = latchkey(target.path(), SECRET_KEY, &["restore", &bare_arg]).await;
+    assert!(!ok && text.contains("has no seal"), "{text}");
     assert!(!db.exists(), "nothing written");
 
     // A newer schema than this build knows.
@@ -130,7 +192,7 @@ async fn a_restore_refuses_a_copy_it_cannot_trust_and_changes_nothing() {
          VALUES (999999, 'from the future', 1, x'00', 0)",
     )
     .await;
-    let (ok, text) = latchkey(target.path(), SECRET_KEY, &["restore", &newer]).await;
+    let (ok, text) = latchkey(target.path(), SECRET_KEY, &["restore", &newer, "--unsealed"]).await;
     assert!(!ok && text.contains("newer latchkey"), "{text}");
     assert!(!db.exists(), "nothing written");
 
@@ -142,7 +204,7 @@ async fn a_restore_refuses_a_copy_it_cannot_trust_and_changes_nothing() {
         "CREATE TRIGGER steal AFTER UPDATE ON users BEGIN UPDATE users SET name = 'x'; END",
     )
     .await;
-    let (ok, text) = latchkey(target.path(), SECRET_KEY, &["restore", &rigged]).await;
+    let (ok, text) = latchkey(target.path(), SECRET_KEY, &["restore", &rigged, "--unsealed"]).await;
     assert!(!ok && text.contains("triggers"), "{text}");
     assert!(!db.exists(), "nothing written");
 
@@ -158,15 +220,20 @@ async fn a_restore_refuses_a_copy_it_cannot_trust_and_changes_nothing() {
     let (ok, text) = latchkey(
         target.path(),
         SECRET_KEY,
-        &["restore", &damaged.display().to_string()],
+        &["restore", &damaged.display().to_string(), "--unsealed"],
     )
     .await;
     assert!(!ok, "a damaged copy is refused: {text}");
     assert!(!db.exists(), "nothing written");
 
+    // The copy without a seal, once its owner says so.
+    let (ok, text) = latchkey(target.path(), SECRET_KEY, &["restore", &bare_arg, "--unsealed"]).await;
+    assert!(ok, "{text}");
+    std::fs::remove_file(&db).unwrap();
+
     // A good copy over an existing database needs --replace, and keeps it.
     let (ok, text) = latchkey(target.path(), SECRET_KEY, &["restore", &copy_arg]).await;
-    assert!(ok, "{text}");
+    assert!(ok && text.contains("the backup was made at 20"), "{text}");
     let (ok, text) = latchkey(target.path(), SECRET_KEY, &["restore", &copy_arg]).await;
     assert!(!ok && text.contains("--replace"), "{text}");
     let (ok, text) = latchkey(target.path(), SECRET_KEY, &["restore", &copy_arg, "--replace"]).await;
@@ -199,6 +266,7 @@ async fn scheduled_backups_keep_the_newest_and_say_when_the_last_one_succeeded()
         let mut f: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "db"))
             .collect();
         f.sort();
         f
@@ -213,6 +281,15 @@ async fn scheduled_backups_keep_the_newest_and_say_when_the_last_one_succeeded()
     }
     let kept = files();
     assert!(kept.len() <= 2, "{kept:?}");
+    // Each with its seal, and no seal of a backup pruned left behind.
+    let seals = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|e| e == "mac"))
+        .count();
+    assert_eq!(seals, kept.len(), "{seals} seals for {kept:?}");
+    for k in &kept {
+        assert!(k.with_extension("db.mac").exists(), "no seal for {}", k.display());
+    }
     let newest = kept.last().unwrap();
     let facts = latchkey::store::backup::inspect_copy(newest).await.unwrap();
     assert_eq!(facts.integrity, "ok");
