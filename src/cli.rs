@@ -161,9 +161,11 @@ pub enum KeysCommand {
 
 #[derive(Subcommand)]
 pub enum UsersCommand {
-    /// Write every account to FILE (`-`: stdout) as JSON lines that `users
-    /// import` reads back: emails, names, verification, password hashes,
-    /// disabled state (docs/import.md, "Export").
+    /// Write the OAuth clients, the audit webhooks and every account to
+    /// FILE (`-`: stdout) as JSON lines that `users import` reads back:
+    /// clients with their secrets' hashes and settings, webhooks with their
+    /// secrets sealed, accounts with names, verification, password hashes
+    /// and disabled state (docs/import.md, "Export").
     Export { file: std::path::PathBuf },
     /// Import accounts from a JSON-lines file (docs/import.md): one object
     /// per line with `email`, `password_hash` (bcrypt, PBKDF2, scrypt,
@@ -515,7 +517,24 @@ async fn import_users(config: Config, file: &std::path::Path, update: bool) -> a
             } else {
                 false
             };
-            if !header && !line.trim().is_empty() {
+            if !header && crate::domain::import::is_configured(&line) {
+                // A client or a webhook (an export of version 2): added
+                // at once, not batched with the accounts.
+                let done = match serde_json::from_str::<crate::domain::import::Configured>(&line) {
+                    Ok(rec) => crate::domain::import::import_configured(&st.features, rec, "cli")
+                        .await
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(format!("not a client or webhook record: {e}")),
+                };
+                match done {
+                    Ok(crate::domain::import::ConfiguredOutcome::Added) => counts.configured_added += 1,
+                    Ok(crate::domain::import::ConfiguredOutcome::Kept) => counts.configured_kept += 1,
+                    Err(why) => {
+                        counts.errors += 1;
+                        eprintln!("{}line {n}: {why}", if tty { "\r\x1b[K" } else { "" });
+                    }
+                }
+            } else if !header && !line.trim().is_empty() {
                 let checked = serde_json::from_str::<crate::domain::import::ImportRecord>(&line)
                     .map_err(|e| format!("not an account object: {e}"))
                     .and_then(|r| r.check(false, crate::clock::now_ms()));
@@ -590,6 +609,9 @@ struct ImportCounts {
     updated: u64,
     skipped: u64,
     errors: u64,
+    /// Clients and webhooks added, and kept as they were (id taken).
+    configured_added: u64,
+    configured_kept: u64,
 }
 
 impl ImportCounts {
@@ -609,7 +631,15 @@ impl std::fmt::Display for ImportCounts {
             f,
             "{} created, {} updated, {} skipped, {} with errors",
             self.created, self.updated, self.skipped, self.errors
-        )
+        )?;
+        if self.configured_added + self.configured_kept > 0 {
+            write!(
+                f,
+                "; clients and webhooks: {} added, {} kept as they were (id taken)",
+                self.configured_added, self.configured_kept
+            )?;
+        }
+        Ok(())
     }
 }
 

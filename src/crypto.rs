@@ -50,6 +50,17 @@ pub fn hex(data: &[u8]) -> String {
     out
 }
 
+/// The bytes of lower- or upper-case hex (`None`: not hex).
+pub fn hex_decode(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
 pub fn b64url(data: &[u8]) -> String {
     URL_SAFE_NO_PAD.encode(data)
 }
@@ -258,6 +269,16 @@ pub fn load_master_secret(configured: Option<&[u8]>, data_dir: &Path) -> anyhow:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hex_reads_back_what_hex_writes_and_nothing_else() {
+        let bytes = [0u8, 1, 0x7f, 0x80, 0xfe, 0xff];
+        assert_eq!(hex_decode(&hex(&bytes)), Some(bytes.to_vec()));
+        assert_eq!(hex_decode("ABcd"), Some(vec![0xab, 0xcd]));
+        for bad in ["0", "zz", "+1", "0g", "é0"] {
+            assert_eq!(hex_decode(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn codes_are_six_digits() {

@@ -177,6 +177,12 @@ fn open_secret(sealed: &[u8], sealer: &Sealer) -> Option<String> {
     String::from_utf8(sealer.open(sealed, AAD)?).ok()
 }
 
+/// Whether a sealed webhook secret opens under `sealer` (an import's
+/// check that it comes from a deployment with the same master secret).
+pub fn secret_opens(sealed: &[u8], sealer: &Sealer) -> bool {
+    open_secret(sealed, sealer).is_some()
+}
+
 /// `v1,` and the base64 HMAC-SHA256 of `id.timestamp.body` under the
 /// secret's bytes (the base64 after `whsec_`).
 pub fn signature(secret: &str, id: &str, timestamp: i64, body: &[u8]) -> Option<String> {

@@ -223,26 +223,8 @@ impl Clients {
         scopes: &[String],
         oidc: Option<&ClientSettings>,
     ) -> Result<Option<String>, AuthError> {
-        let bad = |m: String| Err(AuthError::BadRequest(m));
         self.check(oidc)?;
-        if let Some(s) = scopes.iter().find(|s| !valid_scope(s)) {
-            return bad(format!(
-                "scope {s:?} must be 1..=64 characters of A-Z a-z 0-9 : . _ -"
-            ));
-        }
-        if id.is_empty()
-            || id.len() > 128
-            || !id
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-        {
-            return bad("client id must be 1..=128 characters of A-Z a-z 0-9 - _ .".into());
-        }
-        if id == FIRST_PARTY_CLIENT {
-            return bad(format!(
-                "client id {id:?} is reserved: it names tokens of the first-party endpoints"
-            ));
-        }
+        check_id_and_scopes(id, scopes)?;
         let secret = random_token();
         let rec = ClientRecord {
             id: id.to_string(),
@@ -255,6 +237,57 @@ impl Clients {
         let added = self.store.add_client(&rec, logout_uri(oidc).as_deref()).await?;
         self.origins.forget();
         Ok(added.then_some(secret))
+    }
+}
+
+/// A client's id and client-credentials scopes, as a new client's.
+fn check_id_and_scopes(id: &str, scopes: &[String]) -> Result<(), AuthError> {
+    let bad = |m: String| Err(AuthError::BadRequest(m));
+    if let Some(s) = scopes.iter().find(|s| !valid_scope(s)) {
+        return bad(format!(
+            "scope {s:?} must be 1..=64 characters of A-Z a-z 0-9 : . _ -"
+        ));
+    }
+    if id.is_empty()
+        || id.len() > 128
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    {
+        return bad("client id must be 1..=128 characters of A-Z a-z 0-9 - _ .".into());
+    }
+    if id == FIRST_PARTY_CLIENT {
+        return bad(format!(
+            "client id {id:?} is reserved: it names tokens of the first-party endpoints"
+        ));
+    }
+    Ok(())
+}
+
+impl Clients {
+    /// Adds a client exported from another deployment (`latchkey users
+    /// import`) as it was there (its secret's hash, scopes, settings and
+    /// creation time), checked as a new client is. `false`: its id is
+    /// taken here, and that client is left as it is.
+    pub async fn import(&self, mut rec: ClientRecord) -> Result<bool, AuthError> {
+        let settings =
+            match rec.oidc.as_deref() {
+                Some(json) => Some(ClientSettings::from_json(json).ok_or_else(|| {
+                    AuthError::BadRequest("oidc: not this version's client settings".into())
+                })?),
+                None => None,
+            };
+        self.check(settings.as_ref())?;
+        let scopes: Vec<String> = rec.scopes.split_whitespace().map(String::from).collect();
+        check_id_and_scopes(&rec.id, &scopes)?;
+        rec.scopes = scopes.join(" ");
+        rec.oidc = settings.as_ref().map(ClientSettings::to_json);
+        let added = self
+            .store
+            .add_client(&rec, logout_uri(settings.as_ref()).as_deref())
+            .await?;
+        self.origins.forget();
+        Ok(added)
     }
 }
 

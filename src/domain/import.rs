@@ -5,13 +5,15 @@
 //! account's first successful login; the admin API also takes a plain
 //! password, hashed at once.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::input::{parse_name, Email, Password};
 use super::legacy::{from_keycloak, Legacy};
 use crate::cache::Revocations;
 use crate::clock::{now_ms, parse_rfc3339};
 use crate::store::Store;
+
+use super::AuthError;
 pub use crate::store::{ImportOutcome, ImportedUser};
 
 /// A Keycloak credential as its realm export writes it.
@@ -117,9 +119,10 @@ impl ImportRecord {
     }
 }
 
-/// The first line of an export: what follows is version 1 of latchkey's
-/// account records (the import's, with `no_password` and `disabled`).
-pub const EXPORT_HEADER: &str = r#"{"format":"latchkey-users","version":1}"#;
+/// The first line of an export: what follows is version 2 of latchkey's
+/// records: accounts (the import's, with `no_password` and `disabled`),
+/// OAuth clients and webhooks ([`Configured`]). Version 1 had accounts only.
+pub const EXPORT_HEADER: &str = r#"{"format":"latchkey-users","version":2}"#;
 
 /// Whether `line` is an export's first line (`Err`: of a version this
 /// build cannot read).
@@ -131,21 +134,165 @@ pub fn export_header(line: &str) -> Result<bool, String> {
         return Ok(false);
     }
     match v.get("version").and_then(|n| n.as_i64()) {
-        Some(1) => Ok(true),
+        Some(1 | 2) => Ok(true),
         other => Err(format!(
-            "an export of version {other:?}: this latchkey reads version 1"
+            "an export of version {other:?}: this latchkey reads versions 1 and 2"
         )),
     }
 }
 
-/// Writes every account of `store` to `out` as JSON lines (`latchkey users
-/// export`): [`EXPORT_HEADER`], then one record per account in the form
-/// `latchkey users import` reads back (password hashes as they are stored:
-/// argon2id, or an imported system's hash not yet replaced). Second
-/// factors, sessions, clients and webhooks are not in it (docs/import.md).
-/// Returns how many accounts were written.
+/// A line of an export that is not an account (version 2): what the
+/// deployment was configured with, as it was there.
+#[derive(Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub enum Configured {
+    Client(ExportedClient),
+    Webhook(ExportedWebhook),
+}
+
+/// An OAuth client: its secret only as the SHA-256 the deployment keeps
+/// (the client keeps its secret), its settings as the admin API shows them.
+#[derive(Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ExportedClient {
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Hex.
+    pub secret_sha256: String,
+    /// Space-separated; empty: none.
+    #[serde(default)]
+    pub scopes: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oidc: Option<serde_json::Value>,
+    /// RFC 3339, UTC.
+    pub created_at: String,
+}
+
+/// An audit webhook, its signing secret sealed under the master secret of
+/// the deployment it comes from: it imports only where the same secret is
+/// configured (a client's back-channel logout URI comes with its client).
+#[derive(Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ExportedWebhook {
+    pub id: String,
+    pub url: String,
+    /// Base64url.
+    pub sealed_secret: String,
+    /// Space-separated kinds or families; empty: every event.
+    #[serde(default)]
+    pub kinds: String,
+    /// RFC 3339, UTC.
+    pub created_at: String,
+}
+
+/// Whether an export's line is a [`Configured`] record rather than an
+/// account: an object whose first key is `client` or `webhook` (as the
+/// export writes them).
+pub fn is_configured(line: &str) -> bool {
+    let rest = line.trim_start();
+    let Some(rest) = rest.strip_prefix('{') else {
+        return false;
+    };
+    let rest = rest.trim_start();
+    rest.starts_with("\"client\"") || rest.starts_with("\"webhook\"")
+}
+
+impl Configured {
+    /// The record of `c`.
+    pub fn client(c: &crate::store::ClientRecord) -> Configured {
+        Configured::Client(ExportedClient {
+            id: c.id.clone(),
+            name: c.name.clone(),
+            secret_sha256: crate::crypto::hex(&c.secret_hash),
+            scopes: c.scopes.clone(),
+            oidc: c.oidc.as_deref().and_then(|j| serde_json::from_str(j).ok()),
+            created_at: crate::clock::rfc3339(c.created_at),
+        })
+    }
+
+    /// The record of the audit webhook `w`.
+    pub fn webhook(w: &crate::store::WebhookRecord) -> Configured {
+        Configured::Webhook(ExportedWebhook {
+            id: w.id.clone(),
+            url: w.url.clone(),
+            sealed_secret: crate::crypto::b64url(&w.secret),
+            kinds: w.kinds.clone(),
+            created_at: crate::clock::rfc3339(w.created_at),
+        })
+    }
+}
+
+/// What importing a [`Configured`] record did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfiguredOutcome {
+    Added,
+    /// Its id is taken here: left as it is.
+    Kept,
+}
+
+/// Adds an exported client or webhook (`latchkey users import`), checked
+/// as a new one would be (`Clients::import`, `Webhooks::import`).
+pub async fn import_configured(
+    features: &super::Features,
+    record: Configured,
+    actor: &str,
+) -> Result<ConfiguredOutcome, AuthError> {
+    let created = |t: &str| {
+        parse_rfc3339(t)
+            .ok_or_else(|| AuthError::BadRequest("created_at: expected an RFC 3339 time in UTC".into()))
+    };
+    let added = match record {
+        Configured::Client(c) => {
+            let secret_hash = crate::crypto::hex_decode(&c.secret_sha256)
+                .filter(|h| h.len() == 32)
+                .ok_or_else(|| AuthError::BadRequest("secret_sha256: 64 hex digits".into()))?;
+            let rec = crate::store::ClientRecord {
+                id: c.id,
+                secret_hash,
+                name: c.name,
+                created_at: created(&c.created_at)?,
+                scopes: c.scopes,
+                oidc: c.oidc.map(|v| v.to_string()),
+            };
+            features.clients.import(rec).await?
+        }
+        Configured::Webhook(w) => {
+            let secret = crate::crypto::b64url_decode(&w.sealed_secret)
+                .ok_or_else(|| AuthError::BadRequest("sealed_secret: base64url".into()))?;
+            let rec = crate::store::WebhookRecord {
+                id: w.id,
+                url: w.url,
+                secret,
+                kinds: w.kinds,
+                created_at: created(&w.created_at)?,
+                client_id: None,
+            };
+            features.webhooks.import(actor, rec).await?
+        }
+    };
+    Ok(if added {
+        ConfiguredOutcome::Added
+    } else {
+        ConfiguredOutcome::Kept
+    })
+}
+
+/// Writes the OAuth clients, the audit webhooks and every account of
+/// `store` to `out` as JSON lines (`latchkey users export`):
+/// [`EXPORT_HEADER`], a [`Configured`] record per client and webhook, then
+/// one record per account in the form `latchkey users import` reads back
+/// (password hashes as they are stored: argon2id, or an imported system's
+/// hash not yet replaced). Second factors, sessions and consents are not in
+/// it (docs/import.md). Returns how many accounts were written.
 pub async fn export(store: &Store, out: &mut impl std::io::Write) -> anyhow::Result<u64> {
     writeln!(out, "{EXPORT_HEADER}")?;
+    for c in store.clients().await? {
+        writeln!(out, "{}", serde_json::to_string(&Configured::client(&c))?)?;
+    }
+    for w in store.webhooks().await?.iter().filter(|w| w.client_id.is_none()) {
+        writeln!(out, "{}", serde_json::to_string(&Configured::webhook(w))?)?;
+    }
     let mut filter = crate::store::UserFilter::default();
     let mut n = 0;
     loop {
@@ -261,4 +408,49 @@ pub async fn seed(
         None => 0,
     };
     Ok((created.len(), with_totp))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_or_webhook_line_is_told_from_an_account_by_its_first_key() {
+        assert!(is_configured(r#"{"client":{"id":"a"}}"#));
+        assert!(is_configured(r#"  { "webhook" : {}}"#));
+        assert!(!is_configured(r#"{"email":"a@example.com","client":{}}"#));
+        assert!(!is_configured(r#"{"clients":{}}"#));
+        assert!(!is_configured(""));
+        assert!(!is_configured(EXPORT_HEADER));
+    }
+
+    #[test]
+    fn an_exported_record_reads_back_as_it_was_written() {
+        let c = Configured::Client(ExportedClient {
+            id: "app".into(),
+            name: Some("App".into()),
+            secret_sha256: "00".repeat(32),
+            scopes: "latchkey:admin".into(),
+            oidc: Some(serde_json::json!({"redirect_uris": ["https://app.example/cb"]})),
+            created_at: "2026-11-27T10:00:00Z".into(),
+        });
+        let line = serde_json::to_string(&c).unwrap();
+        assert!(is_configured(&line));
+        assert_eq!(serde_json::from_str::<Configured>(&line).unwrap(), c);
+        let unknown = line.replace("\"scopes\"", "\"scopez\"");
+        assert!(serde_json::from_str::<Configured>(&unknown).is_err());
+    }
+
+    #[test]
+    fn exports_of_versions_1_and_2_are_read_and_a_newer_one_is_refused_by_name() {
+        assert_eq!(
+            export_header(r#"{"format":"latchkey-users","version":1}"#),
+            Ok(true)
+        );
+        assert_eq!(export_header(EXPORT_HEADER), Ok(true));
+        assert!(export_header(r#"{"format":"latchkey-users","version":3}"#)
+            .unwrap_err()
+            .contains("versions 1 and 2"));
+        assert_eq!(export_header(r#"{"email":"a@example.com"}"#), Ok(false));
+    }
 }

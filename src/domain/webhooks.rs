@@ -164,12 +164,51 @@ impl Webhooks {
             created_at: now_ms(),
             client_id: None,
         };
-        self.store.add_webhook(&rec, actor).await?;
+        if !self.store.add_webhook(&rec, actor, rec.created_at).await? {
+            return Err(AuthError::Internal(anyhow::anyhow!(
+                "a new webhook's random id was taken"
+            )));
+        }
         tracing::info!(webhook = %rec.id, "webhook registered");
         Ok(NewWebhook {
             webhook: rec.into(),
             secret,
         })
+    }
+
+    /// Registers a webhook exported from another deployment (`latchkey
+    /// users import`), its secret still sealed: only if the secret opens
+    /// here (the same master secret), its address and kinds checked as a
+    /// new webhook's. `false`: its id is taken here, and that webhook is
+    /// left as it is.
+    pub async fn import(&self, actor: &str, rec: WebhookRecord) -> Result<bool, AuthError> {
+        let id_ok = rec.id.len() <= 64
+            && rec
+                .id
+                .strip_prefix("wh_")
+                .is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_alphanumeric()));
+        if !id_ok {
+            return Err(AuthError::BadRequest(
+                "id: wh_ and letters or digits, as latchkey names webhooks".into(),
+            ));
+        }
+        let url = check_url(&rec.url, self.allow_private)?;
+        let kinds: Vec<String> = rec.kinds.split_whitespace().map(String::from).collect();
+        let kinds = check_kinds(&kinds)?;
+        if !crate::webhooks::secret_opens(&rec.secret, &self.sealer) {
+            return Err(AuthError::BadRequest(
+                "sealed_secret: sealed under another master secret than this deployment's \
+                 (register the webhook again here, with a new secret)"
+                    .into(),
+            ));
+        }
+        let rec = WebhookRecord {
+            url,
+            kinds,
+            client_id: None,
+            ..rec
+        };
+        Ok(self.store.add_webhook(&rec, actor, now_ms()).await?)
     }
 
     pub async fn list(&self) -> Result<Vec<Webhook>, AuthError> {

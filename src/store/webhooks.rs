@@ -110,21 +110,30 @@ pub struct DeliveryRecord {
 }
 
 impl Store {
-    /// Adds a webhook (`actor`: who asked), with its `webhook.added` event.
-    pub async fn add_webhook(&self, w: &WebhookRecord, actor: &str) -> StoreResult<()> {
+    /// Adds a webhook unless its id is taken (`false`: an imported one's
+    /// may be), with its `webhook.added` event at `now` (`actor`: who
+    /// asked).
+    pub async fn add_webhook(&self, w: &WebhookRecord, actor: &str, now: i64) -> StoreResult<bool> {
         db_op!(self, "add_webhook", conn => {
             let mut tx = conn.begin().await?;
-            sqlx::query("INSERT INTO webhooks (id, url, secret, kinds, created_at) VALUES ($1, $2, $3, $4, $5)")
-                .bind(&w.id)
-                .bind(&w.url)
-                .bind(&w.secret)
-                .bind(&w.kinds)
-                .bind(w.created_at)
-                .execute(&mut *tx)
-                .await?;
-            record_event!(tx, &Event::new("webhook.added", w.created_at).actor(actor).reason(&w.id));
+            let n = sqlx::query(
+                "INSERT INTO webhooks (id, url, secret, kinds, created_at) VALUES ($1, $2, $3, $4, $5) \
+                 ON CONFLICT (id) DO NOTHING",
+            )
+            .bind(&w.id)
+            .bind(&w.url)
+            .bind(&w.secret)
+            .bind(&w.kinds)
+            .bind(w.created_at)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if n == 0 {
+                return Ok(false);
+            }
+            record_event!(tx, &Event::new("webhook.added", now).actor(actor).reason(&w.id));
             tx.commit().await?;
-            Ok(())
+            Ok(true)
         })
     }
 
