@@ -179,6 +179,12 @@ pub enum UsersCommand {
         /// record disables an account, and nothing in a file enables one.
         #[arg(long)]
         update: bool,
+        /// Also add the OAuth clients and webhooks of a latchkey export
+        /// (version 2): each is listed as it is added. Without it they are
+        /// left out: a client can carry the admin scope and a secret whoever
+        /// wrote the file knows.
+        #[arg(long)]
+        with_clients: bool,
     },
     /// Create verified accounts for load tests, hashing each password with
     /// the configured argon2 parameters.
@@ -403,22 +409,28 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
             Ok(())
         }
         Command::Users { command } => match command {
-            UsersCommand::Import { file, update } => import_users(config, &file, update).await,
+            UsersCommand::Import {
+                file,
+                update,
+                with_clients,
+            } => import_users(config, &file, update, with_clients).await,
             UsersCommand::Export { file } => {
                 let st = crate::app::store(&config.database).await?;
                 let n = if file.as_os_str() == "-" {
                     crate::domain::import::export(&st, &mut std::io::stdout().lock()).await?
                 } else {
-                    if file.exists() {
-                        anyhow::bail!("{} exists: an export never overwrites", file.display());
-                    }
+                    // Password hashes: a new file, its owner's only.
                     let mut out = std::io::BufWriter::new(
-                        std::fs::File::create(&file)
-                            .with_context(|| format!("creating {}", file.display()))?,
+                        crate::crypto::private_new_file(&file).with_context(|| {
+                            format!(
+                                "{}: an export never overwrites, and needs a new file",
+                                file.display()
+                            )
+                        })?,
                     );
                     crate::domain::import::export(&st, &mut out).await?
                 };
-                eprintln!("exported {n} accounts");
+                eprintln!("exported the clients, the webhooks and {n} accounts");
                 Ok(())
             }
             UsersCommand::Seed {
@@ -493,7 +505,12 @@ async fn serve(config: Config, started: Instant) -> anyhow::Result<()> {
 /// Accounts written per transaction by `users import`.
 const IMPORT_BATCH: usize = 500;
 
-async fn import_users(config: Config, file: &std::path::Path, update: bool) -> anyhow::Result<()> {
+async fn import_users(
+    config: Config,
+    file: &std::path::Path,
+    update: bool,
+    with_clients: bool,
+) -> anyhow::Result<()> {
     use std::io::{BufRead, IsTerminal, Write};
     let input = std::fs::File::open(file).with_context(|| format!("opening {}", file.display()))?;
     let total_bytes = input.metadata().map(|m| m.len()).unwrap_or(0);
@@ -505,6 +522,8 @@ async fn import_users(config: Config, file: &std::path::Path, update: bool) -> a
     let mut batch = Vec::with_capacity(IMPORT_BATCH);
     let mut lines = std::io::BufReader::new(input).lines();
     let mut n = 0u64;
+    // Clients and webhooks come only from a latchkey export of version 2.
+    let mut version = None;
     loop {
         let line = lines.next().transpose().context("reading the import file")?;
         let done = line.is_none();
@@ -512,23 +531,43 @@ async fn import_users(config: Config, file: &std::path::Path, update: bool) -> a
             n += 1;
             read_bytes += line.len() as u64 + 1;
             // An export's first line says its format and version.
-            let header = if n == 1 {
-                crate::domain::import::export_header(&line).map_err(|e| anyhow::anyhow!("line 1: {e}"))?
-            } else {
-                false
+            let header = n == 1 && {
+                version = crate::domain::import::export_version(&line)
+                    .map_err(|e| anyhow::anyhow!("line 1: {e}"))?;
+                version.is_some()
             };
             if !header && crate::domain::import::is_configured(&line) {
                 // A client or a webhook (an export of version 2): added
-                // at once, not batched with the accounts.
-                let done = match serde_json::from_str::<crate::domain::import::Configured>(&line) {
-                    Ok(rec) => crate::domain::import::import_configured(&st.features, rec, "cli")
-                        .await
-                        .map_err(|e| e.to_string()),
+                // at once, not batched with the accounts, and named.
+                use crate::domain::import::{import_configured, Configured, ConfiguredOutcome};
+                let done = match serde_json::from_str::<Configured>(&line) {
                     Err(e) => Err(format!("not a client or webhook record: {e}")),
+                    Ok(_) if version != Some(2) => {
+                        Err("a client or webhook outside a latchkey export of version 2: left out".into())
+                    }
+                    Ok(rec) if !with_clients => {
+                        counts.configured_left_out += 1;
+                        println!("left out (no --with-clients): {}", rec.describe());
+                        Ok(None)
+                    }
+                    Ok(rec) => {
+                        let what = rec.describe();
+                        import_configured(&st.features, rec, "cli")
+                            .await
+                            .map(|o| Some((o, what)))
+                            .map_err(|e| e.to_string())
+                    }
                 };
                 match done {
-                    Ok(crate::domain::import::ConfiguredOutcome::Added) => counts.configured_added += 1,
-                    Ok(crate::domain::import::ConfiguredOutcome::Kept) => counts.configured_kept += 1,
+                    Ok(Some((ConfiguredOutcome::Added, what))) => {
+                        counts.configured_added += 1;
+                        println!("added {what}");
+                    }
+                    Ok(Some((ConfiguredOutcome::Kept, what))) => {
+                        counts.configured_kept += 1;
+                        println!("kept as it was here (the id is taken): {what}");
+                    }
+                    Ok(None) => {}
                     Err(why) => {
                         counts.errors += 1;
                         eprintln!("{}line {n}: {why}", if tty { "\r\x1b[K" } else { "" });
@@ -609,9 +648,11 @@ struct ImportCounts {
     updated: u64,
     skipped: u64,
     errors: u64,
-    /// Clients and webhooks added, and kept as they were (id taken).
+    /// Clients and webhooks added, kept as they were (id taken), and left
+    /// out (no `--with-clients`).
     configured_added: u64,
     configured_kept: u64,
+    configured_left_out: u64,
 }
 
 impl ImportCounts {
@@ -632,11 +673,11 @@ impl std::fmt::Display for ImportCounts {
             "{} created, {} updated, {} skipped, {} with errors",
             self.created, self.updated, self.skipped, self.errors
         )?;
-        if self.configured_added + self.configured_kept > 0 {
+        if self.configured_added + self.configured_kept + self.configured_left_out > 0 {
             write!(
                 f,
-                "; clients and webhooks: {} added, {} kept as they were (id taken)",
-                self.configured_added, self.configured_kept
+                "; clients and webhooks: {} added, {} kept as they were (id taken), {} left out",
+                self.configured_added, self.configured_kept, self.configured_left_out
             )?;
         }
         Ok(())

@@ -84,26 +84,74 @@ fn copy_sealed(key: &MacKey, made_at: i64, from: &Path, to: &Path) -> anyhow::Re
     let mut src = std::fs::File::open(from).with_context(|| format!("reading {}", from.display()))?;
     let mut dst =
         private_new_file(to).with_context(|| format!("{}: a backup never overwrites", to.display()))?;
-    let mut mac = key.stream();
-    mac.update(&made_at.to_be_bytes());
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = src
-            .read(&mut buf)
-            .with_context(|| format!("reading {}", from.display()))?;
-        if n == 0 {
-            break;
+    let copied = (|| -> anyhow::Result<Seal> {
+        let mut mac = key.stream();
+        mac.update(&made_at.to_be_bytes());
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = src
+                .read(&mut buf)
+                .with_context(|| format!("reading {}", from.display()))?;
+            if n == 0 {
+                break;
+            }
+            dst.write_all(&buf[..n])
+                .with_context(|| format!("writing {}", to.display()))?;
+            mac.update(&buf[..n]);
         }
-        dst.write_all(&buf[..n])
+        dst.sync_all()
             .with_context(|| format!("writing {}", to.display()))?;
-        mac.update(&buf[..n]);
+        Ok(Seal {
+            made_at,
+            mac: mac.finish(),
+        })
+    })();
+    if copied.is_err() {
+        // The file this call made, never one that was there.
+        let _ = std::fs::remove_file(to);
     }
-    dst.sync_all()
-        .with_context(|| format!("writing {}", to.display()))?;
-    Ok(Seal {
-        made_at,
-        mac: mac.finish(),
-    })
+    copied
+}
+
+/// Writes `seal` to `to`, a new private file (removed again if the write fails).
+fn write_seal(seal: &Seal, to: &Path) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut f =
+        private_new_file(to).with_context(|| format!("{}: a backup never overwrites", to.display()))?;
+    let written = f
+        .write_all(seal.line().as_bytes())
+        .and_then(|_| f.sync_all())
+        .with_context(|| format!("writing {}", to.display()));
+    if written.is_err() {
+        let _ = std::fs::remove_file(to);
+    }
+    written
+}
+
+/// A staging copy beside the database older than this was left by a
+/// backup that never finished (a crash): removed before the next one.
+const STALE_STAGING_MS: u128 = 24 * 3600 * 1000;
+
+/// Removes the staging copies of `db` that backups left more than a day ago.
+fn remove_stale_staging(db: &Path) {
+    let (Some(dir), Some(name)) = (db.parent(), db.file_name().and_then(|n| n.to_str())) else {
+        return;
+    };
+    let prefix = format!("{name}.backup-");
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let stale = e.file_name().to_str().is_some_and(|n| n.starts_with(&prefix))
+            && e.metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age.as_millis() > STALE_STAGING_MS);
+        if stale {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 /// Writes a sealed backup of the embedded database of `store` to `dest`
@@ -112,6 +160,7 @@ fn copy_sealed(key: &MacKey, made_at: i64, from: &Path, to: &Path) -> anyhow::Re
 /// writes), then copied to `dest` while it is sealed: whoever can write
 /// where backups go cannot have their own file sealed in its place. Needs
 /// the room of one more copy beside the database, for as long as it runs.
+/// Nothing that was at `dest` or `seal_at` is ever touched.
 async fn sealed_backup(
     store: &Store,
     key: &MacKey,
@@ -119,28 +168,27 @@ async fn sealed_backup(
     seal_at: &Path,
     made_at: i64,
 ) -> anyhow::Result<()> {
-    if seal_at.exists() {
-        anyhow::bail!("{} exists: a backup never overwrites", seal_at.display());
+    for p in [dest, seal_at] {
+        if p.symlink_metadata().is_ok() {
+            anyhow::bail!("{} exists: a backup never overwrites", p.display());
+        }
     }
     let db = store
         .sqlite_file()
         .context("the database is PostgreSQL: back it up with its own tools (docs/backup.md)")?;
+    remove_stale_staging(&db);
     let staging = beside(&db, &format!(".backup-{}", uuid::Uuid::new_v4()));
     let sealed = async {
         store.backup_into(&staging).await?;
         let seal = copy_sealed(key, made_at, &staging, dest)?;
-        let mut f = private_new_file(seal_at).with_context(|| format!("creating {}", seal_at.display()))?;
-        use std::io::Write;
-        f.write_all(seal.line().as_bytes())
-            .and_then(|_| f.sync_all())
-            .with_context(|| format!("writing {}", seal_at.display()))
+        if let Err(e) = write_seal(&seal, seal_at) {
+            let _ = std::fs::remove_file(dest);
+            return Err(e);
+        }
+        anyhow::Ok(())
     }
     .await;
     let _ = std::fs::remove_file(&staging);
-    if sealed.is_err() {
-        let _ = std::fs::remove_file(dest);
-        let _ = std::fs::remove_file(seal_at);
-    }
     sealed
 }
 
@@ -168,6 +216,16 @@ fn check_seal(key: &MacKey, copy: &Path, staged: &Path, unsealed: bool) -> anyho
     };
     let (made_at, stated) =
         Seal::parse(&text).with_context(|| format!("{} is not a latchkey backup seal", at.display()))?;
+    // A scheduled backup's name says when it was made: an older one
+    // renamed as a newer one is refused (its seal keeps the real time).
+    let name = copy.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    if is_scheduled_name(name) && name != scheduled_name(made_at) {
+        anyhow::bail!(
+            "{} was made at {} as its seal says, not when its name says: a backup renamed",
+            copy.display(),
+            crate::clock::rfc3339(made_at)
+        );
+    }
     let mut mac = key.stream();
     mac.update(&made_at.to_be_bytes());
     let mut f = std::fs::File::open(staged).with_context(|| format!("reading {}", staged.display()))?;
@@ -256,6 +314,18 @@ pub async fn scheduled(
 /// the master secret the database was initialised with (the configured
 /// one must be it).
 pub async fn backup(config: &Config, path: &Path) -> anyhow::Result<()> {
+    let DatabaseUrl::Sqlite(url) = &config.database.url else {
+        anyhow::bail!(
+            "the database is PostgreSQL: back it up with pg_dump, or base backups and WAL archiving (docs/backup.md)"
+        );
+    };
+    let file = sqlite_file_of(url)?;
+    if !file.exists() {
+        anyhow::bail!(
+            "{} does not exist: nothing to back up (is LATCHKEY_DATA_DIR the service's?)",
+            file.display()
+        );
+    }
     let keys = super::services::server_keys(config)?;
     let store = Store::connect(&config.database).await?;
     match store.installation_get("secret_check").await? {

@@ -124,17 +124,17 @@ impl ImportRecord {
 /// OAuth clients and webhooks ([`Configured`]). Version 1 had accounts only.
 pub const EXPORT_HEADER: &str = r#"{"format":"latchkey-users","version":2}"#;
 
-/// Whether `line` is an export's first line (`Err`: of a version this
-/// build cannot read).
-pub fn export_header(line: &str) -> Result<bool, String> {
+/// The version of an export whose first line `line` is (`None`: not an
+/// export's first line; `Err`: of a version this build cannot read).
+pub fn export_version(line: &str) -> Result<Option<i64>, String> {
     let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
-        return Ok(false);
+        return Ok(None);
     };
     if v.get("format").and_then(|f| f.as_str()) != Some("latchkey-users") {
-        return Ok(false);
+        return Ok(None);
     }
     match v.get("version").and_then(|n| n.as_i64()) {
-        Some(1 | 2) => Ok(true),
+        Some(n @ (1 | 2)) => Ok(Some(n)),
         other => Err(format!(
             "an export of version {other:?}: this latchkey reads versions 1 and 2"
         )),
@@ -199,16 +199,33 @@ pub fn is_configured(line: &str) -> bool {
 }
 
 impl Configured {
-    /// The record of `c`.
-    pub fn client(c: &crate::store::ClientRecord) -> Configured {
-        Configured::Client(ExportedClient {
+    /// What it is, for the import's list: the kind, the id, and what gives
+    /// it power (a client's scopes, a webhook's address).
+    pub fn describe(&self) -> String {
+        match self {
+            Configured::Client(c) if c.scopes.is_empty() => format!("client {}", c.id),
+            Configured::Client(c) => format!("client {} with the scopes {} (its own tokens)", c.id, c.scopes),
+            Configured::Webhook(w) => format!("webhook {} to {}", w.id, w.url),
+        }
+    }
+
+    /// The record of `c` (`Err`: its stored settings are not JSON).
+    pub fn client(c: &crate::store::ClientRecord) -> anyhow::Result<Configured> {
+        let oidc = match c.oidc.as_deref() {
+            Some(j) => Some(
+                serde_json::from_str(j)
+                    .map_err(|e| anyhow::anyhow!("client {}: its stored settings are not JSON: {e}", c.id))?,
+            ),
+            None => None,
+        };
+        Ok(Configured::Client(ExportedClient {
             id: c.id.clone(),
             name: c.name.clone(),
             secret_sha256: crate::crypto::hex(&c.secret_hash),
             scopes: c.scopes.clone(),
-            oidc: c.oidc.as_deref().and_then(|j| serde_json::from_str(j).ok()),
+            oidc,
             created_at: crate::clock::rfc3339(c.created_at),
-        })
+        }))
     }
 
     /// The record of the audit webhook `w`.
@@ -247,10 +264,12 @@ pub async fn import_configured(
             let secret_hash = crate::crypto::hex_decode(&c.secret_sha256)
                 .filter(|h| h.len() == 32)
                 .ok_or_else(|| AuthError::BadRequest("secret_sha256: 64 hex digits".into()))?;
+            let name = parse_name("name", c.name.as_deref())
+                .map_err(|e| AuthError::BadRequest(format!("name: {}", e.reason)))?;
             let rec = crate::store::ClientRecord {
                 id: c.id,
                 secret_hash,
-                name: c.name,
+                name,
                 created_at: created(&c.created_at)?,
                 scopes: c.scopes,
                 oidc: c.oidc.map(|v| v.to_string()),
@@ -288,7 +307,7 @@ pub async fn import_configured(
 pub async fn export(store: &Store, out: &mut impl std::io::Write) -> anyhow::Result<u64> {
     writeln!(out, "{EXPORT_HEADER}")?;
     for c in store.clients().await? {
-        writeln!(out, "{}", serde_json::to_string(&Configured::client(&c))?)?;
+        writeln!(out, "{}", serde_json::to_string(&Configured::client(&c)?)?)?;
     }
     for w in store.webhooks().await?.iter().filter(|w| w.client_id.is_none()) {
         writeln!(out, "{}", serde_json::to_string(&Configured::webhook(w))?)?;
@@ -444,13 +463,13 @@ mod tests {
     #[test]
     fn exports_of_versions_1_and_2_are_read_and_a_newer_one_is_refused_by_name() {
         assert_eq!(
-            export_header(r#"{"format":"latchkey-users","version":1}"#),
-            Ok(true)
+            export_version(r#"{"format":"latchkey-users","version":1}"#),
+            Ok(Some(1))
         );
-        assert_eq!(export_header(EXPORT_HEADER), Ok(true));
-        assert!(export_header(r#"{"format":"latchkey-users","version":3}"#)
+        assert_eq!(export_version(EXPORT_HEADER), Ok(Some(2)));
+        assert!(export_version(r#"{"format":"latchkey-users","version":3}"#)
             .unwrap_err()
             .contains("versions 1 and 2"));
-        assert_eq!(export_header(r#"{"email":"a@example.com"}"#), Ok(false));
+        assert_eq!(export_version(r#"{"email":"a@example.com"}"#), Ok(None));
     }
 }

@@ -395,7 +395,8 @@ async fn token_inner(
     let pair = match grant {
         "authorization_code" => {
             let code = required(&form, "code")?;
-            let redirect_uri = required(&form, "redirect_uri")?;
+            // May be left out when the request had PKCE (`judge`).
+            let redirect_uri = form.get("redirect_uri").map(String::as_str).filter(|v| !v.is_empty());
             let verifier = form.get("code_verifier").map(String::as_str).filter(|v| !v.is_empty());
             let tokens = st
                 .provider

@@ -117,8 +117,25 @@ async fn a_restore_refuses_a_copy_it_cannot_trust_and_changes_nothing() {
     let copy_arg = copy.display().to_string();
     let (ok, text) = latchkey(app.tmp.path(), SECRET_KEY, &["backup", &copy_arg]).await;
     assert!(ok, "{text}");
+    let before = std::fs::read(&copy).unwrap();
     let (again, text) = latchkey(app.tmp.path(), SECRET_KEY, &["backup", &copy_arg]).await;
     assert!(!again && text.contains("never overwrites"), "{text}");
+    // A file already at the path, sealed or not, is left as it was.
+    assert_eq!(std::fs::read(&copy).unwrap(), before);
+    let other_file = out.path().join("notes.txt");
+    std::fs::write(&other_file, "an operator's file").unwrap();
+    let (again, text) = latchkey(
+        app.tmp.path(),
+        SECRET_KEY,
+        &["backup", &other_file.display().to_string()],
+    )
+    .await;
+    assert!(!again && text.contains("never overwrites"), "{text}");
+    assert_eq!(
+        std::fs::read_to_string(&other_file).unwrap(),
+        "an operator's file"
+    );
+    assert!(!out.path().join("notes.txt.mac").exists());
     // A backup sealed under another secret than the database's would
     // restore nowhere: refused, and nothing written.
     let elsewhere = out.path().join("other-secret.db");
@@ -299,6 +316,26 @@ async fn scheduled_backups_keep_the_newest_and_say_when_the_last_one_succeeded()
     let newest = kept.last().unwrap();
     let facts = latchkey::store::backup::inspect_copy(newest).await.unwrap();
     assert_eq!(facts.integrity, "ok");
+    // An older backup copied, with its seal, under a newer scheduled name:
+    // its seal keeps the time it was made, and the restore refuses it.
+    let renamed = dir.path().join("latchkey-20991231T235959Z.db");
+    std::fs::copy(&kept[0], &renamed).unwrap();
+    std::fs::copy(kept[0].with_extension("db.mac"), renamed.with_extension("db.mac")).unwrap();
+    let target = tempfile::tempdir().unwrap();
+    let (ok, text) = latchkey(
+        target.path(),
+        SECRET_KEY,
+        &["restore", &renamed.display().to_string()],
+    )
+    .await;
+    assert!(!ok && text.contains("a backup renamed"), "{text}");
+    let (ok, text) = latchkey(
+        target.path(),
+        SECRET_KEY,
+        &["restore", &kept[0].display().to_string()],
+    )
+    .await;
+    assert!(ok, "under its own name it restores: {text}");
     let metrics = app.metrics().await;
     assert!(
         metrics.contains("latchkey_backup_last_success_timestamp_seconds "),
@@ -348,9 +385,21 @@ async fn an_export_carries_the_clients_and_webhooks_to_a_deployment_with_the_sam
     let other = TestApp::embedded(&[("webhook_allow_private_addresses", "true")]).await;
     let path = other.tmp.path().join("export.jsonl");
     std::fs::write(&path, &text).unwrap();
-    let import = ["users", "import", &path.display().to_string()];
+    // Without --with-clients, the accounts only: each client and webhook
+    // is named and left out.
+    let accounts_only = ["users", "import", &path.display().to_string()];
+    let (ok, out) = latchkey_with(other.tmp.path(), SECRET_KEY, &accounts_only, &allow).await;
+    assert!(
+        ok && out.contains("left out (no --with-clients): client moving-app"),
+        "{out}"
+    );
+    assert!(other.services.store.client("moving-app").await.unwrap().is_none());
+    let import = ["users", "import", &path.display().to_string(), "--with-clients"];
     let (ok, out) = latchkey_with(other.tmp.path(), SECRET_KEY, &import, &allow).await;
-    assert!(ok && out.contains("0 with errors"), "{out}");
+    assert!(
+        ok && out.contains("0 with errors") && out.contains("added client moving-app"),
+        "{out}"
+    );
     let before = app.services.store.client("moving-app").await.unwrap().unwrap();
     let after = other.services.store.client("moving-app").await.unwrap().unwrap();
     // Times travel as RFC 3339, to the second.
@@ -404,7 +453,7 @@ async fn an_export_carries_the_clients_and_webhooks_to_a_deployment_with_the_sam
     let third = tempfile::tempdir().unwrap();
     let path = third.path().join("export.jsonl");
     std::fs::write(&path, &text).unwrap();
-    let import = ["users", "import", &path.display().to_string()];
+    let import = ["users", "import", &path.display().to_string(), "--with-clients"];
     let (ok, out) = latchkey_with(third.path(), OTHER, &import, &allow).await;
     assert!(
         ok && out.contains("sealed under another master secret") && out.contains("1 with errors"),

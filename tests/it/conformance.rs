@@ -27,6 +27,7 @@ use latchkey::domain::oidc::client::{ClientKind, ConsentMode};
 
 use certified::{
     a_certified_provider_answers_as_latchkey_does_but_for_the_differences_documented,
+    a_real_codes_misuses_get_the_same_answers_at_the_certified_provider,
     the_libraries_sign_in_at_the_certified_provider_and_get_the_same_claims_but_for_those_documented,
 };
 use logout::{
@@ -65,6 +66,7 @@ crate::on_every_backend!(
     oidcc_rp_initiated_logout_no_state_and_only_state,
     oidcc_rp_initiated_logout_and_backchannel_logout_discovery_endpoint_verification,
     a_certified_provider_answers_as_latchkey_does_but_for_the_differences_documented,
+    a_real_codes_misuses_get_the_same_answers_at_the_certified_provider,
     the_libraries_sign_in_at_the_certified_provider_and_get_the_same_claims_but_for_those_documented,
 );
 

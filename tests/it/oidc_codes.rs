@@ -20,6 +20,7 @@ crate::on_every_backend!(
     a_code_whose_browser_session_ended_starts_nothing_and_is_spent,
     an_applications_session_ends_no_later_than_the_browser_session_it_came_from,
     the_code_flow_records_its_events_with_their_webhook_deliveries,
+    a_code_bound_by_pkce_is_exchanged_without_its_redirect_uri,
 );
 
 /// A signed-in user's code for the new application `id` (consent
@@ -169,4 +170,37 @@ async fn the_code_flow_records_its_events_with_their_webhook_deliveries(app: &Te
         );
         assert_eq!(app.count(&sql).await, 1, "{kind}");
     }
+}
+
+async fn a_code_bound_by_pkce_is_exchanged_without_its_redirect_uri(app: &TestApp) {
+    // OAuth 2.1 (draft) §10.2 and OpenID Connect Core §3.1.3.2: the
+    // verifier binds the code to its request; a redirect_uri given must
+    // still be the request's.
+    let (secret, code, verifier, _) = fresh_code(app, "no-redirect").await;
+    let send = |fields: Vec<(&'static str, String)>| {
+        let secret = secret.clone();
+        async move {
+            let r = app
+                .http
+                .post(app.url("/oauth/token"))
+                .basic_auth("no-redirect", Some(secret))
+                .form(&fields)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let base = vec![
+        ("grant_type", "authorization_code".to_string()),
+        ("code", code.clone()),
+        ("code_verifier", verifier.clone()),
+    ];
+    let mut other = base.clone();
+    other.push(("redirect_uri", format!("{CALLBACK}/other")));
+    let (status, body) = send(other).await;
+    assert_eq!((status, body["error"].as_str()), (400, Some("invalid_grant")));
+    let (status, body) = send(base).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body["id_token"].is_string());
 }

@@ -449,3 +449,175 @@ pub(super) async fn the_libraries_sign_in_at_the_certified_provider_and_get_the_
         );
     }
 }
+
+/// A token request's form, owned.
+type TokenForm = Vec<(&'static str, String)>;
+/// A misuse of a code: its name, and what it changes in the rightful form.
+type Misuse<'a> = (&'a str, &'a dyn Fn(&mut TokenForm));
+
+/// Where a code comes from and goes to, at one provider.
+enum Side<'a> {
+    Latchkey(crate::oidc::Browser<'a>),
+    Certified(String),
+}
+
+impl Side<'_> {
+    fn name(&self) -> &'static str {
+        match self {
+            Side::Latchkey(_) => "latchkey",
+            Side::Certified(_) => "node-oidc-provider",
+        }
+    }
+
+    /// A fresh code for `client`, signed in as `email`: (code, verifier).
+    async fn code(&mut self, http: &reqwest::Client, client: &str, email: &str) -> (String, String) {
+        let (verifier, challenge) = crate::oidc::pkce();
+        let back = match self {
+            Side::Latchkey(browser) => {
+                let page = browser
+                    .authorize_and_sign_in(client, "openid", &challenge, email)
+                    .await;
+                page.location
+                    .unwrap_or_else(|| panic!("back to the client: {}", page.body))
+            }
+            Side::Certified(issuer) => {
+                let url = probe_url(
+                    &format!("{issuer}/auth"),
+                    client,
+                    &[("code_challenge", Some(&challenge)), ("state", None)],
+                );
+                sign_in_at_the_certified_provider(http, issuer, &url, email).await
+            }
+        };
+        (crate::oidc::query(&back)["code"].clone(), verifier)
+    }
+
+    fn url(&self, app: &TestApp, path: &str) -> String {
+        match self {
+            Side::Latchkey(_) => app.url(&format!("/oauth/{path}")),
+            Side::Certified(issuer) => format!("{issuer}/{}", if path == "userinfo" { "me" } else { path }),
+        }
+    }
+}
+
+/// A token request's (status, `error`, `access_token`).
+async fn exchange(
+    http: &reqwest::Client,
+    url: &str,
+    client: (&str, &str),
+    form: &[(&str, &str)],
+) -> (u16, Value, Option<String>) {
+    let r = http
+        .post(url)
+        .basic_auth(client.0, Some(client.1))
+        .form(form)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let body: Value = r.json().await.unwrap_or(Value::Null);
+    (
+        status,
+        body["error"].clone(),
+        body["access_token"].as_str().map(String::from),
+    )
+}
+
+/// A signed-in user's real codes, misused at the token endpoint of both
+/// providers: each misuse gets the same status and `error` at both, and so
+/// does what follows it (the rightful exchange after a refused one, a code
+/// presented twice and the first exchange's access token at userinfo). A
+/// code exchanged without `redirect_uri` was the one difference found
+/// (latchkey refused it); both now accept it when PKCE bound the code.
+pub(super) async fn a_real_codes_misuses_get_the_same_answers_at_the_certified_provider(app: &TestApp) {
+    const CLIENT: &str = "codes-compared";
+    let secret = application(app, CLIENT, ClientKind::Confidential, ConsentMode::Skip).await;
+    let email = crate::common::unique_email(CLIENT);
+    app.register_verified(&email, crate::common::PASSWORD).await;
+    let op = CertifiedProvider::start(json!([{
+        "client_id": CLIENT,
+        "client_secret": secret,
+        "redirect_uris": [CALLBACK],
+    }]))
+    .await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let client = (CLIENT, secret.as_str());
+    let mut outcomes: Vec<Vec<String>> = Vec::new();
+    for mut side in [
+        Side::Latchkey(crate::oidc::Browser::new(app)),
+        Side::Certified(op.issuer.clone()),
+    ] {
+        let token = side.url(app, "token");
+        let mut seen = Vec::new();
+        let mut note = |what: &str, (status, error, _): &(u16, Value, Option<String>)| {
+            seen.push(format!("{what}: {status} {error}"));
+        };
+        let right = |code: &str, verifier: &str| {
+            vec![
+                ("grant_type", "authorization_code"),
+                ("code", code),
+                ("redirect_uri", CALLBACK),
+                ("code_verifier", verifier),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k, v.to_string()))
+            .collect::<TokenForm>()
+        };
+        let send = |form: TokenForm| {
+            let (http, token) = (&http, token.clone());
+            async move {
+                let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                exchange(http, &token, client, &form).await
+            }
+        };
+        let misuses: [Misuse; 4] = [
+            ("another verifier", &|f| f[3].1 = "w".repeat(43)),
+            ("no verifier", &|f| {
+                f.pop();
+            }),
+            ("another redirect_uri", &|f| f[2].1 = format!("{CALLBACK}/other")),
+            ("no redirect_uri", &|f| {
+                f.remove(2);
+            }),
+        ];
+        for (name, change) in misuses {
+            let (code, verifier) = side.code(&http, CLIENT, &email).await;
+            let mut form = right(&code, &verifier);
+            change(&mut form);
+            note(name, &send(form).await);
+            note(
+                &format!("{name}, then the rightful exchange"),
+                &send(right(&code, &verifier)).await,
+            );
+        }
+        let (code, verifier) = side.code(&http, CLIENT, &email).await;
+        let first = send(right(&code, &verifier)).await;
+        note("a code, exchanged", &first);
+        note("the same code again", &send(right(&code, &verifier)).await);
+        let userinfo = http
+            .get(side.url(app, "userinfo"))
+            .bearer_auth(first.2.as_deref().unwrap_or("none"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16();
+        seen.push(format!(
+            "the first exchange's access token at userinfo: {userinfo}"
+        ));
+        println!("{}: {seen:#?}", side.name());
+        outcomes.push(seen);
+    }
+    let differences: Vec<String> = outcomes[0]
+        .iter()
+        .zip(&outcomes[1])
+        .filter(|(a, b)| a != b)
+        .map(|(a, b)| format!("{a} / {b}"))
+        .collect();
+    let expected: [&str; 0] = [];
+    assert_eq!(differences, expected, "{differences:#?}");
+}
