@@ -80,37 +80,46 @@ impl Seal {
 /// the bytes as they are written (not read back from `to`, which others
 /// may be able to replace).
 fn copy_sealed(key: &MacKey, made_at: i64, from: &Path, to: &Path) -> anyhow::Result<Seal> {
-    use std::io::{Read, Write};
-    let mut src = std::fs::File::open(from).with_context(|| format!("reading {}", from.display()))?;
+    use std::io::Write;
     let mut dst =
         private_new_file(to).with_context(|| format!("{}: a backup never overwrites", to.display()))?;
-    let copied = (|| -> anyhow::Result<Seal> {
-        let mut mac = key.stream();
-        mac.update(&made_at.to_be_bytes());
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = src
-                .read(&mut buf)
-                .with_context(|| format!("reading {}", from.display()))?;
-            if n == 0 {
-                break;
-            }
-            dst.write_all(&buf[..n])
-                .with_context(|| format!("writing {}", to.display()))?;
-            mac.update(&buf[..n]);
-        }
-        dst.sync_all()
+    let mut mac = key.stream();
+    mac.update(&made_at.to_be_bytes());
+    let copied = each_chunk(from, |chunk| {
+        dst.write_all(chunk)
             .with_context(|| format!("writing {}", to.display()))?;
-        Ok(Seal {
-            made_at,
-            mac: mac.finish(),
-        })
-    })();
-    if copied.is_err() {
+        mac.update(chunk);
+        Ok(())
+    })
+    .and_then(|()| {
+        dst.sync_all()
+            .with_context(|| format!("writing {}", to.display()))
+    });
+    if let Err(e) = copied {
         // The file this call made, never one that was there.
         let _ = std::fs::remove_file(to);
+        return Err(e);
     }
-    copied
+    Ok(Seal {
+        made_at,
+        mac: mac.finish(),
+    })
+}
+
+/// Reads the file at `path` to its end, handing each chunk to `each`.
+fn each_chunk(path: &Path, mut each: impl FnMut(&[u8]) -> anyhow::Result<()>) -> anyhow::Result<()> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = f
+            .read(&mut buf)
+            .with_context(|| format!("reading {}", path.display()))?;
+        if n == 0 {
+            return Ok(());
+        }
+        each(&buf[..n])?;
+    }
 }
 
 /// Writes `seal` to `to`, a new private file (removed again if the write fails).
@@ -196,7 +205,6 @@ async fn sealed_backup(
 /// the backup was made (`None`: no seal, allowed by `unsealed`). Refused:
 /// a seal that does not match, or none without `unsealed`.
 fn check_seal(key: &MacKey, copy: &Path, staged: &Path, unsealed: bool) -> anyhow::Result<Option<i64>> {
-    use std::io::Read;
     let at = seal_path(copy);
     let text = match std::fs::read_to_string(&at) {
         Ok(t) => t,
@@ -228,17 +236,10 @@ fn check_seal(key: &MacKey, copy: &Path, staged: &Path, unsealed: bool) -> anyho
     }
     let mut mac = key.stream();
     mac.update(&made_at.to_be_bytes());
-    let mut f = std::fs::File::open(staged).with_context(|| format!("reading {}", staged.display()))?;
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = f
-            .read(&mut buf)
-            .with_context(|| format!("reading {}", staged.display()))?;
-        if n == 0 {
-            break;
-        }
-        mac.update(&buf[..n]);
-    }
+    each_chunk(staged, |chunk| {
+        mac.update(chunk);
+        Ok(())
+    })?;
     if !ct_eq(stated.as_bytes(), hex(&mac.finish()).as_bytes()) {
         anyhow::bail!(
             "{} does not match its seal ({}): it was changed since latchkey made it, or made under \

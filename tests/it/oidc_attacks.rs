@@ -477,23 +477,7 @@ async fn prompt_login_and_max_age_zero_ask_for_the_password_again(app: &TestApp)
 async fn a_browser_session_ended_elsewhere_signs_nobody_in(app: &TestApp) {
     let (mut browser, email, challenge) = signed_in_browser(app, "ended", "ended").await;
     // The user ends every session from another device (a new login there).
-    let pair: Value = app
-        .post(
-            "/auth/login",
-            serde_json::json!({"email": email, "password": PASSWORD}),
-        )
-        .await
-        .json()
-        .await
-        .unwrap();
-    let r = app
-        .http
-        .delete(app.url("/auth/sessions?others=true"))
-        .bearer_auth(pair["access_token"].as_str().unwrap())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 204);
+    crate::oidc::sign_out_elsewhere(app, &email).await;
     // The browser's cookie no longer signs anyone in.
     let page = browser.get(&request("ended", &challenge, &[])).await;
     assert_eq!(page.status, StatusCode::OK);

@@ -90,23 +90,7 @@ async fn a_code_whose_browser_session_ended_starts_nothing_and_is_spent(app: &Te
     let (secret, code, verifier, email) = fresh_code(app, "after-end").await;
     // The user ends every other session from another device between the
     // redirect and the exchange.
-    let pair: Value = app
-        .post(
-            "/auth/login",
-            serde_json::json!({"email": email, "password": PASSWORD}),
-        )
-        .await
-        .json()
-        .await
-        .unwrap();
-    let r = app
-        .http
-        .delete(app.url("/auth/sessions?others=true"))
-        .bearer_auth(pair["access_token"].as_str().unwrap())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 204);
+    crate::oidc::sign_out_elsewhere(app, &email).await;
     let (status, body) = exchange(app, "after-end", &secret, &code, &verifier).await;
     assert_eq!(
         (status, body["error"].as_str()),

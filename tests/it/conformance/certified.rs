@@ -54,6 +54,17 @@ impl Drop for CertifiedProvider {
     }
 }
 
+/// An HTTP client that follows no redirect, with a connection per request:
+/// a provider may close one after an error answer, and a request sent on it
+/// meanwhile would fail.
+fn no_redirects() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap()
+}
+
 /// What an authorization request came to, in terms both providers share.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Answer {
@@ -140,13 +151,7 @@ pub(super) async fn a_certified_provider_answers_as_latchkey_does_but_for_the_di
         "post_logout_redirect_uris": [AFTER_LOGOUT],
     }]))
     .await;
-    // A connection per request: a provider may close one after an error
-    // answer, and a request sent on it meanwhile would fail.
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .pool_max_idle_per_host(0)
-        .build()
-        .unwrap();
+    let http = no_redirects();
     let theirs: Value = http
         .get(format!("{}/.well-known/openid-configuration", op.issuer))
         .send()
@@ -381,11 +386,7 @@ fn attribute(html: &str, name: &str) -> Option<String> {
 pub(super) async fn the_libraries_sign_in_at_the_certified_provider_and_get_the_same_claims_but_for_those_documented(
     app: &TestApp,
 ) {
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .pool_max_idle_per_host(0)
-        .build()
-        .unwrap();
+    let http = no_redirects();
     for library in LIBRARIES {
         let mut rp = Rp::new(app, "beside", library).await;
         let op = CertifiedProvider::start(json!([{
@@ -540,11 +541,7 @@ pub(super) async fn a_real_codes_misuses_get_the_same_answers_at_the_certified_p
         "redirect_uris": [CALLBACK],
     }]))
     .await;
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .pool_max_idle_per_host(0)
-        .build()
-        .unwrap();
+    let http = no_redirects();
     let client = (CLIENT, secret.as_str());
     let mut outcomes: Vec<Vec<String>> = Vec::new();
     for mut side in [

@@ -298,6 +298,26 @@ pub async fn code_grant_in(
     body
 }
 
+/// Ends every session of `email` (password [`PASSWORD`]) but a new one, as
+/// the user would from another device: a login there, then "sign out
+/// everywhere else".
+pub async fn sign_out_elsewhere(app: &TestApp, email: &str) {
+    let pair: Value = app
+        .post("/auth/login", json!({"email": email, "password": PASSWORD}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let r = app
+        .http
+        .delete(app.url("/auth/sessions?others=true"))
+        .bearer_auth(pair["access_token"].as_str().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+}
+
 /// A fresh PKCE pair: (verifier, S256 challenge).
 pub fn pkce() -> (String, String) {
     use base64::Engine;
