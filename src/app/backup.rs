@@ -151,7 +151,13 @@ fn remove_stale_staging(db: &Path) {
         return;
     };
     for e in entries.flatten() {
-        let stale = e.file_name().to_str().is_some_and(|n| n.starts_with(&prefix))
+        // Only names this code makes: the prefix and a UUID, nothing else
+        // (an operator's own `latchkey.db.backup-<date>` is theirs).
+        let ours = e.file_name().to_str().is_some_and(|n| {
+            n.strip_prefix(&prefix)
+                .is_some_and(|id| id.len() == 36 && uuid::Uuid::parse_str(id).is_ok())
+        });
+        let stale = ours
             && e.metadata()
                 .and_then(|m| m.modified())
                 .ok()
@@ -278,8 +284,11 @@ pub async fn scheduled(
     let name = scheduled_name(now_ms);
     let path = dir.join(&name);
     let partial = dir.join(format!("{name}.partial"));
+    if path.symlink_metadata().is_ok() {
+        anyhow::bail!("{} exists: a backup never overwrites", path.display());
+    }
+    // What an interrupted backup of this very name left.
     let _ = std::fs::remove_file(&partial);
-    let _ = std::fs::remove_file(seal_path(&path));
     sealed_backup(store, key, &partial, &seal_path(&path), now_ms).await?;
     if let Err(e) = std::fs::rename(&partial, &path) {
         let _ = std::fs::remove_file(&partial);
@@ -509,6 +518,32 @@ async fn check_copy(config: &Config, copy: &Path, staged: &Path) -> anyhow::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_staging_copies_this_code_named_and_a_day_old_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("latchkey.db");
+        std::fs::write(&db, b"db").unwrap();
+        let two_days_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(2 * 24 * 3600);
+        let file = |name: &str, old: bool| {
+            let p = dir.path().join(name);
+            let f = std::fs::File::create(&p).unwrap();
+            if old {
+                f.set_modified(two_days_ago).unwrap();
+            }
+            p
+        };
+        let id = uuid::Uuid::new_v4();
+        let stale = file(&format!("latchkey.db.backup-{id}"), true);
+        let fresh = file(&format!("latchkey.db.backup-{}", uuid::Uuid::new_v4()), false);
+        let operators = file("latchkey.db.backup-2026-11-27", true);
+        let others = file(&format!("other.db.backup-{id}"), true);
+        remove_stale_staging(&db);
+        assert!(!stale.exists());
+        for kept in [&fresh, &operators, &others, &db] {
+            assert!(kept.exists(), "{}", kept.display());
+        }
+    }
 
     #[test]
     fn a_seal_line_reads_back_and_nothing_else_passes_for_one() {

@@ -202,10 +202,16 @@ impl Configured {
     /// What it is, for the import's list: the kind, the id, and what gives
     /// it power (a client's scopes, a webhook's address).
     pub fn describe(&self) -> String {
+        // Escaped: a file's text must not drive the operator's terminal.
+        let e = |t: &str| t.escape_debug().to_string();
         match self {
-            Configured::Client(c) if c.scopes.is_empty() => format!("client {}", c.id),
-            Configured::Client(c) => format!("client {} with the scopes {} (its own tokens)", c.id, c.scopes),
-            Configured::Webhook(w) => format!("webhook {} to {}", w.id, w.url),
+            Configured::Client(c) if c.scopes.is_empty() => format!("client {}", e(&c.id)),
+            Configured::Client(c) => format!(
+                "client {} with the scopes {} (its own tokens)",
+                e(&c.id),
+                e(&c.scopes)
+            ),
+            Configured::Webhook(w) => format!("webhook {} to {}", e(&w.id), e(&w.url)),
         }
     }
 

@@ -316,8 +316,16 @@ async fn scheduled_backups_keep_the_newest_and_say_when_the_last_one_succeeded()
     let newest = kept.last().unwrap();
     let facts = latchkey::store::backup::inspect_copy(newest).await.unwrap();
     assert_eq!(facts.integrity, "ok");
-    // An older backup copied, with its seal, under a newer scheduled name:
-    // its seal keeps the time it was made, and the restore refuses it.
+    let metrics = app.metrics().await;
+    assert!(
+        metrics.contains("latchkey_backup_last_success_timestamp_seconds "),
+        "{metrics}"
+    );
+    app.stop().await;
+    // Stopped: no more backups nor pruning. An older backup copied, with
+    // its seal, under a newer scheduled name: its seal keeps the time it
+    // was made, and the restore refuses it.
+    let kept = files();
     let renamed = dir.path().join("latchkey-20991231T235959Z.db");
     std::fs::copy(&kept[0], &renamed).unwrap();
     std::fs::copy(kept[0].with_extension("db.mac"), renamed.with_extension("db.mac")).unwrap();
@@ -336,12 +344,6 @@ async fn scheduled_backups_keep_the_newest_and_say_when_the_last_one_succeeded()
     )
     .await;
     assert!(ok, "under its own name it restores: {text}");
-    let metrics = app.metrics().await;
-    assert!(
-        metrics.contains("latchkey_backup_last_success_timestamp_seconds "),
-        "{metrics}"
-    );
-    app.stop().await;
 }
 
 // The webhook of the export's test points at a loopback address.

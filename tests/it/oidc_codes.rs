@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::common::{free_port, unique_email, TestApp, PASSWORD};
 use crate::oidc::{application, pkce, query, Browser, CALLBACK};
-use latchkey::domain::oidc::client::{ClientKind, ConsentMode};
+use latchkey::domain::oidc::client::{ClientKind, ClientSettings, ConsentMode};
 
 crate::on_every_backend!(
     // The webhook of the events' test points at a loopback port where
@@ -20,7 +20,7 @@ crate::on_every_backend!(
     a_code_whose_browser_session_ended_starts_nothing_and_is_spent,
     an_applications_session_ends_no_later_than_the_browser_session_it_came_from,
     the_code_flow_records_its_events_with_their_webhook_deliveries,
-    a_code_bound_by_pkce_is_exchanged_without_its_redirect_uri,
+    a_code_is_exchanged_without_redirect_uri_only_by_a_client_with_one_registered,
 );
 
 /// A signed-in user's code for the new application `id` (consent
@@ -156,35 +156,63 @@ async fn the_code_flow_records_its_events_with_their_webhook_deliveries(app: &Te
     }
 }
 
-async fn a_code_bound_by_pkce_is_exchanged_without_its_redirect_uri(app: &TestApp) {
-    // OAuth 2.1 (draft) §10.2 and OpenID Connect Core §3.1.3.2: the
-    // verifier binds the code to its request; a redirect_uri given must
-    // still be the request's.
-    let (secret, code, verifier, _) = fresh_code(app, "no-redirect").await;
-    let send = |fields: Vec<(&'static str, String)>| {
-        let secret = secret.clone();
-        async move {
-            let r = app
-                .http
-                .post(app.url("/oauth/token"))
-                .basic_auth("no-redirect", Some(secret))
-                .form(&fields)
-                .send()
-                .await
-                .unwrap();
-            (r.status().as_u16(), r.json::<Value>().await.unwrap())
-        }
+async fn a_code_is_exchanged_without_redirect_uri_only_by_a_client_with_one_registered(app: &TestApp) {
+    // OpenID Connect Core §3.1.3.2: left out, it is the client's only
+    // registered redirect URI; a client with several must say which.
+    let (secret, code, verifier, email) = fresh_code(app, "one-uri").await;
+    let send = |client: &'static str, secret: String, fields: Vec<(&'static str, String)>| async move {
+        let r = app
+            .http
+            .post(app.url("/oauth/token"))
+            .basic_auth(client, Some(secret))
+            .form(&fields)
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json::<Value>().await.unwrap())
     };
-    let base = vec![
-        ("grant_type", "authorization_code".to_string()),
-        ("code", code.clone()),
-        ("code_verifier", verifier.clone()),
-    ];
-    let mut other = base.clone();
+    let form = |code: &str, verifier: &str| {
+        vec![
+            ("grant_type", "authorization_code".to_string()),
+            ("code", code.to_string()),
+            ("code_verifier", verifier.to_string()),
+        ]
+    };
+    let mut other = form(&code, &verifier);
     other.push(("redirect_uri", format!("{CALLBACK}/other")));
-    let (status, body) = send(other).await;
+    let (status, body) = send("one-uri", secret.clone(), other).await;
     assert_eq!((status, body["error"].as_str()), (400, Some("invalid_grant")));
-    let (status, body) = send(base).await;
+    let (status, body) = send("one-uri", secret, form(&code, &verifier)).await;
     assert_eq!(status, 200, "{body}");
     assert!(body["id_token"].is_string());
+
+    let mut two = ClientSettings::new(
+        ClientKind::Confidential,
+        vec![CALLBACK.into(), format!("{CALLBACK}/other")],
+    );
+    two.consent = ConsentMode::Skip;
+    let secret = app
+        .services
+        .features
+        .clients
+        .add("two-uris", None, &[], Some(&two))
+        .await
+        .unwrap()
+        .unwrap();
+    let (verifier, challenge) = pkce();
+    let back = Browser::new(app)
+        .authorize_and_sign_in("two-uris", "openid", &challenge, &email)
+        .await;
+    let code = query(back.location.as_deref().unwrap())["code"].clone();
+    let (status, body) = send("two-uris", secret.clone(), form(&code, &verifier)).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (400, Some("invalid_request")),
+        "{body}"
+    );
+    // Nothing was spent: with its redirect_uri, the code still works.
+    let mut named = form(&code, &verifier);
+    named.push(("redirect_uri", CALLBACK.to_string()));
+    let (status, body) = send("two-uris", secret, named).await;
+    assert_eq!(status, 200, "{body}");
 }

@@ -19,8 +19,7 @@ use crate::store::{AuthorizationCode, Redeemed};
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Presented<'a> {
     pub client_id: &'a str,
-    /// `None`: left out, which a code bound by PKCE allows (below).
-    pub redirect_uri: Option<&'a str>,
+    pub redirect_uri: &'a str,
     /// The S256 challenge of the verifier presented (`None`: no verifier).
     pub code_challenge: Option<&'a str>,
 }
@@ -48,16 +47,9 @@ pub(crate) enum Verdict {
 ///   spent ──────────────────────────────────────────────────────> Reused
 ///   unspent, expired ───────────────────────────────────────────> Refused
 ///   unspent, other redirect_uri (RFC 6749 §4.1.3) ──────────────> Refused
-///   unspent, no redirect_uri, no PKCE in its request ────────────> Refused
 ///   unspent, verifier missing, extra or not matching (RFC 7636) ─> Refused
 ///   unspent, all of them match ─────────────────────────────────> Redeem
 /// ```
-///
-/// A code whose request had a PKCE challenge may be exchanged without
-/// `redirect_uri`: the verifier binds it to the request that asked for it,
-/// which is what the parameter was for (OAuth 2.1 draft §10.2 drops it;
-/// OpenID Connect Core §3.1.3.2 lets a provider proceed without it; the
-/// certified node-oidc-provider does). Given, it must be the request's.
 ///
 /// Only the client a spent code was issued to ends what it got: a spent
 /// code found elsewhere (a log, a history) and presented by another client
@@ -76,11 +68,7 @@ pub(crate) fn judge(code: Option<&AuthorizationCode>, p: &Presented<'_>, now: i6
         (None, None) => true,
         _ => false,
     };
-    let redirect_matches = match p.redirect_uri {
-        Some(uri) => c.redirect_uri == uri,
-        None => c.code_challenge.is_some(),
-    };
-    if c.expires_at <= now || !redirect_matches || !challenge_matches {
+    if c.expires_at <= now || c.redirect_uri != p.redirect_uri || !challenge_matches {
         return Verdict::Refused;
     }
     Verdict::Redeem
@@ -150,6 +138,18 @@ impl Provider {
                 client.id
             )));
         }
+        // Left out, it is the client's only registered redirect URI (Core
+        // §3.1.3.2 lets a provider proceed; node-oidc-provider does); a
+        // client with several must say which.
+        let redirect_uri = match (redirect_uri, settings.redirect_uris.as_slice()) {
+            (Some(given), _) => given,
+            (None, [only]) => only.as_str(),
+            (None, _) => {
+                return Err(AuthError::BadRequest(
+                    "redirect_uri: required (the client registered several)".into(),
+                ))
+            }
+        };
         let challenge = verifier.map(|v| b64url(&sha256(v.as_bytes())));
         let hash = sha256(code.as_bytes());
         let now = now_ms();
@@ -326,7 +326,7 @@ mod tests {
     fn presented() -> Presented<'static> {
         Presented {
             client_id: "app",
-            redirect_uri: Some("https://app.example/cb"),
+            redirect_uri: "https://app.example/cb",
             code_challenge: Some("challenge"),
         }
     }
@@ -364,7 +364,7 @@ mod tests {
         };
         assert_eq!(judge(Some(&spent), &presented(), NOW), Verdict::Reused);
         let sloppy = Presented {
-            redirect_uri: Some("https://elsewhere.example/"),
+            redirect_uri: "https://elsewhere.example/",
             code_challenge: None,
             ..presented()
         };
@@ -387,7 +387,7 @@ mod tests {
             "",
         ] {
             let p = Presented {
-                redirect_uri: Some(uri),
+                redirect_uri: uri,
                 ..presented()
             };
             assert_eq!(judge(Some(&code()), &p, NOW), Verdict::Refused, "{uri}");
@@ -412,24 +412,5 @@ mod tests {
         };
         assert_eq!(judge(Some(&without), &presented(), NOW), Verdict::Refused);
         assert_eq!(judge(Some(&without), &missing, NOW), Verdict::Redeem);
-    }
-
-    #[test]
-    fn a_code_bound_by_pkce_is_redeemed_without_redirect_uri_and_one_without_pkce_is_not() {
-        let left_out = Presented {
-            redirect_uri: None,
-            ..presented()
-        };
-        assert_eq!(judge(Some(&code()), &left_out, NOW), Verdict::Redeem);
-        let without_pkce = AuthorizationCode {
-            code_challenge: None,
-            ..code()
-        };
-        let neither = Presented {
-            redirect_uri: None,
-            code_challenge: None,
-            ..presented()
-        };
-        assert_eq!(judge(Some(&without_pkce), &neither, NOW), Verdict::Refused);
     }
 }

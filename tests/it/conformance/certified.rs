@@ -527,18 +527,32 @@ async fn exchange(
 /// A signed-in user's real codes, misused at the token endpoint of both
 /// providers: each misuse gets the same status and `error` at both, and so
 /// does what follows it (the rightful exchange after a refused one, a code
-/// presented twice and the first exchange's access token at userinfo). A
-/// code exchanged without `redirect_uri` was the one difference found
-/// (latchkey refused it); both now accept it when PKCE bound the code.
+/// presented twice and the first exchange's access token at userinfo), and
+/// it is what the specifications ask.
 pub(super) async fn a_real_codes_misuses_get_the_same_answers_at_the_certified_provider(app: &TestApp) {
     const CLIENT: &str = "codes-compared";
-    let secret = application(app, CLIENT, ClientKind::Confidential, ConsentMode::Skip).await;
+    // Two redirect URIs: a token request must name the code's (Core
+    // §3.1.3.2 lets a provider fill in a client's only one).
+    let other_uri = format!("{CALLBACK}/other");
+    let mut settings = latchkey::domain::oidc::client::ClientSettings::new(
+        ClientKind::Confidential,
+        vec![CALLBACK.into(), other_uri.clone()],
+    );
+    settings.consent = ConsentMode::Skip;
+    let secret = app
+        .services
+        .features
+        .clients
+        .add(CLIENT, None, &[], Some(&settings))
+        .await
+        .unwrap()
+        .expect("a new client");
     let email = crate::common::unique_email(CLIENT);
     app.register_verified(&email, crate::common::PASSWORD).await;
     let op = CertifiedProvider::start(json!([{
         "client_id": CLIENT,
         "client_secret": secret,
-        "redirect_uris": [CALLBACK],
+        "redirect_uris": [CALLBACK, other_uri],
     }]))
     .await;
     let http = no_redirects();
@@ -617,4 +631,19 @@ pub(super) async fn a_real_codes_misuses_get_the_same_answers_at_the_certified_p
         .collect();
     let expected: [&str; 0] = [];
     assert_eq!(differences, expected, "{differences:#?}");
+    // And what both answer is what the specifications ask.
+    for line in [
+        "another verifier: 400 \"invalid_grant\"",
+        "another verifier, then the rightful exchange: 200 null",
+        "no redirect_uri: 400 \"invalid_request\"",
+        "a code, exchanged: 200 null",
+        "the same code again: 400 \"invalid_grant\"",
+        "the first exchange's access token at userinfo: 401",
+    ] {
+        assert!(
+            outcomes[0].iter().any(|o| o == line),
+            "{line}: {:#?}",
+            outcomes[0]
+        );
+    }
 }
