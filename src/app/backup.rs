@@ -340,7 +340,11 @@ pub async fn backup(config: &Config, path: &Path) -> anyhow::Result<()> {
     let store = Store::connect(&config.database).await?;
     match store.installation_get("secret_check").await? {
         Some(stored) if ct_eq(&stored, &keys.secret_check) => {}
-        _ => anyhow::bail!(
+        None => anyhow::bail!(
+            "this database holds no master secret check yet (the service never started on it): start \
+             `latchkey serve` on it once, then back it up"
+        ),
+        Some(_) => anyhow::bail!(
             "this database was not initialised under the configured master secret: run the backup with \
              the service's LATCHKEY_SECRET_KEY (or its <data_dir>/secret.key), or its seal would open under no other"
         ),

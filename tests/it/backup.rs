@@ -150,6 +150,19 @@ async fn a_restore_refuses_a_copy_it_cannot_trust_and_changes_nothing() {
         "{text}"
     );
     assert!(!elsewhere.exists() && !out.path().join("other-secret.db.mac").exists());
+    // A database the service never started on has no check value yet: the
+    // backup says so rather than blaming the secret.
+    let fresh = tempfile::tempdir().unwrap();
+    let (ok, text) = latchkey(fresh.path(), SECRET_KEY, &["migrate"]).await;
+    assert!(ok, "{text}");
+    let (ok, text) = latchkey(
+        fresh.path(),
+        SECRET_KEY,
+        &["backup", &elsewhere.display().to_string()],
+    )
+    .await;
+    assert!(!ok && text.contains("the service never started on it"), "{text}");
+    assert!(!elsewhere.exists());
     app.stop().await;
 
     let target = tempfile::tempdir().unwrap();
