@@ -5,8 +5,10 @@
 //! independent libraries that refuse anything off the specification
 //! ([`LIBRARIES`]: openid-client, Authlib, go-oidc, idpyoidc and the
 //! `openidconnect` crate, `tests/support/oidc-rp*`), each signing in
-//! through every scenario; the browser is played in Rust
-//! (tests/it/oidc.rs). The Basic OP scenarios are here, the logout plans'
+//! through every scenario, at latchkey and, where a certified provider can
+//! run the scenario, at node-oidc-provider too ([`Provider`]): the same
+//! assertions hold at both but for the differences each scenario names.
+//! The browser is played in Rust (tests/it/oidc.rs). The Basic OP scenarios are here, the logout plans'
 //! in `conformance/logout.rs`, the comparisons with a certified provider in
 //! `conformance/certified.rs`. docs/conformance.md has the table of every module of the
 //! three plans, with the scenario or existing test that answers it, or why
@@ -21,7 +23,7 @@ use serde_json::{json, Value};
 use crate::common::{unique_email, TestApp, PASSWORD};
 use crate::oidc::{
     application, assert_speaks, finish_with, hidden, query, rp_input, rp_of, with_query, Browser, Page,
-    AUTHLIB, CALLBACK, GO_OIDC, IDPYOIDC, ISSUER, OPENID_CLIENT, RUST_OPENIDCONNECT,
+    AFTER_LOGOUT, AUTHLIB, CALLBACK, GO_OIDC, IDPYOIDC, ISSUER, OPENID_CLIENT, RUST_OPENIDCONNECT,
 };
 use latchkey::domain::oidc::client::{ClientKind, ConsentMode};
 
@@ -29,6 +31,7 @@ use certified::{
     a_certified_provider_answers_as_latchkey_does_but_for_the_differences_documented,
     a_real_codes_misuses_get_the_same_answers_at_the_certified_provider,
     the_libraries_sign_in_at_the_certified_provider_and_get_the_same_claims_but_for_those_documented,
+    CertifiedProvider,
 };
 use logout::{
     oidcc_rp_initiated_logout_and_backchannel_logout_discovery_endpoint_verification,
@@ -74,8 +77,36 @@ crate::on_every_backend!(
 /// it passes only when each accepts every answer.
 const LIBRARIES: [&str; 5] = [OPENID_CLIENT, AUTHLIB, GO_OIDC, IDPYOIDC, RUST_OPENIDCONNECT];
 
+/// Where a scenario signs in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Provider {
+    Latchkey,
+    /// node-oidc-provider, certified for these plans ([`CertifiedProvider`]).
+    Certified,
+}
+
+/// The providers each scenario that a certified provider can run signs in
+/// at: latchkey, and, on the embedded backend, node-oidc-provider beside it
+/// (its answers do not depend on latchkey's backend, so it runs once).
+fn providers(app: &TestApp) -> &'static [Provider] {
+    if app.is_postgres() {
+        &[Provider::Latchkey]
+    } else {
+        &[Provider::Latchkey, Provider::Certified]
+    }
+}
+
+/// Every library of [`LIBRARIES`] at every provider of [`providers`].
+fn every_pair(app: &TestApp) -> impl Iterator<Item = (&'static str, &'static Provider)> {
+    let at = providers(app);
+    LIBRARIES
+        .into_iter()
+        .flat_map(move |l| at.iter().map(move |p| (l, p)))
+}
+
 /// A relying party of the scenarios: a confidential client that skips
-/// consent, a verified user, and a browser.
+/// consent, a verified user, and a browser, at latchkey or at the certified
+/// provider.
 struct Rp<'a> {
     app: &'a TestApp,
     /// The relying party's library ([`LIBRARIES`]).
@@ -84,28 +115,105 @@ struct Rp<'a> {
     secret: String,
     email: String,
     browser: Browser<'a>,
+    /// The certified provider it signs in at instead of latchkey, if any.
+    certified: Option<CertifiedProvider>,
 }
 
 impl<'a> Rp<'a> {
-    /// Client `id` of `library` (its id made unique per library).
+    /// Client `id` of `library` at latchkey (its id made unique per library).
     async fn new(app: &'a TestApp, id: &str, library: &'static str) -> Rp<'a> {
-        let id = format!("{id}-{library}");
+        Rp::at(Provider::Latchkey, app, id, library, json!({})).await
+    }
+
+    /// Client `id` of `library` at `provider`. At the certified provider,
+    /// which is started for it, the client has latchkey's client's id and
+    /// secret and `metadata` on top of the same settings, and a second
+    /// client `ID-other` with the same secret is there for scenarios that
+    /// need another; any login signs in there, as the user's address.
+    async fn at(
+        provider: Provider,
+        app: &'a TestApp,
+        id: &str,
+        library: &'static str,
+        metadata: Value,
+    ) -> Rp<'a> {
+        let id = match provider {
+            Provider::Latchkey => format!("{id}-{library}"),
+            Provider::Certified => format!("{id}-{library}-certified"),
+        };
         let secret = application(app, &id, ClientKind::Confidential, ConsentMode::Skip).await;
         let email = unique_email(&id);
         app.register_verified(&email, PASSWORD).await;
+        let certified = match provider {
+            Provider::Latchkey => None,
+            Provider::Certified => {
+                let client = |id: &str| {
+                    let mut c = json!({
+                        "client_id": id,
+                        "client_secret": secret,
+                        "redirect_uris": [CALLBACK],
+                        "post_logout_redirect_uris": [AFTER_LOGOUT],
+                        "id_token_signed_response_alg": "RS256",
+                    });
+                    if let (Some(c), Some(m)) = (c.as_object_mut(), metadata.as_object()) {
+                        c.extend(m.clone());
+                    }
+                    c
+                };
+                Some(CertifiedProvider::start(json!([client(&id), client(&format!("{id}-other"))])).await)
+            }
+        };
+        let browser = match &certified {
+            Some(op) => Browser::elsewhere(app, &op.issuer),
+            None => Browser::new(app),
+        };
         Rp {
             app,
             library,
             id,
             secret,
             email,
-            browser: Browser::new(app),
+            browser,
+            certified,
+        }
+    }
+
+    /// The URL of the provider's `userinfo` or `token` endpoint.
+    fn endpoint(&self, name: &str) -> String {
+        match &self.certified {
+            None => self.app.url(&format!("/oauth/{name}")),
+            Some(op) => format!("{}/{}", op.issuer, if name == "userinfo" { "me" } else { name }),
+        }
+    }
+
+    /// The URL of the provider's discovery document.
+    fn discovery(&self) -> String {
+        match &self.certified {
+            None => self.app.url("/.well-known/openid-configuration"),
+            Some(op) => format!("{}/.well-known/openid-configuration", op.issuer),
+        }
+    }
+
+    /// Another client at the same provider: (id, secret).
+    async fn other_client(&self) -> (String, String) {
+        let id = format!("{}-other", self.id);
+        match self.certified {
+            Some(_) => (id, self.secret.clone()),
+            None => {
+                let secret = application(self.app, &id, ClientKind::Confidential, ConsentMode::Skip).await;
+                (id, secret)
+            }
         }
     }
 
     /// The library's input for `scope`, with `extra` on top.
     fn input(&self, scope: &str, extra: Value) -> Value {
         let mut input = rp_input(self.app, &self.id, Some(&self.secret), scope);
+        if let Some(op) = &self.certified {
+            input["issuer"] = op.issuer.clone().into();
+            input["base"] = op.issuer.clone().into();
+            input["id_token_alg"] = "RS256".into();
+        }
         if let (Some(i), Some(e)) = (input.as_object_mut(), extra.as_object()) {
             i.extend(e.clone());
         }
@@ -147,6 +255,10 @@ impl<'a> Rp<'a> {
     async fn signed_in(&mut self, page: Page) -> Page {
         if page.location.is_some() {
             return page;
+        }
+        if self.certified.is_some() {
+            let email = self.email.clone();
+            return certified::through_certified_pages(&mut self.browser, page, &email).await;
         }
         let page = if page.body.contains("action=\"/oauth/consent\"") {
             page
@@ -200,29 +312,40 @@ async fn oidcc_response_type_missing(app: &TestApp) {
 /// token in a form body (RFC 6750 §2.2, which Core does not require and
 /// the module accepts a refusal of) is refused with `401` and a
 /// `WWW-Authenticate` challenge, telling nothing.
+///
+/// node-oidc-provider accepts the token in a form body: a difference
+/// documented in docs/conformance.md.
 async fn oidcc_userinfo_get_post_header_and_post_body(app: &TestApp) {
-    for library in LIBRARIES {
-        let mut rp = Rp::new(app, "userinfo", library).await;
+    for (library, &provider) in every_pair(app) {
+        let mut rp = Rp::at(provider, app, "userinfo", library, json!({})).await;
         let done = rp.sign_in(&rp.input("openid email", json!({}))).await;
         assert_eq!(done["userinfo"]["email"], rp.email.as_str(), "the library's GET");
         let at = done["access_token"].as_str().unwrap();
-        let get: Value = app.get_bearer("/oauth/userinfo", at).await.json().await.unwrap();
-        let post = app
+        let userinfo = rp.endpoint("userinfo");
+        let get: Value = app
             .http
-            .post(app.url("/oauth/userinfo"))
+            .get(&userinfo)
             .bearer_auth(at)
             .send()
             .await
+            .unwrap()
+            .json()
+            .await
             .unwrap();
+        let post = app.http.post(&userinfo).bearer_auth(at).send().await.unwrap();
         assert_eq!(post.status(), 200);
         assert_eq!(post.json::<Value>().await.unwrap(), get);
         let body = app
             .http
-            .post(app.url("/oauth/userinfo"))
+            .post(&userinfo)
             .form(&[("access_token", at)])
             .send()
             .await
             .unwrap();
+        if provider == Provider::Certified {
+            assert_eq!(body.status(), 200, "node-oidc-provider reads the body");
+            continue;
+        }
         assert_eq!(body.status(), 401);
         assert!(body.headers().contains_key("www-authenticate"));
         assert!(!body.text().await.unwrap().contains(&rp.email));
@@ -239,8 +362,8 @@ async fn oidcc_userinfo_get_post_header_and_post_body(app: &TestApp) {
 /// out of the request it built, and the scenario expects that refusal, the
 /// other libraries having accepted the same answer.
 async fn oidcc_ensure_request_without_nonce_succeeds_for_code_flow(app: &TestApp) {
-    for library in LIBRARIES {
-        let mut rp = Rp::new(app, "no-nonce", library).await;
+    for (library, &provider) in every_pair(app) {
+        let mut rp = Rp::at(provider, app, "no-nonce", library, json!({})).await;
         let input = rp.input("openid", json!({"no_nonce": true}));
         let started = rp.start(&input).await;
         let url = url::Url::parse(started["url"].as_str().unwrap()).unwrap();
@@ -273,21 +396,26 @@ async fn oidcc_ensure_request_without_nonce_succeeds_for_code_flow(app: &TestApp
 /// data for and does not list in `scopes_supported`, are ignored, not
 /// refused (Core §3.1.2.1), and the granted `scope` says so.
 async fn oidcc_scope_profile_email_address_phone_and_all(app: &TestApp) {
-    for library in LIBRARIES {
-        let mut rp = Rp::new(app, "scopes", library).await;
+    for (library, &provider) in every_pair(app) {
+        let mut rp = Rp::at(provider, app, "scopes", library, json!({})).await;
         let profile = rp.sign_in(&rp.input("openid profile", json!({}))).await;
         assert!(profile["userinfo"].get("email").is_none(), "{profile}");
         let email = rp.sign_in(&rp.input("openid email", json!({}))).await;
-        assert_eq!(email["claims"]["email"], rp.email.as_str());
+        assert_eq!(email["userinfo"]["email"], rp.email.as_str());
         assert_eq!(email["userinfo"]["email_verified"], true);
         let all = rp
             .sign_in(&rp.input("openid profile email address phone", json!({})))
             .await;
-        assert_eq!(all["scope"], "openid profile email", "{all}");
+        let mut granted: Vec<&str> = all["scope"].as_str().unwrap().split(' ').collect();
+        granted.sort();
+        assert_eq!(granted, ["email", "openid", "profile"], "{all}");
         assert_eq!(all["userinfo"]["email"], rp.email.as_str());
         let d: Value = app
-            .get("/.well-known/openid-configuration")
+            .http
+            .get(rp.discovery())
+            .send()
             .await
+            .unwrap()
             .json()
             .await
             .unwrap();
@@ -303,19 +431,19 @@ async fn oidcc_scope_profile_email_address_phone_and_all(app: &TestApp) {
 
 /// `oidcc-ensure-other-scope-order-succeeds`: scope order does not matter.
 async fn oidcc_ensure_other_scope_order_succeeds(app: &TestApp) {
-    for library in LIBRARIES {
-        let mut rp = Rp::new(app, "scope-order", library).await;
+    for (library, &provider) in every_pair(app) {
+        let mut rp = Rp::at(provider, app, "scope-order", library, json!({})).await;
         let done = rp.sign_in(&rp.input("email openid", json!({}))).await;
-        assert_eq!(done["claims"]["email"], rp.email.as_str());
+        assert_eq!(done["userinfo"]["email"], rp.email.as_str());
     }
 }
 
 /// `oidcc-display-page`, `oidcc-display-popup`: `display` is accepted; the
 /// page is the same one (Core §3.1.2.1 lets the provider choose).
 async fn oidcc_display_page_and_popup(app: &TestApp) {
-    for library in LIBRARIES {
+    for (library, &provider) in every_pair(app) {
         for display in ["page", "popup"] {
-            let mut rp = Rp::new(app, &format!("display-{display}"), library).await;
+            let mut rp = Rp::at(provider, app, &format!("display-{display}"), library, json!({})).await;
             let input = rp.input("openid", json!({"extra": {"display": display}}));
             let started = rp.start(&input).await;
             let page = rp.authorize(&started).await;
@@ -330,8 +458,8 @@ async fn oidcc_display_page_and_popup(app: &TestApp) {
 /// `oidcc-prompt-none-logged-in`: with a browser session, `prompt=none`
 /// answers at once with a code, and the sign-in completes.
 async fn oidcc_prompt_none_logged_in(app: &TestApp) {
-    for library in LIBRARIES {
-        let mut rp = Rp::new(app, "none-in", library).await;
+    for (library, &provider) in every_pair(app) {
+        let mut rp = Rp::at(provider, app, "none-in", library, json!({})).await;
         let first = rp.sign_in(&rp.input("openid", json!({}))).await;
         let input = rp.input("openid", json!({"extra": {"prompt": "none"}}));
         let started = rp.start(&input).await;
@@ -354,14 +482,25 @@ async fn oidcc_prompt_none_logged_in(app: &TestApp) {
 /// itself. (The module waits a second; here the session's sign-in is made
 /// older in the database instead, so the scenario takes no time.)
 async fn oidcc_max_age_1_and_max_age_10000(app: &TestApp) {
-    for library in LIBRARIES {
-        let mut rp = Rp::new(app, "max-age", library).await;
+    for (library, &provider) in every_pair(app) {
+        let mut rp = Rp::at(provider, app, "max-age", library, json!({})).await;
         let first = rp.sign_in(&rp.input("openid", json!({}))).await;
         let user = first["claims"]["sub"].as_str().unwrap().to_string();
-        app.sql(&format!(
-            "UPDATE sessions SET auth_time = auth_time - 5000 WHERE user_id = '{user}'"
-        ))
-        .await;
+        // The sign-in made older: in latchkey's database; at the certified
+        // provider by waiting, more than max_age=1 and well under 10000.
+        let aged = match provider {
+            Provider::Latchkey => {
+                app.sql(&format!(
+                    "UPDATE sessions SET auth_time = auth_time - 5000 WHERE user_id = '{user}'"
+                ))
+                .await;
+                5
+            }
+            Provider::Certified => {
+                tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
+                0
+            }
+        };
         let input = rp.input("openid", json!({"max_age": 10000, "extra": {"max_age": "10000"}}));
         let started = rp.start(&input).await;
         let back = rp.authorize(&started).await;
@@ -369,14 +508,17 @@ async fn oidcc_max_age_1_and_max_age_10000(app: &TestApp) {
         let kept = rp
             .finish(&started, &input, back.location.as_deref().unwrap())
             .await;
-        let old = first["claims"]["auth_time"].as_i64().unwrap() - 5;
-        assert_eq!(kept["claims"]["auth_time"].as_i64().unwrap(), old);
+        let old = kept["claims"]["auth_time"].as_i64().unwrap();
+        // node-oidc-provider names `auth_time` only when `max_age` asks.
+        if provider == Provider::Latchkey {
+            assert_eq!(first["claims"]["auth_time"].as_i64().unwrap() - aged, old);
+        }
 
         let input = rp.input("openid", json!({"max_age": 1, "extra": {"max_age": "1"}}));
         let started = rp.start(&input).await;
         let page = rp.authorize(&started).await;
         assert!(
-            page.body.contains("/oauth/login"),
+            page.body.contains("/oauth/login") || page.body.contains("name=\"login\""),
             "max_age=1: the password again"
         );
         let back = rp.signed_in(page).await;
@@ -390,8 +532,8 @@ async fn oidcc_max_age_1_and_max_age_10000(app: &TestApp) {
 /// `oidcc-ensure-request-with-unknown-parameter-succeeds`: parameters the
 /// provider does not know are ignored (Core §3.1.2.1).
 async fn oidcc_ensure_request_with_unknown_parameter_succeeds(app: &TestApp) {
-    for library in LIBRARIES {
-        let mut rp = Rp::new(app, "unknown-param", library).await;
+    for (library, &provider) in every_pair(app) {
+        let mut rp = Rp::at(provider, app, "unknown-param", library, json!({})).await;
         rp.sign_in(&rp.input("openid", json!({"extra": {"extra": "foobar"}})))
             .await;
     }
@@ -400,8 +542,8 @@ async fn oidcc_ensure_request_with_unknown_parameter_succeeds(app: &TestApp) {
 /// `oidcc-id-token-hint`: `prompt=none` with the user's own id_token as
 /// `id_token_hint` signs in silently, as the same user.
 async fn oidcc_id_token_hint(app: &TestApp) {
-    for library in LIBRARIES {
-        let mut rp = Rp::new(app, "hint", library).await;
+    for (library, &provider) in every_pair(app) {
+        let mut rp = Rp::at(provider, app, "hint", library, json!({})).await;
         let first = rp.sign_in(&rp.input("openid", json!({}))).await;
         let hint = first["id_token"].as_str().unwrap();
         let input = rp.input(
@@ -419,19 +561,23 @@ async fn oidcc_id_token_hint(app: &TestApp) {
 
 /// `oidcc-login-hint`: `login_hint` fills in the sign-in form's address.
 async fn oidcc_login_hint(app: &TestApp) {
-    for library in LIBRARIES {
-        let mut rp = Rp::new(app, "login-hint", library).await;
+    for (library, &provider) in every_pair(app) {
+        let mut rp = Rp::at(provider, app, "login-hint", library, json!({})).await;
         let email = rp.email.clone();
         let input = rp.input("openid", json!({"extra": {"login_hint": email}}));
         let started = rp.start(&input).await;
         let page = rp.authorize(&started).await;
-        assert!(
-            page.body.contains(&format!(
-                "name=\"email\" type=\"email\" autocomplete=\"username webauthn\" value=\"{email}\""
-            )),
-            "{}",
-            page.body
-        );
+        // The address field, filled in (node-oidc-provider's is `login`).
+        let filled = match provider {
+            Provider::Latchkey => {
+                format!("name=\"email\" type=\"email\" autocomplete=\"username webauthn\" value=\"{email}\"")
+            }
+            Provider::Certified => {
+                // (two spaces: an attribute left out between them)
+                format!("name=\"login\" placeholder=\"Enter any login\"  value=\"{email}\"")
+            }
+        };
+        assert!(page.body.contains(&filled), "{}", page.body);
         let back = rp.signed_in(page).await;
         rp.finish(&started, &input, back.location.as_deref().unwrap())
             .await;
@@ -443,10 +589,17 @@ async fn oidcc_login_hint(app: &TestApp) {
 /// es; `xx-YY fr` is French), English when they know none, and keep it
 /// through the sign-in (the page after a wrong password); claims have no
 /// localized forms (Core §5.2 lets a provider without them ignore
-/// `claims_locales`).
+/// `claims_locales`). At the certified provider, whose development pages
+/// have no translations, the sign-in with both succeeds.
 async fn oidcc_ui_locales_and_claims_locales(app: &TestApp) {
-    for library in LIBRARIES {
-        let mut rp = Rp::new(app, "locales", library).await;
+    for (library, &provider) in every_pair(app) {
+        let mut rp = Rp::at(provider, app, "locales", library, json!({})).await;
+        if provider == Provider::Certified {
+            let extra = json!({"extra": {"ui_locales": "de", "claims_locales": "de"}});
+            let done = rp.sign_in(&rp.input("openid email", extra)).await;
+            assert_eq!(done["userinfo"]["email"], rp.email.as_str());
+            continue;
+        }
         for (asked, lang, text) in [
             ("xx-YY fr", "fr", "Mot de passe oublié ?"),
             ("se xx-YY", "en", "Forgot your password?"),
@@ -499,12 +652,15 @@ async fn oidcc_ui_locales_and_claims_locales(app: &TestApp) {
 /// voluntary request (Core §3.1.2.1): asking for `1 2` signs in; a user
 /// without a second factor gets `acr` `1`.
 async fn oidcc_ensure_request_with_acr_values_succeeds(app: &TestApp) {
-    for library in LIBRARIES {
-        let mut rp = Rp::new(app, "acr", library).await;
+    for (library, &provider) in every_pair(app) {
+        let mut rp = Rp::at(provider, app, "acr", library, json!({})).await;
         let done = rp
             .sign_in(&rp.input("openid", json!({"extra": {"acr_values": "1 2"}})))
             .await;
-        assert_eq!(done["claims"]["acr"], "1", "{done}");
+        // node-oidc-provider's development pages assert no `acr`.
+        if provider == Provider::Latchkey {
+            assert_eq!(done["claims"]["acr"], "1", "{done}");
+        }
     }
 }
 
@@ -546,14 +702,21 @@ async fn oidcc_codereuse_30seconds(app: &TestApp) {
 /// `oidcc-ensure-post-request-succeeds`: the authorization request may be
 /// a form `POST` (Core §3.1.2.1).
 async fn oidcc_ensure_post_request_succeeds(app: &TestApp) {
-    for library in LIBRARIES {
-        let mut rp = Rp::new(app, "post-authz", library).await;
+    for (library, &provider) in every_pair(app) {
+        let mut rp = Rp::at(provider, app, "post-authz", library, json!({})).await;
         let input = rp.input("openid", json!({}));
         let started = rp.start(&input).await;
         let url = url::Url::parse(started["url"].as_str().unwrap()).unwrap();
         let form: Vec<(String, String)> = url.query_pairs().into_owned().collect();
         let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let page = rp.browser.post("/oauth/authorize", &form).await;
+        let endpoint = started["url"]
+            .as_str()
+            .unwrap()
+            .split('?')
+            .next()
+            .unwrap()
+            .to_string();
+        let page = rp.browser.post(&endpoint, &form).await;
         let page = rp.browser.follow(page).await;
         assert_eq!(page.status, StatusCode::OK, "{}", page.body);
         let back = rp.signed_in(page).await;
@@ -565,10 +728,14 @@ async fn oidcc_ensure_post_request_succeeds(app: &TestApp) {
 /// `oidcc-server-client-secret-post`: the whole sign-in with the client
 /// authenticating by `client_secret_post` at the token endpoint.
 async fn oidcc_server_client_secret_post(app: &TestApp) {
-    for library in LIBRARIES {
-        let mut rp = Rp::new(app, "secret-post", library).await;
+    for (library, &provider) in every_pair(app) {
+        let metadata = json!({"token_endpoint_auth_method": "client_secret_post"});
+        let mut rp = Rp::at(provider, app, "secret-post", library, metadata).await;
         let done = rp
-            .sign_in(&rp.input("openid offline_access", json!({"auth": "post"})))
+            .sign_in(&rp.input(
+                "openid offline_access",
+                json!({"auth": "post", "extra": {"prompt": "consent"}}),
+            ))
             .await;
         assert!(done["refreshed"]["access_token"].is_string(), "{done}");
     }
@@ -578,8 +745,8 @@ async fn oidcc_server_client_secret_post(app: &TestApp) {
 /// does not support (`claims_parameter_supported: false`), is ignored and
 /// the sign-in succeeds.
 async fn oidcc_claims_essential(app: &TestApp) {
-    for library in LIBRARIES {
-        let mut rp = Rp::new(app, "claims", library).await;
+    for (library, &provider) in every_pair(app) {
+        let mut rp = Rp::at(provider, app, "claims", library, json!({})).await;
         let claims = json!({"userinfo": {"name": {"essential": true}}}).to_string();
         rp.sign_in(&rp.input("openid", json!({"extra": {"claims": claims}})))
             .await;
@@ -590,14 +757,15 @@ async fn oidcc_claims_essential(app: &TestApp) {
 /// library refreshes) and not for another client, which gets
 /// `invalid_grant`.
 async fn oidcc_refresh_token(app: &TestApp) {
-    for library in LIBRARIES {
-        let mut rp = Rp::new(app, "refresher", library).await;
-        let done = rp.sign_in(&rp.input("openid offline_access", json!({}))).await;
-        let other_id = format!("other-{library}");
-        let other = application(app, &other_id, ClientKind::Confidential, ConsentMode::Skip).await;
+    for (library, &provider) in every_pair(app) {
+        let mut rp = Rp::at(provider, app, "refresher", library, json!({})).await;
+        let done = rp
+            .sign_in(&rp.input("openid offline_access", json!({"extra": {"prompt": "consent"}})))
+            .await;
+        let (other_id, other) = rp.other_client().await;
         let r = app
             .http
-            .post(app.url("/oauth/token"))
+            .post(rp.endpoint("token"))
             .basic_auth(&other_id, Some(&other))
             .form(&[
                 ("grant_type", "refresh_token"),

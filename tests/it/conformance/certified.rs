@@ -6,19 +6,19 @@ use serde_json::{json, Value};
 
 use super::{Rp, LIBRARIES};
 use crate::common::TestApp;
-use crate::oidc::{application, AFTER_LOGOUT, CALLBACK, ISSUER};
+use crate::oidc::{application, Browser, Page, AFTER_LOGOUT, CALLBACK, ISSUER};
 use latchkey::domain::oidc::client::{ClientKind, ConsentMode};
 
 /// node-oidc-provider (`tests/support/oidc-op/op.mjs`), certified for these
 /// plans, on a free loopback port for as long as this value lives.
-struct CertifiedProvider {
+pub(super) struct CertifiedProvider {
     child: std::process::Child,
-    issuer: String,
+    pub(super) issuer: String,
 }
 
 impl CertifiedProvider {
     /// Started with the clients `clients` (its JSON client metadata).
-    async fn start(clients: Value) -> CertifiedProvider {
+    pub(super) async fn start(clients: Value) -> CertifiedProvider {
         let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/oidc-op/op.mjs");
         let arg = json!({ "clients": clients }).to_string();
         tokio::task::spawn_blocking(move || {
@@ -139,7 +139,7 @@ fn probe_url(endpoint: &str, client: &str, change: &[(&str, Option<&str>)]) -> S
 /// discovery documents share the fields both support with the same values,
 /// and every probe of the authorization and token endpoints gets the same
 /// answer, but for the differences listed here and in docs/conformance.md
-/// ("Differences from the certified provider"), each a deliberate choice.
+/// ("Side by side with a certified provider"), each a deliberate choice.
 pub(super) async fn a_certified_provider_answers_as_latchkey_does_but_for_the_differences_documented(
     app: &TestApp,
 ) {
@@ -309,68 +309,45 @@ pub(super) async fn a_certified_provider_answers_as_latchkey_does_but_for_the_di
 }
 
 /// Signs in at node-oidc-provider's development pages, as `login`, from
-/// its authorization URL `url` (following its redirects, posting each
-/// form: the sign-in, then the consent): the redirect back to the client.
-async fn sign_in_at_the_certified_provider(
-    http: &reqwest::Client,
-    issuer: &str,
-    url: &str,
-    login: &str,
-) -> String {
-    let mut cookies: std::collections::HashMap<String, String> = Default::default();
-    let mut next = (url.to_string(), None::<Vec<(String, String)>>);
-    for _ in 0..12 {
-        let header = cookies
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join("; ");
-        let r = match &next.1 {
-            None => http.get(&next.0),
-            Some(form) => http.post(&next.0).form(form),
+/// its authorization URL `url`: the redirect back to the client.
+async fn sign_in_at_the_certified_provider(app: &TestApp, issuer: &str, url: &str, login: &str) -> String {
+    let mut browser = Browser::elsewhere(app, issuer);
+    let page = browser.get(url).await;
+    let page = browser.follow(page).await;
+    let back = through_certified_pages(&mut browser, page, login).await;
+    back.location.unwrap()
+}
+
+/// Goes on from `page` through node-oidc-provider's development pages
+/// (`browser` is at its origin), posting each form as `login` (its sign-in
+/// accepts any password; its consent page, a button) until it redirects
+/// back to the client: that redirect.
+pub(super) async fn through_certified_pages(browser: &mut Browser<'_>, mut page: Page, login: &str) -> Page {
+    for _ in 0..4 {
+        if let Some(to) = &page.location {
+            assert!(to.starts_with(CALLBACK), "back to the client: {to}");
+            return page;
         }
-        .header(reqwest::header::COOKIE, header)
-        .send()
-        .await
-        .unwrap();
-        for v in r.headers().get_all(reqwest::header::SET_COOKIE) {
-            let text = v.to_str().unwrap();
-            let pair = text.split(';').next().unwrap();
-            if let Some((k, val)) = pair.split_once('=') {
-                cookies.insert(k.to_string(), val.to_string());
+        let action = attribute(&page.body, "action").unwrap_or_else(|| panic!("a form: {}", page.body));
+        let mut form: Vec<(String, String)> = Vec::new();
+        let mut rest = page.body.as_str();
+        while let Some(at) = rest.find("<input") {
+            let tag = &rest[at..rest[at..].find('>').map_or(rest.len(), |e| at + e)];
+            if let Some(name) = attribute(tag, "name") {
+                let value = match name.as_str() {
+                    "login" => login.to_string(),
+                    "password" => "any".to_string(),
+                    _ => attribute(tag, "value").unwrap_or_default(),
+                };
+                form.push((name, value));
             }
+            rest = &rest[at + 6..];
         }
-        let location = r
-            .headers()
-            .get(reqwest::header::LOCATION)
-            .map(|v| v.to_str().unwrap().to_string());
-        match location {
-            Some(to) if to.starts_with(CALLBACK) => return to,
-            Some(to) if to.starts_with('/') => next = (format!("{issuer}{to}"), None),
-            Some(to) => next = (to, None),
-            None => {
-                let body = r.text().await.unwrap();
-                let action = attribute(&body, "action").unwrap_or_else(|| panic!("a form: {body}"));
-                assert!(action.starts_with(issuer), "{action}");
-                let mut form: Vec<(String, String)> = Vec::new();
-                let mut rest = body.as_str();
-                while let Some(at) = rest.find("<input") {
-                    let tag = &rest[at..rest[at..].find('>').map_or(rest.len(), |e| at + e)];
-                    if let Some(name) = attribute(tag, "name") {
-                        let value = match name.as_str() {
-                            "login" => login.to_string(),
-                            "password" => "any".to_string(),
-                            _ => attribute(tag, "value").unwrap_or_default(),
-                        };
-                        form.push((name, value));
-                    }
-                    rest = &rest[at + 6..];
-                }
-                next = (action, Some(form));
-            }
-        }
+        let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let next = browser.post(&action, &form).await;
+        page = browser.follow(next).await;
     }
-    panic!("no way back to the client from {url}");
+    panic!("no way back to the client: {}", page.body);
 }
 
 /// The value of the first `name="..."` attribute in `html`.
@@ -386,7 +363,6 @@ fn attribute(html: &str, name: &str) -> Option<String> {
 pub(super) async fn the_libraries_sign_in_at_the_certified_provider_and_get_the_same_claims_but_for_those_documented(
     app: &TestApp,
 ) {
-    let http = no_redirects();
     for library in LIBRARIES {
         let mut rp = Rp::new(app, "beside", library).await;
         let op = CertifiedProvider::start(json!([{
@@ -409,7 +385,7 @@ pub(super) async fn the_libraries_sign_in_at_the_certified_provider_and_get_the_
         input["base"] = op.issuer.clone().into();
         let started = rp.start(&input).await;
         let back =
-            sign_in_at_the_certified_provider(&http, &op.issuer, started["url"].as_str().unwrap(), &rp.email)
+            sign_in_at_the_certified_provider(app, &op.issuer, started["url"].as_str().unwrap(), &rp.email)
                 .await;
         let theirs = rp.finish(&started, &input, &back).await;
         let keys = |v: &Value| -> Vec<String> {
@@ -471,7 +447,7 @@ impl Side<'_> {
     }
 
     /// A fresh code for `client`, signed in as `email`: (code, verifier).
-    async fn code(&mut self, http: &reqwest::Client, client: &str, email: &str) -> (String, String) {
+    async fn code(&mut self, app: &TestApp, client: &str, email: &str) -> (String, String) {
         let (verifier, challenge) = crate::oidc::pkce();
         let back = match self {
             Side::Latchkey(browser) => {
@@ -487,7 +463,7 @@ impl Side<'_> {
                     client,
                     &[("code_challenge", Some(&challenge)), ("state", None)],
                 );
-                sign_in_at_the_certified_provider(http, issuer, &url, email).await
+                sign_in_at_the_certified_provider(app, issuer, &url, email).await
             }
         };
         (crate::oidc::query(&back)["code"].clone(), verifier)
@@ -596,7 +572,7 @@ pub(super) async fn a_real_codes_misuses_get_the_same_answers_at_the_certified_p
             }),
         ];
         for (name, change) in misuses {
-            let (code, verifier) = side.code(&http, CLIENT, &email).await;
+            let (code, verifier) = side.code(app, CLIENT, &email).await;
             let mut form = right(&code, &verifier);
             change(&mut form);
             note(name, &send(form).await);
@@ -605,7 +581,7 @@ pub(super) async fn a_real_codes_misuses_get_the_same_answers_at_the_certified_p
                 &send(right(&code, &verifier)).await,
             );
         }
-        let (code, verifier) = side.code(&http, CLIENT, &email).await;
+        let (code, verifier) = side.code(app, CLIENT, &email).await;
         let first = send(right(&code, &verifier)).await;
         note("a code, exchanged", &first);
         note("the same code again", &send(right(&code, &verifier)).await);

@@ -1,21 +1,35 @@
 //! The RP-Initiated Logout OP and Back-Channel Logout OP plans' modules
-//! (the scenarios of `super`, with its relying parties).
+//! (the scenarios of `super`, with its relying parties, at latchkey and at
+//! the certified provider).
 
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use super::{Rp, LIBRARIES};
+use super::{every_pair, Rp};
 use crate::common::TestApp;
-use crate::oidc::{hidden, query, with_query, Browser, Page, AFTER_LOGOUT, ISSUER};
+use crate::oidc::{hidden, query, with_query, Page, AFTER_LOGOUT, ISSUER};
 
-/// The logout URL of `params`.
-fn logout_url(params: &[(&str, &str)]) -> String {
-    with_query("/oauth/logout", params)
+/// The logout URL of `params` at `rp`'s provider.
+fn logout_url(rp: &Rp<'_>, params: &[(&str, &str)]) -> String {
+    match rp.certified {
+        None => with_query("/oauth/logout", params),
+        Some(_) => with_query("/session/end", params),
+    }
 }
 
 /// Confirms the logout page `page` (every parameter it carries): the answer.
-async fn confirm(browser: &mut Browser<'_>, page: &Page) -> Page {
+async fn confirm(rp: &mut Rp<'_>, page: &Page) -> Page {
     assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    if rp.certified.is_some() {
+        // node-oidc-provider's page: its token, and the button saying yes.
+        let form = [
+            ("xsrf", hidden(&page.body, "xsrf")),
+            ("logout", "yes".to_string()),
+        ];
+        let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        return rp.browser.post("/session/end/confirm", &form).await;
+    }
+    let browser = &mut rp.browser;
     let mut form = vec![("csrf".to_string(), hidden(&page.body, "csrf"))];
     for k in ["id_token_hint", "client_id", "post_logout_redirect_uri", "state"] {
         if page.body.contains(&format!("name=\"{k}\"")) {
@@ -39,7 +53,7 @@ async fn still_signed_in(rp: &mut Rp<'_>) -> bool {
 /// A logout request of `params` that the provider must refuse: an error
 /// page, no redirect, and the user still signed in.
 async fn refused_logout(rp: &mut Rp<'_>, params: &[(&str, &str)]) {
-    let page = rp.browser.get(&logout_url(params)).await;
+    let page = rp.browser.get(&logout_url(rp, params)).await;
     assert_eq!(
         (page.status, page.location.as_deref()),
         (StatusCode::BAD_REQUEST, None),
@@ -52,8 +66,8 @@ async fn refused_logout(rp: &mut Rp<'_>, params: &[(&str, &str)]) {
 /// `post_logout_redirect_uri` the client did not register is refused with
 /// an error page: no redirect, and the user stays signed in.
 pub(super) async fn oidcc_rp_initiated_logout_bad_post_logout_redirect_uri(app: &TestApp) {
-    for library in LIBRARIES {
-        let mut rp = Rp::new(app, "bad-plru", library).await;
+    for (library, &provider) in every_pair(app) {
+        let mut rp = Rp::at(provider, app, "bad-plru", library, json!({})).await;
         let done = rp.sign_in(&rp.input("openid", json!({}))).await;
         let hint = done["id_token"].as_str().unwrap();
         refused_logout(
@@ -72,8 +86,8 @@ pub(super) async fn oidcc_rp_initiated_logout_bad_post_logout_redirect_uri(app: 
 /// whose signature does not verify is refused with an error page: no
 /// redirect, and the user stays signed in.
 pub(super) async fn oidcc_rp_initiated_logout_modified_id_token_hint(app: &TestApp) {
-    for library in LIBRARIES {
-        let mut rp = Rp::new(app, "bad-hint", library).await;
+    for (library, &provider) in every_pair(app) {
+        let mut rp = Rp::at(provider, app, "bad-hint", library, json!({})).await;
         let done = rp.sign_in(&rp.input("openid", json!({}))).await;
         let token = done["id_token"].as_str().unwrap();
         let (signed, signature) = token.rsplit_once('.').unwrap();
@@ -94,29 +108,36 @@ pub(super) async fn oidcc_rp_initiated_logout_modified_id_token_hint(app: &TestA
 /// `oidcc-rp-initiated-logout-no-id-token-hint`: with a
 /// `post_logout_redirect_uri` but neither `id_token_hint` nor `client_id`,
 /// the provider cannot tell whose URI it is: it does not redirect there
-/// (RP-Initiated Logout §3). latchkey refuses the request with an error
-/// page; the user stays signed in.
+/// (RP-Initiated Logout §3), and may refuse or ask the user. latchkey
+/// refuses the request with an error page; the user stays signed in.
+/// node-oidc-provider drops the URI and asks: confirming signs out, to its
+/// own page.
 pub(super) async fn oidcc_rp_initiated_logout_no_id_token_hint(app: &TestApp) {
-    for library in LIBRARIES {
-        let mut rp = Rp::new(app, "no-hint", library).await;
+    for (library, &provider) in every_pair(app) {
+        let mut rp = Rp::at(provider, app, "no-hint", library, json!({})).await;
         rp.sign_in(&rp.input("openid", json!({}))).await;
+        let params = [("post_logout_redirect_uri", AFTER_LOGOUT), ("state", "s")];
+        if rp.certified.is_none() {
+            refused_logout(&mut rp, &params).await;
+            continue;
+        }
+        let page = rp.browser.get(&logout_url(&rp, &params)).await;
+        let out = confirm(&mut rp, &page).await;
+        let out = rp.browser.follow(out).await;
         // Never redirected to a URI nobody vouched for.
-        refused_logout(
-            &mut rp,
-            &[("post_logout_redirect_uri", AFTER_LOGOUT), ("state", "s")],
-        )
-        .await;
+        assert_eq!((out.status, out.location.as_deref()), (StatusCode::OK, None));
+        assert!(!still_signed_in(&mut rp).await);
     }
 }
 
 /// `oidcc-rp-initiated-logout-no-params`: a logout without any parameter
 /// asks the user, and confirming signs them out (a page, no redirect).
 pub(super) async fn oidcc_rp_initiated_logout_no_params(app: &TestApp) {
-    for library in LIBRARIES {
-        let mut rp = Rp::new(app, "no-params", library).await;
+    for (library, &provider) in every_pair(app) {
+        let mut rp = Rp::at(provider, app, "no-params", library, json!({})).await;
         rp.sign_in(&rp.input("openid", json!({}))).await;
-        let page = rp.browser.get("/oauth/logout").await;
-        let out = confirm(&mut rp.browser, &page).await;
+        let page = rp.browser.get(&logout_url(&rp, &[])).await;
+        let out = confirm(&mut rp, &page).await;
         let out = rp.browser.follow(out).await;
         assert_eq!(
             (out.status, out.location.as_deref()),
@@ -131,17 +152,12 @@ pub(super) async fn oidcc_rp_initiated_logout_no_params(app: &TestApp) {
 /// `oidcc-rp-initiated-logout-no-post-logout-redirect-uri`: with an
 /// `id_token_hint` only, the user is signed out and shown a page.
 pub(super) async fn oidcc_rp_initiated_logout_no_post_logout_redirect_uri(app: &TestApp) {
-    for library in LIBRARIES {
-        let mut rp = Rp::new(app, "no-plru", library).await;
+    for (library, &provider) in every_pair(app) {
+        let mut rp = Rp::at(provider, app, "no-plru", library, json!({})).await;
         let done = rp.sign_in(&rp.input("openid", json!({}))).await;
-        let page = rp
-            .browser
-            .get(&logout_url(&[(
-                "id_token_hint",
-                done["id_token"].as_str().unwrap(),
-            )]))
-            .await;
-        let out = confirm(&mut rp.browser, &page).await;
+        let url = logout_url(&rp, &[("id_token_hint", done["id_token"].as_str().unwrap())]);
+        let page = rp.browser.get(&url).await;
+        let out = confirm(&mut rp, &page).await;
         let out = rp.browser.follow(out).await;
         assert_eq!((out.status, out.location.as_deref()), (StatusCode::OK, None));
         assert!(!still_signed_in(&mut rp).await);
@@ -153,22 +169,24 @@ pub(super) async fn oidcc_rp_initiated_logout_no_post_logout_redirect_uri(app: &
 /// `state` but no `post_logout_redirect_uri`, there is no redirect to carry
 /// it (a page).
 pub(super) async fn oidcc_rp_initiated_logout_no_state_and_only_state(app: &TestApp) {
-    for library in LIBRARIES {
-        let mut rp = Rp::new(app, "states", library).await;
+    for (library, &provider) in every_pair(app) {
+        let mut rp = Rp::at(provider, app, "states", library, json!({})).await;
         let done = rp.sign_in(&rp.input("openid", json!({}))).await;
-        let page = rp
-            .browser
-            .get(&logout_url(&[
+        let url = logout_url(
+            &rp,
+            &[
                 ("id_token_hint", done["id_token"].as_str().unwrap()),
                 ("post_logout_redirect_uri", AFTER_LOGOUT),
-            ]))
-            .await;
-        let out = confirm(&mut rp.browser, &page).await;
+            ],
+        );
+        let page = rp.browser.get(&url).await;
+        let out = confirm(&mut rp, &page).await;
         assert_eq!(out.location.as_deref(), Some(AFTER_LOGOUT), "no state added");
 
         rp.sign_in(&rp.input("openid", json!({}))).await;
-        let page = rp.browser.get(&logout_url(&[("state", "only")])).await;
-        let out = confirm(&mut rp.browser, &page).await;
+        let url = logout_url(&rp, &[("state", "only")]);
+        let page = rp.browser.get(&url).await;
+        let out = confirm(&mut rp, &page).await;
         let out = rp.browser.follow(out).await;
         assert_eq!((out.status, out.location.as_deref()), (StatusCode::OK, None));
         assert!(!out.body.contains("only"), "the state goes nowhere");

@@ -99,6 +99,9 @@ pub async fn rp_of(library: &str, command: &str, input: &Value) -> Value {
 /// test reads each one), the issuer's name mapped to the app's address.
 pub struct Browser<'a> {
     app: &'a TestApp,
+    /// The origin of another provider whose pages this browser goes
+    /// through instead of latchkey's: paths are on it.
+    elsewhere: Option<String>,
     http: reqwest::Client,
     pub cookies: HashMap<String, String>,
     /// The `Accept-Language` it sends, if any.
@@ -116,6 +119,7 @@ impl<'a> Browser<'a> {
     pub fn new(app: &'a TestApp) -> Browser<'a> {
         Browser {
             app,
+            elsewhere: None,
             http: reqwest::Client::builder()
                 .redirect(reqwest::redirect::Policy::none())
                 .build()
@@ -135,12 +139,32 @@ impl<'a> Browser<'a> {
         h
     }
 
-    fn address(&self, url: &str) -> String {
-        match url.strip_prefix(ISSUER) {
-            Some(path) => self.app.url(path),
-            None if url.starts_with('/') => self.app.url(url),
-            None => url.to_string(),
+    /// A browser at another provider, whose origin is `origin`: paths and
+    /// redirects are followed there.
+    pub fn elsewhere(app: &'a TestApp, origin: &str) -> Browser<'a> {
+        Browser {
+            elsewhere: Some(origin.to_string()),
+            ..Browser::new(app)
         }
+    }
+
+    fn address(&self, url: &str) -> String {
+        match (&self.elsewhere, url.strip_prefix(ISSUER)) {
+            (Some(origin), _) if url.starts_with('/') => format!("{origin}{url}"),
+            (Some(_), _) => url.to_string(),
+            (None, Some(path)) => self.app.url(path),
+            (None, None) if url.starts_with('/') => self.app.url(url),
+            (None, None) => url.to_string(),
+        }
+    }
+
+    /// Whether a redirect to `url` stays at the provider.
+    fn stays(&self, url: &str) -> bool {
+        url.starts_with('/')
+            || match &self.elsewhere {
+                Some(origin) => url.starts_with(origin.as_str()),
+                None => url.starts_with(ISSUER),
+            }
     }
 
     fn cookie_header(&self) -> String {
@@ -156,7 +180,9 @@ impl<'a> Browser<'a> {
             let text = v.to_str().unwrap();
             let (pair, attrs) = text.split_once(';').unwrap_or((text, ""));
             let (k, val) = pair.split_once('=').unwrap();
-            if attrs.contains("Max-Age=0") {
+            // Removed by an age of 0 or a date in the past (1970's, as
+            // node's cookie library sends).
+            if attrs.contains("Max-Age=0") || attrs.contains("1970") {
                 self.cookies.remove(k);
             } else {
                 self.cookies.insert(k.to_string(), val.to_string());
@@ -203,12 +229,12 @@ impl<'a> Browser<'a> {
         self.read(r).await
     }
 
-    /// Follows redirects within latchkey; stops at one that leaves it (an
-    /// application's URI) or at a page.
+    /// Follows redirects within the provider; stops at one that leaves it
+    /// (an application's URI) or at a page.
     pub async fn follow(&mut self, mut page: Page) -> Page {
         for _ in 0..10 {
             match &page.location {
-                Some(to) if to.starts_with('/') || to.starts_with(ISSUER) => {
+                Some(to) if self.stays(to) => {
                     let to = to.clone();
                     page = self.get(&to).await;
                 }

@@ -3,7 +3,8 @@
 // the equivalent configuration (tests/it/conformance.rs compares the two):
 // the authorization code flow with PKCE (S256, required), the scopes openid,
 // profile (name), email (email, email_verified) and offline_access,
-// RP-initiated and back-channel logout, no claims parameter. Its development
+// RP-initiated and back-channel logout, no claims parameter, requests by
+// POST too. Its development
 // sign-in pages accept any login: the account is the login given, its email
 // that login.
 //
@@ -44,7 +45,11 @@ const provider = new Provider(issuer, {
   // A refresh token with offline_access, as latchkey gives one.
   issueRefreshToken: async (_ctx, client, code) =>
     client.grantTypeAllowed("refresh_token") && code.scopes.has("offline_access"),
-  cookies: { keys: ["latchkey-conformance-comparison-only"] },
+  // Authorization and logout requests by form POST too, as latchkey takes
+  // them (Core §3.1.2.1); off by default in node-oidc-provider 9, which
+  // then wants its session cookie sent on a cross-site POST (SameSite=None).
+  enableHttpPostMethods: true,
+  cookies: { keys: ["latchkey-conformance-comparison-only"], long: { sameSite: "none" } },
 });
 
 server.on("request", provider.callback());
