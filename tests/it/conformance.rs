@@ -25,7 +25,7 @@ use crate::oidc::{
     application, assert_speaks, finish_with, hidden, query, rp_input, rp_of, with_query, Browser, Page,
     AFTER_LOGOUT, AUTHLIB, CALLBACK, GO_OIDC, IDPYOIDC, ISSUER, OPENID_CLIENT, RUST_OPENIDCONNECT,
 };
-use latchkey::domain::oidc::client::{ClientKind, ConsentMode};
+use latchkey::domain::oidc::client::{ClientKind, ClientSettings, ConsentMode};
 
 use certified::{
     a_certified_provider_answers_as_latchkey_does_but_for_the_differences_documented,
@@ -34,6 +34,7 @@ use certified::{
     CertifiedProvider,
 };
 use logout::{
+    oidcc_backchannel_rp_initiated_logout,
     oidcc_rp_initiated_logout_and_backchannel_logout_discovery_endpoint_verification,
     oidcc_rp_initiated_logout_bad_post_logout_redirect_uri, oidcc_rp_initiated_logout_modified_id_token_hint,
     oidcc_rp_initiated_logout_no_id_token_hint, oidcc_rp_initiated_logout_no_params,
@@ -41,8 +42,13 @@ use logout::{
 };
 
 // The provider's defaults: an RS256 key for id_tokens beside the EdDSA one.
+// Logout tokens delivered to the scenarios' loopback receivers, retried soon.
 crate::on_every_backend!(
-    settings = &[("id_token_signing_algorithms", "RS256")];
+    settings = &[
+        ("id_token_signing_algorithms", "RS256"),
+        ("webhook_allow_private_addresses", "true"),
+        ("webhook_retry_base_ms", "100"),
+    ];
     oidcc_response_type_missing,
     oidcc_userinfo_get_post_header_and_post_body,
     oidcc_ensure_request_without_nonce_succeeds_for_code_flow,
@@ -68,6 +74,7 @@ crate::on_every_backend!(
     oidcc_rp_initiated_logout_no_post_logout_redirect_uri,
     oidcc_rp_initiated_logout_no_state_and_only_state,
     oidcc_rp_initiated_logout_and_backchannel_logout_discovery_endpoint_verification,
+    oidcc_backchannel_rp_initiated_logout,
     a_certified_provider_answers_as_latchkey_does_but_for_the_differences_documented,
     a_real_codes_misuses_get_the_same_answers_at_the_certified_provider,
     the_libraries_sign_in_at_the_certified_provider_and_get_the_same_claims_but_for_those_documented,
@@ -129,7 +136,8 @@ impl<'a> Rp<'a> {
     /// which is started for it, the client has latchkey's client's id and
     /// secret and `metadata` on top of the same settings, and a second
     /// client `ID-other` with the same secret is there for scenarios that
-    /// need another; any login signs in there, as the user's address.
+    /// need another; any login signs in there, as the user's address. At
+    /// latchkey, `metadata`'s `backchannel_logout_uri` is the client's.
     async fn at(
         provider: Provider,
         app: &'a TestApp,
@@ -142,6 +150,15 @@ impl<'a> Rp<'a> {
             Provider::Certified => format!("{id}-{library}-certified"),
         };
         let secret = application(app, &id, ClientKind::Confidential, ConsentMode::Skip).await;
+        if let (Provider::Latchkey, Some(uri)) = (provider, metadata["backchannel_logout_uri"].as_str()) {
+            // The settings of `application`, and the URI.
+            let mut settings = ClientSettings::new(ClientKind::Confidential, vec![CALLBACK.into()]);
+            settings.consent = ConsentMode::Skip;
+            settings.post_logout_redirect_uris = vec![AFTER_LOGOUT.into()];
+            settings.backchannel_logout_uri = Some(uri.to_string());
+            let clients = &app.services.features.clients;
+            assert!(clients.set_oidc(&id, Some(&settings)).await.unwrap());
+        }
         let email = unique_email(&id);
         app.register_verified(&email, PASSWORD).await;
         let certified = match provider {

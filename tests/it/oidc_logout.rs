@@ -28,19 +28,31 @@ crate::on_every_backend!(
 );
 
 /// What the application's back-channel endpoint received: each request's
-/// content type and body, in order. It answers `503` to the first request
-/// (an application briefly down), `200` after.
+/// content type and body, in order. By default it answers `503` to the
+/// first request (an application briefly down), `200` after.
 #[derive(Clone, Default)]
-struct Received(Arc<Mutex<Vec<(String, String)>>>);
+pub struct Received {
+    seen: Arc<Mutex<Vec<(String, String)>>>,
+    /// Answers `200` from the first request on.
+    steady: bool,
+}
 
 impl Received {
+    /// An endpoint that is never down.
+    pub fn steady() -> Received {
+        Received {
+            steady: true,
+            ..Received::default()
+        }
+    }
+
     fn all(&self) -> Vec<(String, String)> {
-        self.0.lock().unwrap().clone()
+        self.seen.lock().unwrap().clone()
     }
 }
 
 /// The application's back-channel endpoint on a loopback port: its URL.
-async fn endpoint(received: &Received) -> String {
+pub async fn endpoint(received: &Received) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let seen = received.clone();
@@ -53,9 +65,9 @@ async fn endpoint(received: &Received) -> String {
                     .get(axum::http::header::CONTENT_TYPE)
                     .map(|v| v.to_str().unwrap_or("").to_string())
                     .unwrap_or_default();
-                let mut all = seen.0.lock().unwrap();
+                let mut all = seen.seen.lock().unwrap();
                 all.push((kind, body));
-                if all.len() == 1 {
+                if all.len() == 1 && !seen.steady {
                     axum::http::StatusCode::SERVICE_UNAVAILABLE
                 } else {
                     axum::http::StatusCode::OK
@@ -99,11 +111,12 @@ fn claims(id_token: &str) -> Value {
 
 /// Waits (20 s at most) until the endpoint answered `200` once: every
 /// request received by then, the successful one last.
-async fn delivered(received: &Received) -> Vec<(String, String)> {
+pub async fn delivered(received: &Received) -> Vec<(String, String)> {
     let deadline = Instant::now() + Duration::from_secs(20);
+    let first_ok = if received.steady { 1 } else { 2 };
     loop {
         let all = received.all();
-        if all.len() >= 2 {
+        if all.len() >= first_ok {
             return all;
         }
         assert!(Instant::now() < deadline, "no logout token arrived: {all:?}");
@@ -112,16 +125,29 @@ async fn delivered(received: &Received) -> Vec<(String, String)> {
 }
 
 /// The logout token of a received form, validated as one signed in `alg`
-/// (the client's id_token algorithm) by jose (the JWT library of
+/// (the client's id_token algorithm) by latchkey ([`validated_from`]).
+async fn validated(app: &TestApp, client: &str, alg: &str, request: &(String, String)) -> Value {
+    validated_from(ISSUER, &app.url(""), client, alg, request).await
+}
+
+/// The logout token of a received form, validated as one of `issuer`
+/// (reached at `base`) signed in `alg` by jose (the JWT library of
 /// openid-client) and by go-oidc's `VerifyLogout`: its claims.
-async fn validated(app: &TestApp, client: &str, alg: &str, (kind, body): &(String, String)) -> Value {
+pub async fn validated_from(
+    issuer: &str,
+    base: &str,
+    client: &str,
+    alg: &str,
+    (kind, body): &(String, String),
+) -> Value {
     assert_eq!(kind, "application/x-www-form-urlencoded");
     let form: Vec<(String, String)> = url::form_urlencoded::parse(body.as_bytes())
         .into_owned()
         .collect();
     assert_eq!(form.len(), 1, "only logout_token: {form:?}");
     assert_eq!(form[0].0, "logout_token");
-    let input = json!({"issuer": ISSUER, "base": app.url(""), "client_id": client, "logout_token": form[0].1, "alg": alg});
+    let input =
+        json!({"issuer": issuer, "base": base, "client_id": client, "logout_token": form[0].1, "alg": alg});
     let go = rp_of(GO_OIDC, "logout-token", &input).await;
     assert!(
         go.get("error").is_none(),

@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 use super::{every_pair, Rp};
 use crate::common::TestApp;
 use crate::oidc::{hidden, query, with_query, Page, AFTER_LOGOUT, ISSUER};
+use crate::oidc_logout::{delivered, endpoint, validated_from, Received};
 
 /// The logout URL of `params` at `rp`'s provider.
 fn logout_url(rp: &Rp<'_>, params: &[(&str, &str)]) -> String {
@@ -190,6 +191,51 @@ pub(super) async fn oidcc_rp_initiated_logout_no_state_and_only_state(app: &Test
         let out = rp.browser.follow(out).await;
         assert_eq!((out.status, out.location.as_deref()), (StatusCode::OK, None));
         assert!(!out.body.contains("only"), "the state goes nowhere");
+    }
+}
+
+/// `oidcc-backchannel-rp-initiated-logout`: after an RP-initiated logout,
+/// the provider posts a logout token to the client's
+/// `backchannel_logout_uri`: a form with `logout_token` only, a JWT that
+/// jose and go-oidc validate as the specification tells a relying party to
+/// (signed with the client's algorithm by a key of the JWKS, `typ`
+/// `logout+jwt`, `iss`, `aud`, `iat`, `jti`, the back-channel event, no
+/// `nonce`), naming the `sid` and `sub` of the id_token; the browser
+/// session is over (`prompt=none` answers without a code).
+pub(super) async fn oidcc_backchannel_rp_initiated_logout(app: &TestApp) {
+    for (library, &provider) in every_pair(app) {
+        let received = Received::steady();
+        let uri = endpoint(&received).await;
+        let metadata = json!({"backchannel_logout_uri": uri, "backchannel_logout_session_required": true});
+        let mut rp = Rp::at(provider, app, "bcl", library, metadata).await;
+        let done = rp.sign_in(&rp.input("openid", json!({}))).await;
+        let url = logout_url(
+            &rp,
+            &[
+                ("id_token_hint", done["id_token"].as_str().unwrap()),
+                ("post_logout_redirect_uri", AFTER_LOGOUT),
+            ],
+        );
+        let page = rp.browser.get(&url).await;
+        let out = confirm(&mut rp, &page).await;
+        assert_eq!(out.location.as_deref(), Some(AFTER_LOGOUT));
+        // Signed as the client's id_tokens are.
+        let (issuer, base, alg) = match &rp.certified {
+            None => (ISSUER.to_string(), app.url(""), "EdDSA"),
+            Some(op) => (op.issuer.clone(), op.issuer.clone(), "RS256"),
+        };
+        let all = delivered(&received).await;
+        assert_eq!(all.len(), 1, "one session ended: one logout token");
+        let token = validated_from(&issuer, &base, &rp.id, alg, &all[0]).await;
+        assert_eq!(
+            (&token["sid"], &token["sub"]),
+            (&done["claims"]["sid"], &done["claims"]["sub"])
+        );
+        assert!(
+            token["sid"].is_string() && token.get("nonce").is_none(),
+            "{token}"
+        );
+        assert!(!still_signed_in(&mut rp).await);
     }
 }
 

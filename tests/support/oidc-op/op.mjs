@@ -49,10 +49,15 @@ const provider = new Provider(issuer, {
   // them (Core §3.1.2.1); off by default in node-oidc-provider 9, which
   // then wants its session cookie sent on a cross-site POST (SameSite=None).
   enableHttpPostMethods: true,
+  // Logout tokens go to the tests' receivers on loopback, which its guard
+  // against requests to special-use addresses refuses (as latchkey's
+  // does unless webhook_allow_private_addresses is set).
+  fetch: (url, { dispatcher: _guard, ...options }) => globalThis.fetch(url, options),
   cookies: { keys: ["latchkey-conformance-comparison-only"], long: { sameSite: "none" } },
 });
 
 server.on("request", provider.callback());
+provider.on("backchannel.error", (_ctx, err) => console.error("backchannel.error", err));
 console.log(`ready ${issuer}`);
 // The test reads the one line above; the provider's notices go to stderr.
 console.log = console.info = console.warn = console.error;
