@@ -190,6 +190,10 @@ pub struct ServerKeys {
     pub secret_check: [u8; 32],
     /// The seal of a backup's bytes (`latchkey backup`, docs/backup.md).
     pub backups: MacKey,
+    /// Sealing of upstream providers' client secrets at rest, and of a
+    /// sign-in's journey through an upstream (its cookie,
+    /// docs/federation.md), each with its own associated data.
+    pub upstreams: Sealer,
 }
 
 impl ServerKeys {
@@ -205,6 +209,7 @@ impl ServerKeys {
             authorizations: Sealer::new(&root.mac(&[b"latchkey/authorizations/v1"])),
             secret_check: root.mac(&[b"latchkey/secret-check/v1"]),
             backups: MacKey::new(&root.mac(&[b"latchkey/backups/v1"])),
+            upstreams: Sealer::new(&root.mac(&[b"latchkey/upstreams/v1"])),
         }
     }
 }

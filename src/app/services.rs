@@ -14,6 +14,7 @@ use crate::domain::admin::Admin;
 use crate::domain::clients::Clients;
 use crate::domain::codebook::CodeBook;
 use crate::domain::credcache::CredentialCache;
+use crate::domain::federation::Federation;
 use crate::domain::hashing::HashPool;
 use crate::domain::login::Login;
 use crate::domain::mfa::SecondFactors;
@@ -90,6 +91,7 @@ impl Services {
             authorizations,
             secret_check,
             backups,
+            upstreams,
         } = ServerKeys::derive(&master);
         check_master_secret(&store, &secret_check, &signing_keys).await?;
         let users = Arc::new(UserCache::new(100_000, Duration::from_secs(60)));
@@ -165,6 +167,12 @@ impl Services {
             config.oidc.clone(),
             origins.clone(),
         ));
+        let login = Arc::new(Login::new(
+            shared.clone(),
+            passwords.clone(),
+            factors.clone(),
+            sessions.clone(),
+        ));
         let features = Features {
             provider,
             signup: Arc::new(SignUp::new(
@@ -173,11 +181,12 @@ impl Services {
                 sessions.clone(),
                 factors.clone(),
             )),
-            login: Arc::new(Login::new(
+            login: login.clone(),
+            federation: Arc::new(Federation::new(
                 shared.clone(),
-                passwords.clone(),
-                factors.clone(),
-                sessions.clone(),
+                login,
+                upstreams,
+                &config.tokens.issuer,
             )),
             admin: Arc::new(Admin::new(shared.clone(), codebook)),
             clients: Arc::new(Clients::new(
@@ -196,6 +205,11 @@ impl Services {
             factors,
             sessions,
         };
+        features
+            .federation
+            .refresh()
+            .await
+            .context("reading the upstream providers")?;
         let pages = crate::http::pages::Pages::load(
             config.http.pages_dir.as_deref(),
             config.tokens.issuer.starts_with("https://"),

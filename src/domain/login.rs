@@ -11,6 +11,7 @@
 //!                                      └─> Disabled ────────> 403 ACCOUNT_DISABLED
 //!  step up ── right factor ──> sessions::start (second factor passed) ──> tokens
 //!  passkey ── right assertion ──> sessions::start (second factor passed) ──> tokens
+//!  upstream (federation) ──> sessions::start (amr fed) ──> as a password's
 //! ```
 
 use std::sync::Arc;
@@ -111,6 +112,15 @@ impl Login {
             .finish_passkey_login(origin, ceremony_token, credential)
             .await?;
         self.start_session(&user, None, origin, authn, true).await
+    }
+
+    /// A login through an upstream provider that signed `user` in
+    /// (`federation`, which applied the linking rule): a session whose
+    /// `amr` is `fed`, or the step up to the account's second factor.
+    pub async fn upstream(&self, origin: &Origin, user: &UserRecord) -> Result<TokenPair, AuthError> {
+        self.login_limit(origin).await?;
+        self.start_session(user, None, origin, Authn::new("fed", now_ms()), false)
+            .await
     }
 
     /// Every way in is under the client address's login limit (`login_ip`)

@@ -52,4 +52,5 @@ pub struct Features {
     pub clients: Arc<clients::Clients>,
     pub webhooks: Arc<webhooks::Webhooks>,
     pub provider: Arc<oidc::Provider>,
+    pub federation: Arc<federation::Federation>,
 }

@@ -33,6 +33,7 @@ use utoipa::{Modify, OpenApi};
 
 use crate::domain::admin::Admin;
 use crate::domain::clients::Clients;
+use crate::domain::federation::Federation;
 use crate::domain::login::Login;
 use crate::domain::mfa::SecondFactors;
 use crate::domain::oidc::Provider;
@@ -58,6 +59,7 @@ pub struct ApiState {
     clients: Arc<Clients>,
     webhooks: Arc<Webhooks>,
     provider: Arc<Provider>,
+    federation: Arc<Federation>,
     /// The sign-in pages' templates.
     pages: pages::Pages,
     tokens: Arc<Verifier>,
@@ -85,6 +87,7 @@ impl ApiState {
             clients,
             webhooks,
             provider,
+            federation,
         } = features;
         Arc::new(ApiState {
             signup,
@@ -96,6 +99,7 @@ impl ApiState {
             clients,
             webhooks,
             provider,
+            federation,
             pages,
             tokens,
             limiter,
@@ -295,6 +299,8 @@ fn routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ("/oauth/login", post(oidc::login)),
         ("/oauth/mfa", post(oidc::mfa)),
         ("/oauth/passkey", post(oidc::passkey)),
+        ("/oauth/upstream/callback", get(oidc::upstream_arrive)),
+        ("/oauth/upstream/{name}", get(oidc::upstream_depart)),
         ("/oauth/signup", get(oidc::signup_form).post(oidc::signup)),
         ("/oauth/signup/verify", post(oidc::verify)),
         ("/oauth/reset", get(oidc::reset_form).post(oidc::reset)),

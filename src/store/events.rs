@@ -131,6 +131,8 @@ pub const KINDS: &[&str] = &[
     "oauth.code_reused",
     "oauth.consent_granted",
     "oauth.consent_revoked",
+    "identity.linked",
+    "identity.unlinked",
 ];
 
 /// The family of a kind: up to its first dot, the dot included (`session.`).

@@ -27,6 +27,7 @@ mod pool;
 mod registration;
 mod sessions;
 mod settings;
+mod upstreams;
 mod users;
 mod webhooks;
 
@@ -42,6 +43,7 @@ pub use sessions::{
     KeepSessions, LiveRotation, NewSession, RefreshRecord, SessionRecord, SessionStart, MAX_LISTED_SESSIONS,
 };
 pub use settings::{DatabaseConfig, DatabaseUrl};
+pub use upstreams::{IdentityRecord, UpstreamRecord, UpstreamSignUp};
 pub use users::{EmailChange, ImportOutcome, ImportedUser, UserFilter, UserRecord};
 pub use webhooks::{Attempted, DeliveryRecord, DeliveryRow, WebhookRecord};
 

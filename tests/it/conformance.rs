@@ -14,7 +14,7 @@
 //! three plans, with the scenario or existing test that answers it, or why
 //! it does not apply.
 
-mod certified;
+pub(crate) mod certified;
 mod logout;
 
 use reqwest::StatusCode;

@@ -17,11 +17,11 @@ use crate::clock::now_ms;
 use crate::crypto::{b64url, sha256, Sealer};
 use crate::store::KeyRecord;
 
-pub(super) struct Key {
+pub(crate) struct Key {
     pub kid: String,
     pub alg: Algorithm,
     /// Only for a key whose private half we hold (the issuer's signer).
-    pub signing: Option<SigningKey>,
+    pub(super) signing: Option<SigningKey>,
     pub decoding: DecodingKey,
     pub jwk: serde_json::Value,
     /// 0 for keys known only from a JWKS.
@@ -407,4 +407,14 @@ impl Signer {
             .filter(|a| !present.contains(a))
             .collect()
     }
+}
+
+/// An Ed25519 key for tests elsewhere in the crate: (kid, PKCS#8, public JWK).
+#[cfg(test)]
+pub(crate) fn test_ed25519_key() -> (String, Vec<u8>, serde_json::Value) {
+    let doc = Ed25519KeyPair::generate_pkcs8(&SystemRandom::new()).unwrap();
+    let pair = Ed25519KeyPair::from_pkcs8(doc.as_ref()).unwrap();
+    let x = b64url(pair.public_key().as_ref());
+    let jwk = serde_json::json!({"crv": "Ed25519", "kty": "OKP", "x": x, "kid": "k-1"});
+    ("k-1".to_string(), doc.as_ref().to_vec(), jwk)
 }

@@ -16,7 +16,7 @@
 //! signature, `iss`, `aud`, `exp` and `nbf` with 60 s leeway.
 
 mod issuer;
-mod keys;
+pub(crate) mod keys;
 mod verifier;
 
 pub use crate::store::KeyRecord;

@@ -10,14 +10,17 @@
 //! every page says where its forms may go (`form-action`) and that no page
 //! may frame it.
 //!
-//! `page.rs` holds what every page needs, `signin.rs` the sign-in forms;
+//! `page.rs` holds what every page needs, `signin.rs` the sign-in forms,
+//! `upstream.rs` the way through another provider ("Continue with ...");
 //! this file the protocol's endpoints (authorize, consent, logout,
 //! userinfo, consents).
 
 mod page;
 mod signin;
+mod upstream;
 
 pub use signin::{login, mfa, passkey, reset, reset_confirm, reset_form, signup, signup_form, verify};
+pub use upstream::{arrive as upstream_arrive, depart as upstream_depart};
 
 use axum::body::Bytes;
 use axum::extract::{Query, State};

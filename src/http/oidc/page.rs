@@ -263,16 +263,30 @@ pub(super) fn login_page(
         Some((s, m)) => (s, message(m, s.is_client_error() || s.is_server_error())),
         None => (StatusCode::OK, String::new()),
     };
-    pending_page(
+    // "Continue with ..." for each upstream provider.
+    let upstreams: String = st
+        .federation
+        .listed()
+        .iter()
+        .map(|u| {
+            format!(
+                "<p class=\"upstream\"><a href=\"/oauth/upstream/{}?authz={}\">{}</a></p>\n",
+                escape(&u.name),
+                escape(pending),
+                escape(&v.lang.format(Key::ContinueWith, &[("name", &u.display_name)]))
+            )
+        })
+        .collect();
+    pending_page_with(
         st,
         v,
         client,
         status,
-        Key::TitleSignIn,
-        "login.html",
+        (Key::TitleSignIn, "login.html"),
         pending,
         email,
         &msg,
+        &[("upstreams", &upstreams)],
     )
 }
 
@@ -290,6 +304,30 @@ pub(super) fn pending_page(
     email: &str,
     msg: &str,
 ) -> Response {
+    pending_page_with(st, v, client, status, (title, template), pending, email, msg, &[])
+}
+
+/// [`pending_page`] with values of its template's own (`extra`).
+#[allow(clippy::too_many_arguments)]
+fn pending_page_with(
+    st: &AppState,
+    v: &Visit,
+    client: &ClientView,
+    status: StatusCode,
+    (title, template): (Key, &str),
+    pending: &str,
+    email: &str,
+    msg: &str,
+    extra: &[(&str, &str)],
+) -> Response {
+    let mut values = vec![
+        ("client", client.name.as_str()),
+        ("message", msg),
+        ("authz", pending),
+        ("csrf", v.csrf.as_str()),
+        ("email", email),
+    ];
+    values.extend_from_slice(extra);
     v.finish(
         st,
         st.pages.page(
@@ -297,13 +335,7 @@ pub(super) fn pending_page(
             v.lang,
             title,
             template,
-            &[
-                ("client", &client.name),
-                ("message", msg),
-                ("authz", pending),
-                ("csrf", &v.csrf),
-                ("email", email),
-            ],
+            &values,
             &[&client.redirect_origin],
         ),
     )

@@ -567,4 +567,47 @@ catalogue! {
         fr: "La post_logout_redirect_uri n’est pas l’une de celles que l’application a enregistrées.",
         es: "La post_logout_redirect_uri no es una de las que registró la aplicación.",
     }
+    // Signing in through an upstream provider ({name}: its display name).
+    ContinueWith "continue_with" {
+        en: "Continue with {name}",
+        de: "Weiter mit {name}",
+        fr: "Continuer avec {name}",
+        es: "Continuar con {name}",
+    }
+    UpstreamFailed "upstream_failed" {
+        en: "Signing in with {name} did not work. Try again, or sign in another way.",
+        de: "Die Anmeldung mit {name} hat nicht geklappt. Versuchen Sie es erneut oder melden Sie sich anders an.",
+        fr: "La connexion avec {name} n’a pas abouti. Réessayez, ou connectez-vous autrement.",
+        es: "El inicio de sesión con {name} no funcionó. Inténtelo de nuevo o inicie sesión de otra forma.",
+    }
+    UpstreamUnknown "upstream_unknown" {
+        en: "That is not a way to sign in here.",
+        de: "Das ist hier keine Möglichkeit zur Anmeldung.",
+        fr: "Ce n’est pas un moyen de se connecter ici.",
+        es: "Esa no es una forma de iniciar sesión aquí.",
+    }
+    UpstreamJourney "upstream_journey" {
+        en: "This sign-in took too long or began in another browser. Please start again.",
+        de: "Diese Anmeldung hat zu lange gedauert oder wurde in einem anderen Browser begonnen. Bitte beginnen Sie erneut.",
+        fr: "Cette connexion a pris trop de temps ou a commencé dans un autre navigateur. Veuillez recommencer.",
+        es: "Este inicio de sesión tardó demasiado o empezó en otro navegador. Vuelva a empezar.",
+    }
+    UpstreamUnverified "upstream_unverified" {
+        en: "{name} did not confirm your email address, so it cannot sign you in here.",
+        de: "{name} hat Ihre E-Mail-Adresse nicht bestätigt und kann Sie hier daher nicht anmelden.",
+        fr: "{name} n’a pas confirmé votre adresse e-mail : il ne peut donc pas vous connecter ici.",
+        es: "{name} no confirmó su dirección de correo, así que no puede iniciar su sesión aquí.",
+    }
+    UpstreamNoAccount "upstream_no_account" {
+        en: "No account here is linked to your {name} account.",
+        de: "Kein Konto hier ist mit Ihrem {name}-Konto verknüpft.",
+        fr: "Aucun compte ici n’est lié à votre compte {name}.",
+        es: "Ninguna cuenta de aquí está vinculada a su cuenta de {name}.",
+    }
+    UpstreamProveFirst "upstream_prove_first" {
+        en: "An account with your address exists here, and {name} is not linked to it. Sign in with its password.",
+        de: "Hier gibt es bereits ein Konto mit Ihrer Adresse, und {name} ist nicht damit verknüpft. Melden Sie sich mit seinem Passwort an.",
+        fr: "Un compte avec votre adresse existe ici, et {name} n’y est pas lié. Connectez-vous avec son mot de passe.",
+        es: "Aquí existe una cuenta con su dirección y {name} no está vinculado a ella. Inicie sesión con su contraseña.",
+    }
 }

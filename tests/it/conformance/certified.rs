@@ -11,14 +11,14 @@ use latchkey::domain::oidc::client::{ClientKind, ConsentMode};
 
 /// node-oidc-provider (`tests/support/oidc-op/op.mjs`), certified for these
 /// plans, on a free loopback port for as long as this value lives.
-pub(super) struct CertifiedProvider {
+pub(crate) struct CertifiedProvider {
     child: std::process::Child,
-    pub(super) issuer: String,
+    pub(crate) issuer: String,
 }
 
 impl CertifiedProvider {
     /// Started with the clients `clients` (its JSON client metadata).
-    pub(super) async fn start(clients: Value) -> CertifiedProvider {
+    pub(crate) async fn start(clients: Value) -> CertifiedProvider {
         let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/oidc-op/op.mjs");
         let arg = json!({ "clients": clients }).to_string();
         tokio::task::spawn_blocking(move || {
@@ -322,10 +322,9 @@ async fn sign_in_at_the_certified_provider(app: &TestApp, issuer: &str, url: &st
 /// (`browser` is at its origin), posting each form as `login` (its sign-in
 /// accepts any password; its consent page, a button) until it redirects
 /// back to the client: that redirect.
-pub(super) async fn through_certified_pages(browser: &mut Browser<'_>, mut page: Page, login: &str) -> Page {
+pub(crate) async fn through_certified_pages(browser: &mut Browser<'_>, mut page: Page, login: &str) -> Page {
     for _ in 0..4 {
-        if let Some(to) = &page.location {
-            assert!(to.starts_with(CALLBACK), "back to the client: {to}");
+        if page.location.is_some() {
             return page;
         }
         let action = attribute(&page.body, "action").unwrap_or_else(|| panic!("a form: {}", page.body));

@@ -304,7 +304,14 @@ pub async fn code_grant_in(
     let callback = back
         .location
         .unwrap_or_else(|| panic!("back to the application: {}", back.body));
-    let code = query(&callback)["code"].clone();
+    exchange_code(app, id, secret, &callback, &verifier).await
+}
+
+/// The code of the redirect back to the application, `callback`,
+/// exchanged by the confidential client `id` with PKCE `verifier`: the
+/// token answer.
+pub async fn exchange_code(app: &TestApp, id: &str, secret: &str, callback: &str, verifier: &str) -> Value {
+    let code = query(callback)["code"].clone();
     let r = app
         .http
         .post(app.url("/oauth/token"))
@@ -313,7 +320,7 @@ pub async fn code_grant_in(
             ("grant_type", "authorization_code"),
             ("code", &code),
             ("redirect_uri", CALLBACK),
-            ("code_verifier", &verifier),
+            ("code_verifier", verifier),
         ])
         .send()
         .await

@@ -6,7 +6,7 @@
 // RP-initiated and back-channel logout, no claims parameter, requests by
 // POST too. Its development
 // sign-in pages accept any login: the account is the login given, its email
-// that login.
+// that login (verified, unless the login starts with "unverified").
 //
 //   node op.mjs '{"clients": [{"client_id","client_secret","redirect_uris",
 //                 "post_logout_redirect_uris"?}]}'
@@ -39,7 +39,9 @@ const provider = new Provider(issuer, {
   findAccount: async (_ctx, id) => ({
     accountId: id,
     async claims() {
-      return { sub: id, email: id, email_verified: true };
+      // A login that starts with "unverified" has an address its owner
+      // never confirmed (for the federation tests).
+      return { sub: id, email: id, email_verified: !id.startsWith("unverified") };
     },
   }),
   // A refresh token with offline_access, as latchkey gives one.

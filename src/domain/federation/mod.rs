@@ -1,0 +1,503 @@
+//! Signing in with other providers (docs/federation.md): an upstream
+//! OpenID Provider signs the person in, and latchkey starts a session of
+//! the account the upstream identity is linked to, or of a new account,
+//! by the rule of [`rule::decide`].
+//!
+//! ```text
+//!  browser              latchkey (pages)                 upstream
+//!    │ Continue with X ──> depart: state, nonce, PKCE ──────> /authorize
+//!    │    (the journey sealed into a cookie of this browser)     │ signs in
+//!    │ <───────────────────────────── code, state, iss ──────────┘
+//!    │ ──> arrive: state = the cookie's? iss = X's?
+//!    │         token request (code + verifier) ─────────────> /token
+//!    │         id_token: signature (JWKS), iss, aud, azp, exp, nonce
+//!    │         address: the id_token's, else userinfo's (same sub)
+//!    │         decide(linked?, address?) ──> sign in (second factor still asked)
+//!    │                                    ├> create (verified address, may_create)
+//!    │                                    ├> prove the local account first
+//!    │                                    └> refuse
+//! ```
+//!
+//! An identity is (issuer, subject); an address is a reason to ask for
+//! proof, never a key (`rule.rs`). A sign-in through an upstream is a
+//! latchkey session like any other: its `amr` is `fed`, and an account
+//! with a second factor steps up to it after the upstream (an upstream's
+//! own `amr` is not taken as a second factor).
+
+pub mod id_token;
+pub mod rule;
+pub mod upstream;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+pub use rule::{decide, Account, Asserted, Decision, Intent, Policy, Refusal};
+pub use upstream::Failure;
+
+use super::login::Login;
+use super::sessions::{Origin, TokenPair};
+use super::shared::Shared;
+use super::AuthError;
+use crate::crypto::{b64url, b64url_decode, ct_eq, random_token, sha256, Sealer};
+use crate::store::{IdentityRecord, UpstreamRecord, UpstreamSignUp};
+
+/// How long a journey through an upstream may take, start to callback.
+pub const JOURNEY_TTL: Duration = Duration::from_secs(600);
+/// How long the list of upstreams is kept between reads of the database
+/// (the sign-in page shows it).
+const LIST_KEEP: Duration = Duration::from_secs(5);
+/// The associated data of sealed client secrets and journeys.
+const SECRET_AAD: &[u8] = b"latchkey upstream client secret";
+const JOURNEY_AAD: &[u8] = b"latchkey upstream journey";
+
+/// An upstream as an operator adds it.
+#[derive(Clone, Debug)]
+pub struct NewUpstream {
+    pub name: String,
+    pub display_name: String,
+    pub issuer: String,
+    pub client_id: String,
+    pub client_secret: String,
+    /// Space-separated; `openid` is added when missing.
+    pub scopes: String,
+    pub may_create: bool,
+    pub trusts_email_verified: bool,
+}
+
+/// An upstream as it is shown (never its secret).
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct UpstreamView {
+    pub name: String,
+    pub display_name: String,
+    pub issuer: String,
+    pub client_id: String,
+    pub scopes: String,
+    pub may_create: bool,
+    pub trusts_email_verified: bool,
+    /// Unix milliseconds.
+    pub created_at: i64,
+}
+
+impl From<&UpstreamRecord> for UpstreamView {
+    fn from(u: &UpstreamRecord) -> Self {
+        UpstreamView {
+            name: u.name.clone(),
+            display_name: u.display_name.clone(),
+            issuer: u.issuer.clone(),
+            client_id: u.client_id.clone(),
+            scopes: u.scopes.clone(),
+            may_create: u.may_create,
+            trusts_email_verified: u.trusts_email_verified,
+            created_at: u.created_at,
+        }
+    }
+}
+
+/// A sign-in's journey through an upstream: what the callback must
+/// match, sealed into a cookie of the browser that left.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Journey {
+    pub upstream: String,
+    state: String,
+    nonce: String,
+    verifier: String,
+    /// The pending authorization request it continues (the pages' sealed `authz`).
+    pub authz: String,
+    started_ms: i64,
+}
+
+/// Where to send the browser, and the journey to keep in its cookie.
+pub struct Departure {
+    pub url: String,
+    pub sealed_journey: String,
+}
+
+/// What the upstream sent back to the callback.
+#[derive(Debug, Default, Deserialize)]
+pub struct Callback {
+    pub code: Option<String>,
+    pub state: Option<String>,
+    pub iss: Option<String>,
+    pub error: Option<String>,
+}
+
+/// Where an arrival from an upstream ends.
+#[derive(Debug)]
+pub enum Arrival {
+    /// The login's answer: a session, or the step up to a second factor
+    /// (`AuthError::SecondFactorRequired`), or its refusal.
+    SignedIn(Result<TokenPair, AuthError>),
+    /// An account has the address: the person proves it first
+    /// (`Decision::ProveFirst`, `Decision::ProveMailbox`); nothing is linked.
+    ProveFirst {
+        email: String,
+    },
+    Refused(Refusal),
+}
+
+/// Why a journey through an upstream failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FederationError {
+    #[error("no such upstream")]
+    UnknownUpstream,
+    /// No journey cookie, an expired one, or a `state` that is not its.
+    #[error("the sign-in through the upstream is not this browser's, or is too old")]
+    Journey,
+    /// The `iss` of the answer is not the upstream's (RFC 9207: a mix-up).
+    #[error("the answer names another issuer")]
+    MixUp,
+    /// The upstream answered the browser with an error (`access_denied`, ...).
+    #[error("the upstream answered with an error: {0}")]
+    Denied(String),
+    #[error(transparent)]
+    Upstream(#[from] Failure),
+    #[error("the upstream's id_token is refused: {0:?}")]
+    IdToken(id_token::Invalid),
+    #[error(transparent)]
+    Auth(#[from] AuthError),
+}
+
+impl From<crate::store::StoreError> for FederationError {
+    fn from(e: crate::store::StoreError) -> Self {
+        FederationError::Auth(e.into())
+    }
+}
+
+pub struct Federation {
+    shared: Arc<Shared>,
+    login: Arc<Login>,
+    sealer: Sealer,
+    /// latchkey's callback for every upstream.
+    redirect_uri: String,
+    http: upstream::Upstreams,
+    /// The list the sign-in page shows, and when it was read.
+    list: Mutex<(Instant, Arc<Vec<UpstreamRecord>>)>,
+    refreshing: AtomicBool,
+}
+
+impl Federation {
+    /// `issuer`: latchkey's own (its callback is under it).
+    pub fn new(shared: Arc<Shared>, login: Arc<Login>, sealer: Sealer, issuer: &str) -> Federation {
+        Federation {
+            shared,
+            login,
+            sealer,
+            redirect_uri: format!("{}/oauth/upstream/callback", issuer.trim_end_matches('/')),
+            http: upstream::Upstreams::new(),
+            list: Mutex::new((Instant::now(), Arc::new(Vec::new()))),
+            refreshing: AtomicBool::new(false),
+        }
+    }
+
+    /// The redirect URI to register at every upstream.
+    pub fn redirect_uri(&self) -> &str {
+        &self.redirect_uri
+    }
+
+    /// Adds an upstream (`false`: the name is taken).
+    pub async fn add(&self, u: NewUpstream, now: i64) -> Result<bool, AuthError> {
+        let bad = |m: &str| Err(AuthError::BadRequest(m.to_string()));
+        let name_ok = !u.name.is_empty()
+            && u.name.len() <= 32
+            && u.name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        // `callback` is the path of the way back.
+        if !name_ok || u.name == "callback" {
+            return bad("name: 1 to 32 of a-z, 0-9 and - (not callback)");
+        }
+        if u.display_name.trim().is_empty() || u.display_name.len() > 64 {
+            return bad("display name: 1 to 64 bytes");
+        }
+        match url::Url::parse(&u.issuer) {
+            Ok(i)
+                if ["https", "http"].contains(&i.scheme())
+                    && i.query().is_none()
+                    && i.fragment().is_none() => {}
+            _ => return bad("issuer: an http(s) URL without query or fragment"),
+        }
+        if u.client_id.is_empty()
+            || u.client_id.len() > 255
+            || u.client_secret.is_empty()
+            || u.client_secret.len() > 1024
+        {
+            return bad("client id and secret: 1 to 255 and 1 to 1024 bytes");
+        }
+        let mut scopes: Vec<&str> = u.scopes.split_whitespace().collect();
+        if !scopes.contains(&"openid") {
+            scopes.insert(0, "openid");
+        }
+        if scopes
+            .iter()
+            .any(|s| !s.bytes().all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\'))
+        {
+            return bad("scopes: printable, space-separated");
+        }
+        let record = UpstreamRecord {
+            client_secret: self.sealer.seal(u.client_secret.as_bytes(), &secret_aad(&u.name)),
+            name: u.name,
+            display_name: u.display_name.trim().to_string(),
+            issuer: u.issuer,
+            client_id: u.client_id,
+            scopes: scopes.join(" "),
+            may_create: u.may_create,
+            trusts_email_verified: u.trusts_email_verified,
+            created_at: now,
+        };
+        let added = self.shared.store.add_upstream(&record).await?;
+        self.refresh().await?;
+        Ok(added)
+    }
+
+    pub async fn list(&self) -> Result<Vec<UpstreamView>, AuthError> {
+        Ok(self
+            .shared
+            .store
+            .upstreams()
+            .await?
+            .iter()
+            .map(UpstreamView::from)
+            .collect())
+    }
+
+    /// Removes an upstream (`false`: no such name).
+    pub async fn remove(&self, name: &str) -> Result<bool, AuthError> {
+        let removed = self.shared.store.remove_upstream(name).await?;
+        self.refresh().await?;
+        Ok(removed)
+    }
+
+    /// The upstreams the sign-in page lists, as read at most a few seconds
+    /// ago: without waiting (a page is drawn without a database read); a
+    /// list older than that is read again in the background.
+    pub fn listed(self: &Arc<Self>) -> Arc<Vec<UpstreamRecord>> {
+        let (at, list) = self.list.lock().unwrap().clone();
+        if at.elapsed() >= LIST_KEEP && !self.refreshing.swap(true, Ordering::AcqRel) {
+            let me = self.clone();
+            tokio::spawn(async move {
+                let _ = me.refresh().await;
+                me.refreshing.store(false, Ordering::Release);
+            });
+        }
+        list
+    }
+
+    /// Reads the list of upstreams again (at start, and after a change).
+    pub async fn refresh(&self) -> Result<(), AuthError> {
+        let list = Arc::new(self.shared.store.upstreams().await?);
+        *self.list.lock().unwrap() = (Instant::now(), list);
+        Ok(())
+    }
+
+    async fn upstream(&self, name: &str) -> Result<UpstreamRecord, FederationError> {
+        self.shared
+            .store
+            .upstreams()
+            .await?
+            .into_iter()
+            .find(|u| u.name == name)
+            .ok_or(FederationError::UnknownUpstream)
+    }
+
+    /// Leaves for upstream `name` to continue the pending request `authz`:
+    /// the upstream's authorization URL (code flow, PKCE S256, `state`,
+    /// `nonce`), and the journey sealed for the browser's cookie.
+    pub async fn depart(&self, name: &str, authz: &str, now: i64) -> Result<Departure, FederationError> {
+        let up = self.upstream(name).await?;
+        let d = self.http.discovery(&up.issuer).await?;
+        let journey = Journey {
+            upstream: up.name.clone(),
+            state: random_token(),
+            nonce: random_token(),
+            verifier: random_token(),
+            authz: authz.to_string(),
+            started_ms: now,
+        };
+        let challenge = b64url(&sha256(journey.verifier.as_bytes()));
+        let mut url = url::Url::parse(&d.authorization_endpoint)
+            .map_err(|_| Failure::BadAnswer("authorization_endpoint is no URL".into()))?;
+        url.query_pairs_mut()
+            .append_pair("response_type", "code")
+            .append_pair("client_id", &up.client_id)
+            .append_pair("redirect_uri", &self.redirect_uri)
+            .append_pair("scope", &up.scopes)
+            .append_pair("state", &journey.state)
+            .append_pair("nonce", &journey.nonce)
+            .append_pair("code_challenge", &challenge)
+            .append_pair("code_challenge_method", "S256");
+        let sealed = self.sealer.seal(
+            &serde_json::to_vec(&journey).expect("a journey serialises"),
+            JOURNEY_AAD,
+        );
+        Ok(Departure {
+            url: url.into(),
+            sealed_journey: b64url(&sealed),
+        })
+    }
+
+    /// The journey of a browser's cookie, if it opens and is young enough.
+    pub fn journey(&self, sealed: &str, now: i64) -> Option<Journey> {
+        let bytes = self.sealer.open(&b64url_decode(sealed)?, JOURNEY_AAD)?;
+        let j: Journey = serde_json::from_slice(&bytes).ok()?;
+        let age = now - j.started_ms;
+        (0..JOURNEY_TTL.as_millis() as i64).contains(&age).then_some(j)
+    }
+
+    /// Back from the upstream with `back`, on the journey the browser's
+    /// cookie held: the code redeemed, the id_token checked, the rule
+    /// applied, and the sign-in it allows started.
+    pub async fn arrive(
+        &self,
+        journey: &Journey,
+        back: &Callback,
+        origin: &Origin,
+        now: i64,
+    ) -> Result<Arrival, FederationError> {
+        let state = back.state.as_deref().unwrap_or_default();
+        if !ct_eq(state.as_bytes(), journey.state.as_bytes()) {
+            return Err(FederationError::Journey);
+        }
+        let up = self.upstream(&journey.upstream).await?;
+        if back.iss.as_deref().is_some_and(|iss| iss != up.issuer) {
+            return Err(FederationError::MixUp);
+        }
+        if let Some(e) = &back.error {
+            return Err(FederationError::Denied(e.chars().take(64).collect()));
+        }
+        let code = back
+            .code
+            .as_deref()
+            .filter(|c| !c.is_empty())
+            .ok_or(FederationError::Journey)?;
+        let d = self.http.discovery(&up.issuer).await?;
+        let secret = self
+            .sealer
+            .open(&up.client_secret, &secret_aad(&up.name))
+            .ok_or_else(|| {
+                AuthError::Internal(anyhow::anyhow!("upstream {}: its secret does not open", up.name))
+            })?;
+        let secret = String::from_utf8_lossy(&secret);
+        let tokens = self
+            .http
+            .exchange(
+                &d.token_endpoint,
+                (&up.client_id, &secret),
+                &[
+                    ("grant_type", "authorization_code"),
+                    ("code", code),
+                    ("redirect_uri", &self.redirect_uri),
+                    ("code_verifier", &journey.verifier),
+                ],
+            )
+            .await?;
+        let id_token = tokens["id_token"]
+            .as_str()
+            .ok_or_else(|| Failure::BadAnswer("no id_token".into()))?;
+        let expected = id_token::Expected {
+            issuer: &up.issuer,
+            client_id: &up.client_id,
+            nonce: &journey.nonce,
+            now: now / 1000,
+        };
+        let mut verified = id_token::verify(id_token, &*self.http.keys(&d.jwks_uri, false).await?, &expected);
+        if verified == Err(id_token::Invalid::UnknownKey) {
+            // A rotation upstream: its JWKS again, once.
+            verified = id_token::verify(id_token, &*self.http.keys(&d.jwks_uri, true).await?, &expected);
+        }
+        let mut identity = verified.map_err(FederationError::IdToken)?;
+        if identity.email.is_none() {
+            // Scope claims may be in userinfo only (Core §5.4).
+            if let (Some(endpoint), Some(at)) = (&d.userinfo_endpoint, tokens["access_token"].as_str()) {
+                let info = self.http.userinfo(endpoint, at).await?;
+                if info["sub"].as_str() != Some(identity.subject.as_str()) {
+                    return Err(Failure::BadAnswer("userinfo names another subject".into()).into());
+                }
+                (identity.email, identity.email_verified) =
+                    id_token::email_of(info.as_object().expect("an object"));
+            }
+        }
+        self.settle(&up, identity, origin, now).await
+    }
+
+    /// The rule applied to an upstream identity, and what it allows done.
+    async fn settle(
+        &self,
+        up: &UpstreamRecord,
+        who: id_token::Identity,
+        origin: &Origin,
+        now: i64,
+    ) -> Result<Arrival, FederationError> {
+        let store = &self.shared.store;
+        let linked = match store.upstream_identity(&up.issuer, &who.subject).await? {
+            Some(i) => store.user_by_id(&i.user_id).await?,
+            None => None,
+        };
+        let policy = Policy {
+            trusts_email_verified: up.trusts_email_verified,
+            may_create: up.may_create,
+        };
+        let asserted = Asserted {
+            has_email: who.email.is_some(),
+            email_verified: who.email_verified,
+        };
+        let trusted = asserted.email_verified && policy.trusts_email_verified;
+        let by_email = match (&who.email, trusted && linked.is_none()) {
+            (Some(e), true) => store.user_by_email(e).await?,
+            _ => None,
+        };
+        let account = |u: &crate::store::UserRecord| Account {
+            id: u.id.clone(),
+            disabled: u.disabled_at.is_some(),
+            email_verified: u.email_verified_at.is_some(),
+        };
+        let decision = decide(
+            &Intent::SignIn,
+            policy,
+            asserted,
+            linked.as_ref().map(account).as_ref(),
+            by_email.as_ref().map(account).as_ref(),
+        );
+        let ip = origin.ip.to_string();
+        let user = match decision {
+            Decision::SignIn(_) => linked.expect("decided on a linked account"),
+            Decision::Create => {
+                let id = uuid::Uuid::now_v7().to_string();
+                let identity = IdentityRecord {
+                    issuer: up.issuer.clone(),
+                    subject: who.subject.clone(),
+                    user_id: id.clone(),
+                    upstream: up.name.clone(),
+                    email: who.email.clone(),
+                    created_at: now,
+                };
+                match store.sign_up_upstream(&id, &identity, Some(&ip)).await? {
+                    UpstreamSignUp::Created => {}
+                    // Another request made the account or the link meanwhile:
+                    // deciding again on what is there now.
+                    UpstreamSignUp::EmailTaken | UpstreamSignUp::Linked => {
+                        return Box::pin(self.settle(up, who, origin, now)).await;
+                    }
+                }
+                store
+                    .user_by_id(&id)
+                    .await?
+                    .ok_or_else(|| AuthError::Internal(anyhow::anyhow!("an account just made is gone")))?
+            }
+            Decision::ProveFirst(_) | Decision::ProveMailbox(_) => {
+                return Ok(Arrival::ProveFirst {
+                    email: who.email.unwrap_or_default(),
+                })
+            }
+            Decision::Refuse(r) => return Ok(Arrival::Refused(r)),
+            Decision::Link(_) | Decision::AlreadyLinked => unreachable!("a sign-in links nothing"),
+        };
+        Ok(Arrival::SignedIn(self.login.upstream(origin, &user).await))
+    }
+}
+
+fn secret_aad(name: &str) -> Vec<u8> {
+    [SECRET_AAD, b" ", name.as_bytes()].concat()
+}

@@ -1,0 +1,368 @@
+//! Signing in with another provider (docs/federation.md): node-oidc-provider
+//! (`tests/support/oidc-op/op.mjs`, a certified OpenID Provider) is the
+//! upstream, on a loopback port; a browser goes from latchkey's sign-in page
+//! through "Continue with ..." to its pages and back, and the application
+//! gets latchkey's tokens. The linking rule itself is tested row by row in
+//! `domain/federation/rule.rs`; here, that the flow applies it.
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use crate::common::{unique_email, TestApp, PASSWORD};
+use crate::conformance::certified::{through_certified_pages, CertifiedProvider};
+use crate::oidc::{application, exchange_code, pkce, with_query, Browser, Page, CALLBACK, ISSUER};
+use latchkey::domain::federation::NewUpstream;
+use latchkey::domain::oidc::client::{ClientKind, ConsentMode};
+
+crate::on_every_backend!(
+    a_new_person_signs_in_through_an_upstream_and_comes_back_to_the_same_account,
+    an_upstream_address_that_names_an_account_here_signs_in_to_nothing,
+    an_address_the_upstream_did_not_verify_or_is_not_trusted_for_neither_links_nor_creates,
+    a_way_back_that_is_not_this_browsers_journey_is_refused,
+    an_upstream_that_cannot_be_reached_gets_a_clear_page_and_nothing_is_written,
+    an_account_with_a_second_factor_steps_up_after_the_upstream,
+);
+
+/// The upstream's client for latchkey, and where it sends people back.
+const UPSTREAM_CLIENT: &str = "latchkey";
+const UPSTREAM_SECRET: &str = "a-secret-only-these-tests-use";
+
+/// node-oidc-provider started with latchkey as its client, and added to
+/// latchkey as upstream `node` (`may_create`, `trust`: its policy).
+async fn upstream(app: &TestApp, may_create: bool, trust: bool) -> CertifiedProvider {
+    let op = CertifiedProvider::start(json!([{
+        "client_id": UPSTREAM_CLIENT,
+        "client_secret": UPSTREAM_SECRET,
+        "redirect_uris": [format!("{ISSUER}/oauth/upstream/callback")],
+    }]))
+    .await;
+    add(app, &op.issuer, may_create, trust).await;
+    op
+}
+
+/// Adds upstream `node` at `issuer`.
+async fn add(app: &TestApp, issuer: &str, may_create: bool, trust: bool) {
+    let added = app
+        .services
+        .features
+        .federation
+        .add(
+            NewUpstream {
+                name: "node".into(),
+                display_name: "Node Example".into(),
+                issuer: issuer.into(),
+                client_id: UPSTREAM_CLIENT.into(),
+                client_secret: UPSTREAM_SECRET.into(),
+                scopes: "openid email".into(),
+                may_create,
+                trusts_email_verified: trust,
+            },
+            latchkey::clock::now_ms(),
+        )
+        .await
+        .unwrap();
+    assert!(added);
+}
+
+/// An application's sign-in that takes "Continue with Node Example" on
+/// latchkey's sign-in page and signs in at the upstream as `login`: the
+/// page latchkey answers with once back (following its own redirects), and
+/// the PKCE verifier of the application's request.
+async fn through_upstream(
+    browser: &mut Browser<'_>,
+    app: &TestApp,
+    op: &CertifiedProvider,
+    login: &str,
+) -> (Page, String) {
+    let (verifier, challenge) = pkce();
+    let page = browser.get(&authorize_url(&challenge)).await;
+    let page = browser.follow(page).await;
+    assert!(page.body.contains("Continue with Node Example"), "{}", page.body);
+    let link = upstream_link(&page);
+    let leave = browser.get(&link).await;
+    let to = leave
+        .location
+        .clone()
+        .unwrap_or_else(|| panic!("to the upstream: {}", leave.body));
+    assert!(to.starts_with(&op.issuer), "{to}");
+    let mut there = Browser::elsewhere(app, &op.issuer);
+    let page = there.get(&to).await;
+    let page = there.follow(page).await;
+    let back = through_certified_pages(&mut there, page, login).await;
+    let callback = back.location.unwrap();
+    assert!(
+        callback.starts_with(&format!("{ISSUER}/oauth/upstream/callback?")),
+        "{callback}"
+    );
+    let page = browser.get(&callback).await;
+    (browser.follow(page).await, verifier)
+}
+
+/// The sign-in page's "Continue with Node Example" link.
+fn upstream_link(page: &Page) -> String {
+    let at = page
+        .body
+        .find("href=\"/oauth/upstream/node?")
+        .unwrap_or_else(|| panic!("the upstream's link: {}", page.body));
+    let href = &page.body[at + 6..];
+    href[..href.find('"').unwrap()].replace("&amp;", "&")
+}
+
+fn authorize_url(challenge: &str) -> String {
+    with_query(
+        "/oauth/authorize",
+        &[
+            ("response_type", "code"),
+            ("client_id", "app"),
+            ("redirect_uri", CALLBACK),
+            ("scope", "openid email"),
+            ("code_challenge", challenge),
+            ("code_challenge_method", "S256"),
+        ],
+    )
+}
+
+/// The payload of a JWT (its signature is checked where it matters).
+fn claims(jwt: &str) -> Value {
+    use base64::Engine;
+    let payload = jwt.split('.').nth(1).unwrap();
+    serde_json::from_slice(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(payload)
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+async fn linked(app: &TestApp) -> i64 {
+    app.count("SELECT COUNT(*) FROM upstream_identities").await
+}
+
+/// A new person comes through the upstream: an account is made at the
+/// verified address it asserted, without a password, linked to the
+/// upstream identity; the application's id_token says `amr` `fed`. In a
+/// new browser, the same upstream identity signs in to the same account,
+/// and nothing more is made. Events record the account and the link.
+async fn a_new_person_signs_in_through_an_upstream_and_comes_back_to_the_same_account(app: &TestApp) {
+    let secret = application(app, "app", ClientKind::Confidential, ConsentMode::Skip).await;
+    let op = upstream(app, true, true).await;
+    let email = unique_email("fed-new");
+    let mut browser = Browser::new(app);
+    let (back, verifier) = through_upstream(&mut browser, app, &op, &email).await;
+    let callback = back
+        .location
+        .unwrap_or_else(|| panic!("back to the application: {}", back.body));
+    assert!(callback.starts_with(CALLBACK), "{callback}");
+    let tokens = exchange_code(app, "app", &secret, &callback, &verifier).await;
+    let id = claims(tokens["id_token"].as_str().unwrap());
+    assert_eq!(id["amr"], json!(["fed"]));
+    assert_eq!(id["email"], email.as_str());
+    let user = app
+        .services
+        .store
+        .user_by_email(&email)
+        .await
+        .unwrap()
+        .expect("an account");
+    assert_eq!(id["sub"], user.id.as_str());
+    assert!(user.email_verified_at.is_some());
+    assert_eq!(
+        user.password_hash,
+        latchkey::store::UNUSABLE_PASSWORD,
+        "no password"
+    );
+    // The password route signs nobody in to it.
+    assert_eq!(app.login(&email, PASSWORD).await.status(), 401);
+
+    let mut again = Browser::new(app);
+    let (back, verifier) = through_upstream(&mut again, app, &op, &email).await;
+    let tokens = exchange_code(app, "app", &secret, back.location.as_deref().unwrap(), &verifier).await;
+    assert_eq!(
+        claims(tokens["id_token"].as_str().unwrap())["sub"],
+        user.id.as_str()
+    );
+    assert_eq!(linked(app).await, 1);
+    assert_eq!(app.count("SELECT COUNT(*) FROM users").await, 1);
+    let events = app
+        .count(&format!(
+            "SELECT COUNT(*) FROM events WHERE user_id = '{}' AND kind IN ('user.registered', 'identity.linked')",
+            user.id
+        ))
+        .await;
+    assert_eq!(events, 2);
+}
+
+/// An account here has the address the upstream asserts (verified, and
+/// trusted): the upstream identity does not sign in to it, and nothing is
+/// linked; the sign-in page asks for the account's password, the address
+/// filled in.
+async fn an_upstream_address_that_names_an_account_here_signs_in_to_nothing(app: &TestApp) {
+    application(app, "app", ClientKind::Confidential, ConsentMode::Skip).await;
+    let op = upstream(app, true, true).await;
+    let email = unique_email("fed-taken");
+    app.register_verified(&email, PASSWORD).await;
+    let mut browser = Browser::new(app);
+    let (page, _) = through_upstream(&mut browser, app, &op, &email).await;
+    assert_eq!(page.status, StatusCode::CONFLICT, "{}", page.body);
+    assert!(page.location.is_none());
+    assert!(
+        page.body.contains("Node Example is not linked to it"),
+        "{}",
+        page.body
+    );
+    assert!(page.body.contains(&format!("value=\"{email}\"")));
+    assert_eq!(linked(app).await, 0);
+    assert!(
+        !browser.cookies.keys().any(|k| k.contains("latchkey_session")),
+        "no browser session"
+    );
+}
+
+/// An address the upstream says it did not verify neither creates nor
+/// links, and neither does a verified one from an upstream whose
+/// `email_verified` the operator does not trust; a provider that may not
+/// create accounts signs in only linked ones.
+async fn an_address_the_upstream_did_not_verify_or_is_not_trusted_for_neither_links_nor_creates(
+    app: &TestApp,
+) {
+    application(app, "app", ClientKind::Confidential, ConsentMode::Skip).await;
+    let op = upstream(app, true, true).await;
+    let (page, _) = through_upstream(&mut Browser::new(app), app, &op, &unique_email("unverified")).await;
+    assert_eq!(page.status, StatusCode::FORBIDDEN);
+    assert!(
+        page.body.contains("did not confirm your email address"),
+        "{}",
+        page.body
+    );
+
+    let federation = &app.services.features.federation;
+    assert!(federation.remove("node").await.unwrap());
+    add(app, &op.issuer, true, false).await;
+    let (page, _) = through_upstream(&mut Browser::new(app), app, &op, &unique_email("untrusted")).await;
+    assert_eq!(page.status, StatusCode::FORBIDDEN);
+
+    assert!(federation.remove("node").await.unwrap());
+    add(app, &op.issuer, false, true).await;
+    let (page, _) = through_upstream(&mut Browser::new(app), app, &op, &unique_email("no-creation")).await;
+    assert_eq!(page.status, StatusCode::FORBIDDEN);
+    assert!(page.body.contains("No account here is linked"), "{}", page.body);
+
+    assert_eq!(
+        (linked(app).await, app.count("SELECT COUNT(*) FROM users").await),
+        (0, 0)
+    );
+}
+
+/// The way back carries a code and a `state`; it signs in only in the
+/// browser whose journey it ends (the journey's cookie), with that
+/// journey's `state`: another browser presenting it (a login CSRF: the
+/// attacker's own code in the victim's browser), a `state` that is not the
+/// journey's, and a journey used twice are refused with a page, and
+/// nothing is made.
+async fn a_way_back_that_is_not_this_browsers_journey_is_refused(app: &TestApp) {
+    application(app, "app", ClientKind::Confidential, ConsentMode::Skip).await;
+    let op = upstream(app, true, true).await;
+    let email = unique_email("fed-csrf");
+    // The attacker's journey, stopped at the way back.
+    let mut attacker = Browser::new(app);
+    let (_, challenge) = pkce();
+    let page = attacker.get(&authorize_url(&challenge)).await;
+    let page = attacker.follow(page).await;
+    let link = upstream_link(&page);
+    let to = attacker.get(&link).await.location.unwrap();
+    let mut there = Browser::elsewhere(app, &op.issuer);
+    let page = there.get(&to).await;
+    let page = there.follow(page).await;
+    let callback = through_certified_pages(&mut there, page, &email)
+        .await
+        .location
+        .unwrap();
+
+    // In the victim's browser, which has a journey of its own or none.
+    let mut victim = Browser::new(app);
+    let page = victim.get(&callback).await;
+    assert_eq!(page.status, StatusCode::BAD_REQUEST, "no journey");
+    let page = victim.get(&authorize_url(&challenge)).await;
+    victim.follow(page).await;
+    victim.get(&link).await;
+    let page = victim.get(&callback).await;
+    assert_eq!(page.status, StatusCode::BAD_REQUEST, "another journey's state");
+
+    // The attacker's own browser, with the state changed, then twice.
+    let forged = callback.replace("state=", "state=x");
+    let mut copy = Browser::new(app);
+    copy.cookies = attacker.cookies.clone();
+    assert_eq!(
+        copy.get(&forged).await.status,
+        StatusCode::BAD_REQUEST,
+        "a state not the journey's"
+    );
+    let first = attacker.get(&callback).await;
+    assert_eq!(
+        first.status,
+        StatusCode::SEE_OTHER,
+        "its own journey: {}",
+        first.body
+    );
+    let again = attacker.get(&callback).await;
+    assert_eq!(again.status, StatusCode::BAD_REQUEST, "the journey is over");
+    assert_eq!(linked(app).await, 1, "only the rightful way back");
+}
+
+/// An upstream that answers nothing (a port nobody listens on): the
+/// sign-in page again, saying so, with `502`; nothing is written.
+async fn an_upstream_that_cannot_be_reached_gets_a_clear_page_and_nothing_is_written(app: &TestApp) {
+    application(app, "app", ClientKind::Confidential, ConsentMode::Skip).await;
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    add(app, &format!("http://127.0.0.1:{closed}"), true, true).await;
+    let mut browser = Browser::new(app);
+    let (_, challenge) = pkce();
+    let page = browser.get(&authorize_url(&challenge)).await;
+    let page = browser.follow(page).await;
+    let link = upstream_link(&page);
+    let page = browser.get(&link).await;
+    assert_eq!(page.status, StatusCode::BAD_GATEWAY, "{}", page.body);
+    assert!(
+        page.body.contains("Signing in with Node Example did not work"),
+        "{}",
+        page.body
+    );
+    assert!(page.body.contains("name=\"password\""), "the sign-in page again");
+    let unknown = browser.get(&link.replace("/node?", "/nobody?")).await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    assert_eq!(app.count("SELECT COUNT(*) FROM users").await, 0);
+}
+
+/// An account with an authenticator, linked to an upstream identity, is
+/// asked for its code after the upstream, as after a password: the
+/// upstream's sign-in is one factor. (The link is written as an earlier
+/// sign-in would have made it.)
+async fn an_account_with_a_second_factor_steps_up_after_the_upstream(app: &TestApp) {
+    application(app, "app", ClientKind::Confidential, ConsentMode::Skip).await;
+    let op = upstream(app, true, true).await;
+    let email = unique_email("fed-mfa");
+    app.register_verified(&email, PASSWORD).await;
+    let session: Value = app.login(&email, PASSWORD).await.json().await.unwrap();
+    crate::mfa::enrol_totp(app, session["access_token"].as_str().unwrap()).await;
+    let user = app.services.store.user_by_email(&email).await.unwrap().unwrap();
+    let identity = latchkey::store::IdentityRecord {
+        issuer: op.issuer.clone(),
+        subject: email.clone(),
+        user_id: user.id.clone(),
+        upstream: "node".into(),
+        email: Some(email.clone()),
+        created_at: latchkey::clock::now_ms(),
+    };
+    assert!(app.services.store.link_identity(&identity, None).await.unwrap());
+    let (page, _) = through_upstream(&mut Browser::new(app), app, &op, &email).await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(
+        page.body.contains("action=\"/oauth/mfa\""),
+        "the second step: {}",
+        page.body
+    );
+    assert!(page.location.is_none());
+}
