@@ -7,6 +7,7 @@
 pub mod accounts;
 pub mod admin;
 pub mod cors;
+mod federation;
 
 pub mod error;
 pub mod extract;
@@ -126,6 +127,8 @@ pub type AppState = Arc<ApiState>;
         mfa::rename_factor, mfa::remove_factor, mfa::recovery_codes, tokens::validate, tokens::jwks, tokens::discovery,
         oauth::token, oauth::introspect, oauth::revoke, oidc::authorize_get, oidc::authorize_post, oidc::logout_get, oidc::logout_post,
         oidc::userinfo_get, oidc::userinfo_post, oidc::consents, oidc::revoke_consent, ops::live, ops::ready, ops::openapi,
+        federation::identities, federation::unlink, federation::upstreams, federation::add_upstream,
+        federation::remove_upstream, federation::user_identities, federation::unlink_user_identity,
     ),
     components(schemas(crate::domain::mfa::StepUp)),
     modifiers(&BearerAuth, &CommonResponses)
@@ -316,6 +319,18 @@ fn routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ("/oauth/pages.js", get(oidc::pages_js)),
         ("/auth/consents", get(oidc::consents)),
         ("/auth/consents/{client_id}", delete(oidc::revoke_consent)),
+        ("/auth/identities", get(federation::identities)),
+        ("/auth/identities/{id}", delete(federation::unlink)),
+        (
+            "/admin/upstreams",
+            get(federation::upstreams).post(federation::add_upstream),
+        ),
+        ("/admin/upstreams/{name}", delete(federation::remove_upstream)),
+        ("/admin/users/{id}/identities", get(federation::user_identities)),
+        (
+            "/admin/users/{id}/identities/{identity}",
+            delete(federation::unlink_user_identity),
+        ),
     ]
 }
 

@@ -233,7 +233,7 @@ fn serve_raises_the_open_file_limit_and_warns_when_it_is_short_of_the_cap() {
 }
 
 #[test]
-fn clients_and_keys_commands() {
+fn clients_keys_and_upstreams_commands() {
     let dir = tempfile::tempdir().unwrap();
     let run = |args: &[&str]| {
         let out = latchkey(dir.path()).args(args).output().unwrap();
@@ -266,6 +266,45 @@ fn clients_and_keys_commands() {
         2,
         "{after}"
     );
+    // Upstream providers: the secret from the environment, never printed.
+    let mut add = latchkey(dir.path());
+    add.env("LATCHKEY_UPSTREAM_CLIENT_SECRET", "upstream-secret-value")
+        .args([
+            "upstreams",
+            "add",
+            "corp",
+            "--issuer",
+            "https://sso.corp.example",
+            "--client-id",
+            "latchkey",
+            "--display-name",
+            "Corp SSO",
+        ]);
+    let out = add.output().unwrap();
+    let printed = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{printed}");
+    assert!(printed.contains("/oauth/upstream/callback"), "{printed}");
+    let (_, list, _) = run(&["upstreams", "list"]);
+    assert!(
+        list.starts_with("corp\tCorp SSO\thttps://sso.corp.example"),
+        "{list}"
+    );
+    assert!(!list.contains("upstream-secret-value") && !printed.contains("upstream-secret-value"));
+    let (ok, _, err) = run(&[
+        "upstreams",
+        "add",
+        "Bad Name",
+        "--issuer",
+        "https://x.example",
+        "--client-id",
+        "c",
+        "--client-secret",
+        "s",
+    ]);
+    assert!(!ok && err.contains("name"), "{err}");
+    assert!(run(&["upstreams", "remove", "corp"]).0);
+    assert!(!run(&["upstreams", "remove", "corp"]).0);
+
     assert!(run(&["migrate"]).0);
     let (ok, out, _) = run(&["users", "seed", "--count", "3", "--password", "seeded-password"]);
     assert!(ok, "{out}");

@@ -21,6 +21,8 @@ crate::on_every_backend!(
     a_way_back_that_is_not_this_browsers_journey_is_refused,
     an_upstream_that_cannot_be_reached_gets_a_clear_page_and_nothing_is_written,
     an_account_with_a_second_factor_steps_up_after_the_upstream,
+    a_person_sees_and_unlinks_their_identities_but_never_the_last_way_in,
+    administrators_manage_upstreams_and_links_and_never_see_a_secret,
 );
 
 /// The upstream's client for latchkey, and where it sends people back.
@@ -365,4 +367,157 @@ async fn an_account_with_a_second_factor_steps_up_after_the_upstream(app: &TestA
         page.body
     );
     assert!(page.location.is_none());
+}
+
+/// Links an identity of upstream `node` (subject `subject`) to `user_id`,
+/// as a sign-in through it would have.
+async fn link(app: &TestApp, user_id: &str, subject: &str) {
+    let identity = latchkey::store::IdentityRecord {
+        issuer: "https://upstream.example".into(),
+        subject: subject.into(),
+        user_id: user_id.into(),
+        upstream: "node".into(),
+        email: None,
+        created_at: latchkey::clock::now_ms(),
+    };
+    assert!(app.services.store.link_identity(&identity, None).await.unwrap());
+}
+
+/// `GET /auth/identities` lists the caller's links, `DELETE` removes one
+/// (with the `identity.unlinked` event), and refuses with `409` to remove
+/// the last way into an account without a password or a passkey; another
+/// account's identity is `404`. A token an application holds is refused.
+async fn a_person_sees_and_unlinks_their_identities_but_never_the_last_way_in(app: &TestApp) {
+    let email = unique_email("links");
+    app.register_verified(&email, PASSWORD).await;
+    let user = app.services.store.user_by_email(&email).await.unwrap().unwrap();
+    link(app, &user.id, "sub-1").await;
+    link(app, &user.id, "sub-2").await;
+    let pair: Value = app.login(&email, PASSWORD).await.json().await.unwrap();
+    let token = pair["access_token"].as_str().unwrap();
+    let list: Value = app
+        .get_bearer("/auth/identities", token)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<String> = list["identities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids.len(), 2, "{list}");
+    assert_eq!(list["identities"][0]["upstream"], "node");
+    let delete = |id: String| {
+        let (app, token) = (app, token.to_string());
+        async move {
+            app.http
+                .delete(app.url(&format!("/auth/identities/{id}")))
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    assert_eq!(delete(ids[0].clone()).await, StatusCode::NO_CONTENT);
+    assert_eq!(delete(ids[0].clone()).await, StatusCode::NOT_FOUND);
+    assert_eq!(delete("not-an-id".into()).await, StatusCode::NOT_FOUND);
+    // Without a password now, the last identity is the only way in.
+    app.sql(&format!(
+        "UPDATE users SET password_hash = '{}' WHERE id = '{}'",
+        latchkey::store::UNUSABLE_PASSWORD,
+        user.id
+    ))
+    .await;
+    assert_eq!(delete(ids[1].clone()).await, StatusCode::CONFLICT);
+    let events = format!(
+        "SELECT COUNT(*) FROM events WHERE user_id = '{}' AND kind = 'identity.unlinked'",
+        user.id
+    );
+    assert_eq!(app.count(&events).await, 1);
+    assert_eq!(linked(app).await, 1);
+}
+
+/// The admin API adds an upstream (its secret never in an answer), lists
+/// upstreams with the redirect URI to register, refuses a taken or bad
+/// name, lists and removes an account's links, and removes the upstream.
+async fn administrators_manage_upstreams_and_links_and_never_see_a_secret(app: &TestApp) {
+    let admin = crate::admin::admin_token(app).await;
+    let call = |method: reqwest::Method, path: &str, body: Option<Value>| {
+        let mut r = app.http.request(method, app.url(path)).bearer_auth(&admin);
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        async move {
+            let r = r.send().await.unwrap();
+            let status = r.status();
+            (status, r.text().await.unwrap())
+        }
+    };
+    let upstream = json!({
+        "name": "corp", "display_name": "Corp SSO", "issuer": "https://sso.corp.example",
+        "client_id": "latchkey", "client_secret": "the-upstream-secret", "may_create": true,
+    });
+    let (status, body) = call(reqwest::Method::POST, "/admin/upstreams", Some(upstream.clone())).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert!(!body.contains("the-upstream-secret"), "{body}");
+    let (status, _) = call(reqwest::Method::POST, "/admin/upstreams", Some(upstream.clone())).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    let mut bad = upstream.clone();
+    bad["name"] = "callback".into();
+    assert_eq!(
+        call(reqwest::Method::POST, "/admin/upstreams", Some(bad)).await.0,
+        StatusCode::BAD_REQUEST
+    );
+    let (status, body) = call(reqwest::Method::GET, "/admin/upstreams", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let list: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(list["upstreams"][0]["scopes"], "openid email profile");
+    assert_eq!(list["redirect_uri"], format!("{ISSUER}/oauth/upstream/callback"));
+    assert!(!body.contains("the-upstream-secret"));
+    let stored = app
+        .count("SELECT COUNT(*) FROM upstreams WHERE client_secret LIKE '%the-upstream-secret%'")
+        .await;
+    assert_eq!(stored, 0, "sealed at rest");
+
+    let email = unique_email("admin-links");
+    app.register_verified(&email, PASSWORD).await;
+    let user = app.services.store.user_by_email(&email).await.unwrap().unwrap();
+    link(app, &user.id, "sub-a").await;
+    let (status, body) = call(
+        reqwest::Method::GET,
+        &format!("/admin/users/{}/identities", user.id),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let id = serde_json::from_str::<Value>(&body).unwrap()["identities"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let path = format!("/admin/users/{}/identities/{id}", user.id);
+    assert_eq!(
+        call(reqwest::Method::DELETE, &path, None).await.0,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(linked(app).await, 0);
+    let actor = app
+        .count("SELECT COUNT(*) FROM events WHERE kind = 'identity.unlinked' AND actor IS NOT NULL")
+        .await;
+    assert_eq!(actor, 1, "the administrator is named");
+
+    assert_eq!(
+        call(reqwest::Method::DELETE, "/admin/upstreams/corp", None)
+            .await
+            .0,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        call(reqwest::Method::DELETE, "/admin/upstreams/corp", None)
+            .await
+            .0,
+        StatusCode::NOT_FOUND
+    );
 }

@@ -498,6 +498,93 @@ impl Federation {
     }
 }
 
+/// An upstream identity linked to an account, as its owner and
+/// administrators see it.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct IdentityView {
+    /// What `DELETE /auth/identities/{id}` names it by.
+    pub id: String,
+    /// The upstream it was linked through.
+    pub upstream: String,
+    pub issuer: String,
+    pub subject: String,
+    /// The address it asserted when it was linked.
+    pub email: Option<String>,
+    /// RFC 3339.
+    pub linked_at: String,
+}
+
+impl From<IdentityRecord> for IdentityView {
+    fn from(i: IdentityRecord) -> Self {
+        IdentityView {
+            id: identity_id(&i.issuer, &i.subject),
+            upstream: i.upstream,
+            issuer: i.issuer,
+            subject: i.subject,
+            email: i.email,
+            linked_at: crate::clock::rfc3339(i.created_at),
+        }
+    }
+}
+
+/// An identity's id in URLs: (issuer, subject), base64url.
+fn identity_id(issuer: &str, subject: &str) -> String {
+    b64url(
+        serde_json::to_string(&(issuer, subject))
+            .expect("strings serialise")
+            .as_bytes(),
+    )
+}
+
+impl Federation {
+    /// The identities linked to an account.
+    pub async fn identities(&self, user_id: &str) -> Result<Vec<IdentityView>, AuthError> {
+        let list = self.shared.store.identities_of(user_id).await?;
+        Ok(list.into_iter().map(IdentityView::from).collect())
+    }
+
+    /// Unlinks identity `id` from the account `user_id` (by its owner, or
+    /// by the administrator `actor`). Refused when it is the account's last
+    /// way to sign in: no password, no passkey, no other identity (an
+    /// emailed reset code would set a password, but an account should not
+    /// depend on its owner thinking of it).
+    pub async fn unlink(&self, user_id: &str, id: &str, actor: Option<&str>) -> Result<(), AuthError> {
+        let store = &self.shared.store;
+        let mine = store.identities_of(user_id).await?;
+        let Some(target) = mine.iter().find(|i| identity_id(&i.issuer, &i.subject) == id) else {
+            return Err(AuthError::NotFound("identity"));
+        };
+        let user = store
+            .user_by_id(user_id)
+            .await?
+            .ok_or(AuthError::NotFound("identity"))?;
+        let has_password = user.password_hash != crate::store::UNUSABLE_PASSWORD;
+        let has_passkey = store
+            .factors(user_id)
+            .await?
+            .iter()
+            .any(|f| f.passwordless && f.confirmed_at.is_some());
+        if !has_password && !has_passkey && mine.len() == 1 {
+            return Err(AuthError::Conflict(
+                "the account's last way to sign in: set a password or add a passkey first",
+            ));
+        }
+        if !store
+            .unlink_identity(
+                user_id,
+                &target.issuer,
+                &target.subject,
+                actor,
+                crate::clock::now_ms(),
+            )
+            .await?
+        {
+            return Err(AuthError::NotFound("identity"));
+        }
+        Ok(())
+    }
+}
+
 fn secret_aad(name: &str) -> Vec<u8> {
     [SECRET_AAD, b" ", name.as_bytes()].concat()
 }
