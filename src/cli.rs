@@ -456,7 +456,10 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
                     if !federation.add(u, crate::clock::now_ms()).await? {
                         anyhow::bail!("an upstream named {name:?} exists already");
                     }
-                    println!("added {name}; its redirect URI: {}", federation.redirect_uri());
+                    println!(
+                        "added {name}; its redirect URI: {}",
+                        federation.redirect_uri(&name)
+                    );
                 }
                 UpstreamsCommand::List => {
                     for u in federation.list().await? {

@@ -115,12 +115,19 @@ impl Login {
     }
 
     /// A login through an upstream provider that signed `user` in
-    /// (`federation`, which applied the linking rule): a session whose
-    /// `amr` is `fed`, or the step up to the account's second factor.
+    /// (`federation`, which applied the linking rule, and this login's
+    /// limit with [`Self::limit`] before it called the upstream): a
+    /// session whose `amr` is `fed`, or the step up to the account's second
+    /// factor.
     pub async fn upstream(&self, origin: &Origin, user: &UserRecord) -> Result<TokenPair, AuthError> {
-        self.login_limit(origin).await?;
         self.start_session(user, None, origin, Authn::new("fed", now_ms()), false)
             .await
+    }
+
+    /// The login limit of the client address, for a way in that checks it
+    /// itself (a sign-in through an upstream, before it calls out).
+    pub async fn limit(&self, origin: &Origin) -> Result<(), AuthError> {
+        self.login_limit(origin).await
     }
 
     /// Every way in is under the client address's login limit (`login_ip`)

@@ -57,8 +57,6 @@ pub async fn unlink(
 #[derive(Serialize, ToSchema)]
 pub struct UpstreamList {
     upstreams: Vec<UpstreamView>,
-    /// The redirect URI to register at every upstream.
-    redirect_uri: String,
 }
 
 #[utoipa::path(get, path = "/admin/upstreams", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
@@ -67,7 +65,6 @@ pub struct UpstreamList {
 pub async fn upstreams(State(st): State<AppState>, _: AdminToken) -> Result<Json<UpstreamList>, ApiError> {
     Ok(Json(UpstreamList {
         upstreams: st.federation.list().await?,
-        redirect_uri: st.federation.redirect_uri().to_string(),
     }))
 }
 

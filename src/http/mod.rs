@@ -302,7 +302,7 @@ fn routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ("/oauth/login", post(oidc::login)),
         ("/oauth/mfa", post(oidc::mfa)),
         ("/oauth/passkey", post(oidc::passkey)),
-        ("/oauth/upstream/callback", get(oidc::upstream_arrive)),
+        ("/oauth/upstream/{name}/callback", get(oidc::upstream_arrive)),
         ("/oauth/upstream/{name}", get(oidc::upstream_depart)),
         ("/oauth/signup", get(oidc::signup_form).post(oidc::signup)),
         ("/oauth/signup/verify", post(oidc::verify)),

@@ -283,7 +283,7 @@ fn clients_keys_and_upstreams_commands() {
     let out = add.output().unwrap();
     let printed = String::from_utf8(out.stdout).unwrap();
     assert!(out.status.success(), "{printed}");
-    assert!(printed.contains("/oauth/upstream/callback"), "{printed}");
+    assert!(printed.contains("/oauth/upstream/corp/callback"), "{printed}");
     let (_, list, _) = run(&["upstreams", "list"]);
     assert!(
         list.starts_with("corp\tCorp SSO\thttps://sso.corp.example"),

@@ -275,7 +275,7 @@ impl<'a> Rp<'a> {
         }
         if self.certified.is_some() {
             let email = self.email.clone();
-            return certified::through_certified_pages(&mut self.browser, page, &email).await;
+            return certified::through_certified_pages(&mut self.browser, page, &email, CALLBACK).await;
         }
         let page = if page.body.contains("action=\"/oauth/consent\"") {
             page

@@ -27,6 +27,7 @@ crate::on_every_backend!(
 
 /// The upstream's client for latchkey, and where it sends people back.
 const UPSTREAM_CLIENT: &str = "latchkey";
+const CALLBACK_HERE: &str = "http://latchkey.test/oauth/upstream/node/callback";
 const UPSTREAM_SECRET: &str = "a-secret-only-these-tests-use";
 
 /// node-oidc-provider started with latchkey as its client, and added to
@@ -35,7 +36,7 @@ async fn upstream(app: &TestApp, may_create: bool, trust: bool) -> CertifiedProv
     let op = CertifiedProvider::start(json!([{
         "client_id": UPSTREAM_CLIENT,
         "client_secret": UPSTREAM_SECRET,
-        "redirect_uris": [format!("{ISSUER}/oauth/upstream/callback")],
+                "redirect_uris": [CALLBACK_HERE],
     }]))
     .await;
     add(app, &op.issuer, may_create, trust).await;
@@ -90,12 +91,8 @@ async fn through_upstream(
     let mut there = Browser::elsewhere(app, &op.issuer);
     let page = there.get(&to).await;
     let page = there.follow(page).await;
-    let back = through_certified_pages(&mut there, page, login).await;
+    let back = through_certified_pages(&mut there, page, login, CALLBACK_HERE).await;
     let callback = back.location.unwrap();
-    assert!(
-        callback.starts_with(&format!("{ISSUER}/oauth/upstream/callback?")),
-        "{callback}"
-    );
     let page = browser.get(&callback).await;
     (browser.follow(page).await, verifier)
 }
@@ -236,6 +233,17 @@ async fn an_address_the_upstream_did_not_verify_or_is_not_trusted_for_neither_li
         "{}",
         page.body
     );
+    // The takeover this prevents: an upstream account whose unverified
+    // address is that of an account here (the "nOAuth" attacks).
+    let victim = unique_email("unverified-victim");
+    app.register_verified(&victim, PASSWORD).await;
+    let mut attacker = Browser::new(app);
+    let (page, _) = through_upstream(&mut attacker, app, &op, &victim).await;
+    assert_eq!((page.status, page.location), (StatusCode::FORBIDDEN, None));
+    assert!(
+        !attacker.cookies.keys().any(|k| k.contains("latchkey_session")),
+        "no browser session"
+    );
 
     let federation = &app.services.features.federation;
     assert!(federation.remove("node").await.unwrap());
@@ -251,16 +259,19 @@ async fn an_address_the_upstream_did_not_verify_or_is_not_trusted_for_neither_li
 
     assert_eq!(
         (linked(app).await, app.count("SELECT COUNT(*) FROM users").await),
-        (0, 0)
+        (0, 1)
     );
 }
 
-/// The way back carries a code and a `state`; it signs in only in the
-/// browser whose journey it ends (the journey's cookie), with that
-/// journey's `state`: another browser presenting it (a login CSRF: the
-/// attacker's own code in the victim's browser), a `state` that is not the
-/// journey's, and a journey used twice are refused with a page, and
-/// nothing is made.
+/// The way back carries a code, a `state` and the upstream's `iss`; it
+/// signs in only in the browser whose journey it ends (the journey's
+/// cookie), with that journey's `state`, from that journey's upstream:
+/// another browser presenting it (a login CSRF: the attacker's own code in
+/// the victim's browser), a `state` that is not the journey's, another
+/// upstream's way back, another `iss` or none from an upstream that names
+/// it (a mix-up, RFC 9207) are refused with a page, before the code is
+/// used; the journey presented again with its cookie kept gets nothing
+/// either (the upstream refuses its spent code). One account, one link.
 async fn a_way_back_that_is_not_this_browsers_journey_is_refused(app: &TestApp) {
     application(app, "app", ClientKind::Confidential, ConsentMode::Skip).await;
     let op = upstream(app, true, true).await;
@@ -275,7 +286,7 @@ async fn a_way_back_that_is_not_this_browsers_journey_is_refused(app: &TestApp) 
     let mut there = Browser::elsewhere(app, &op.issuer);
     let page = there.get(&to).await;
     let page = there.follow(page).await;
-    let callback = through_certified_pages(&mut there, page, &email)
+    let callback = through_certified_pages(&mut there, page, &email, CALLBACK_HERE)
         .await
         .location
         .unwrap();
@@ -290,15 +301,49 @@ async fn a_way_back_that_is_not_this_browsers_journey_is_refused(app: &TestApp) 
     let page = victim.get(&callback).await;
     assert_eq!(page.status, StatusCode::BAD_REQUEST, "another journey's state");
 
-    // The attacker's own browser, with the state changed, then twice.
-    let forged = callback.replace("state=", "state=x");
-    let mut copy = Browser::new(app);
-    copy.cookies = attacker.cookies.clone();
-    assert_eq!(
-        copy.get(&forged).await.status,
-        StatusCode::BAD_REQUEST,
-        "a state not the journey's"
-    );
+    // The attacker's own journey (its cookie), with its answer changed.
+    let journey = attacker.cookies.clone();
+    let replay = |url: String| {
+        let mut copy = Browser::new(app);
+        copy.cookies = journey.clone();
+        async move { copy.get(&url).await.status }
+    };
+    let q = crate::oidc::query(&callback);
+    let answer = |iss: Option<&str>, state: &str, to: &str| {
+        let mut params = vec![("code", q["code"].as_str()), ("state", state)];
+        if let Some(iss) = iss {
+            params.push(("iss", iss));
+        }
+        with_query(to, &params)
+    };
+    let back = "/oauth/upstream/node/callback";
+    let (iss, state) = (q["iss"].as_str(), q["state"].as_str());
+    assert_eq!(iss, op.issuer, "node-oidc-provider names itself");
+    let refusals = [
+        (
+            answer(Some(iss), &format!("x{state}"), back),
+            StatusCode::BAD_REQUEST,
+            "a state not the journey's",
+        ),
+        (
+            answer(Some(iss), state, "/oauth/upstream/other/callback"),
+            StatusCode::BAD_REQUEST,
+            "another upstream's way back",
+        ),
+        (
+            answer(Some("https://evil.example"), state, back),
+            StatusCode::BAD_GATEWAY,
+            "another issuer",
+        ),
+        (
+            answer(None, state, back),
+            StatusCode::BAD_GATEWAY,
+            "no issuer, from an upstream that names it",
+        ),
+    ];
+    for (url, status, what) in refusals {
+        assert_eq!(replay(url).await, status, "{what}");
+    }
     let first = attacker.get(&callback).await;
     assert_eq!(
         first.status,
@@ -308,7 +353,13 @@ async fn a_way_back_that_is_not_this_browsers_journey_is_refused(app: &TestApp) 
     );
     let again = attacker.get(&callback).await;
     assert_eq!(again.status, StatusCode::BAD_REQUEST, "the journey is over");
+    assert_eq!(
+        replay(callback.clone()).await,
+        StatusCode::BAD_GATEWAY,
+        "the spent code, refused upstream"
+    );
     assert_eq!(linked(app).await, 1, "only the rightful way back");
+    assert_eq!(app.count("SELECT COUNT(*) FROM users").await, 1);
 }
 
 /// An upstream that answers nothing (a port nobody listens on): the
@@ -335,7 +386,10 @@ async fn an_upstream_that_cannot_be_reached_gets_a_clear_page_and_nothing_is_wri
     assert!(page.body.contains("name=\"password\""), "the sign-in page again");
     let unknown = browser.get(&link.replace("/node?", "/nobody?")).await;
     assert_eq!(unknown.status, StatusCode::NOT_FOUND);
-    assert_eq!(app.count("SELECT COUNT(*) FROM users").await, 0);
+    assert_eq!(
+        (app.count("SELECT COUNT(*) FROM users").await, linked(app).await),
+        (0, 0)
+    );
 }
 
 /// An account with an authenticator, linked to an upstream identity, is
@@ -343,12 +397,12 @@ async fn an_upstream_that_cannot_be_reached_gets_a_clear_page_and_nothing_is_wri
 /// upstream's sign-in is one factor. (The link is written as an earlier
 /// sign-in would have made it.)
 async fn an_account_with_a_second_factor_steps_up_after_the_upstream(app: &TestApp) {
-    application(app, "app", ClientKind::Confidential, ConsentMode::Skip).await;
+    let app_secret = application(app, "app", ClientKind::Confidential, ConsentMode::Skip).await;
     let op = upstream(app, true, true).await;
     let email = unique_email("fed-mfa");
     app.register_verified(&email, PASSWORD).await;
     let session: Value = app.login(&email, PASSWORD).await.json().await.unwrap();
-    crate::mfa::enrol_totp(app, session["access_token"].as_str().unwrap()).await;
+    let (secret, _) = crate::mfa::enrol_totp(app, session["access_token"].as_str().unwrap()).await;
     let user = app.services.store.user_by_email(&email).await.unwrap().unwrap();
     let identity = latchkey::store::IdentityRecord {
         issuer: op.issuer.clone(),
@@ -359,7 +413,8 @@ async fn an_account_with_a_second_factor_steps_up_after_the_upstream(app: &TestA
         created_at: latchkey::clock::now_ms(),
     };
     assert!(app.services.store.link_identity(&identity, None).await.unwrap());
-    let (page, _) = through_upstream(&mut Browser::new(app), app, &op, &email).await;
+    let mut browser = Browser::new(app);
+    let (page, verifier) = through_upstream(&mut browser, app, &op, &email).await;
     assert_eq!(page.status, StatusCode::OK);
     assert!(
         page.body.contains("action=\"/oauth/mfa\""),
@@ -367,6 +422,27 @@ async fn an_account_with_a_second_factor_steps_up_after_the_upstream(app: &TestA
         page.body
     );
     assert!(page.location.is_none());
+    assert!(
+        !browser.cookies.keys().any(|k| k.contains("latchkey_session")),
+        "no session before the code"
+    );
+    // The code of the next step (the enrolment spent this one).
+    let code = crate::mfa::pyotp(&secret, 1);
+    let fields: Vec<(&str, String)> = ["authz", "csrf", "mfa_token", "factors"]
+        .into_iter()
+        .map(|k| (k, crate::oidc::hidden(&page.body, k)))
+        .chain([("code", code)])
+        .collect();
+    let form: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let done = browser.post("/oauth/mfa", &form).await;
+    let back = browser.follow(done).await;
+    let callback = back
+        .location
+        .unwrap_or_else(|| panic!("back to the application: {}", back.body));
+    let tokens = exchange_code(app, "app", &app_secret, &callback, &verifier).await;
+    let id = claims(tokens["id_token"].as_str().unwrap());
+    assert_eq!(id["amr"], json!(["fed", "otp", "mfa"]), "{id}");
+    assert_eq!(id["acr"], "2");
 }
 
 /// Links an identity of upstream `node` (subject `subject`) to `user_id`,
@@ -465,17 +541,24 @@ async fn administrators_manage_upstreams_and_links_and_never_see_a_secret(app: &
     assert!(!body.contains("the-upstream-secret"), "{body}");
     let (status, _) = call(reqwest::Method::POST, "/admin/upstreams", Some(upstream.clone())).await;
     assert_eq!(status, StatusCode::CONFLICT);
-    let mut bad = upstream.clone();
-    bad["name"] = "callback".into();
-    assert_eq!(
-        call(reqwest::Method::POST, "/admin/upstreams", Some(bad)).await.0,
-        StatusCode::BAD_REQUEST
-    );
+    for (field, value) in [
+        ("name", "Bad Name"),
+        ("issuer", "http://sso.corp.example"),
+        ("issuer", "ftp://x.example"),
+    ] {
+        let mut bad = upstream.clone();
+        bad[field] = value.into();
+        let (status, body) = call(reqwest::Method::POST, "/admin/upstreams", Some(bad)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{field} {value}: {body}");
+    }
     let (status, body) = call(reqwest::Method::GET, "/admin/upstreams", None).await;
     assert_eq!(status, StatusCode::OK);
     let list: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(list["upstreams"][0]["scopes"], "openid email profile");
-    assert_eq!(list["redirect_uri"], format!("{ISSUER}/oauth/upstream/callback"));
+    assert_eq!(
+        list["upstreams"][0]["redirect_uri"],
+        format!("{ISSUER}/oauth/upstream/corp/callback")
+    );
     assert!(!body.contains("the-upstream-secret"));
     let stored = app
         .count("SELECT COUNT(*) FROM upstreams WHERE client_secret LIKE '%the-upstream-secret%'")

@@ -83,11 +83,11 @@ pub fn check_claims(c: &Value, e: &Expected) -> Result<Identity, Invalid> {
         return Err(Invalid::AuthorizedParty);
     }
     match c.get("exp").and_then(Value::as_i64) {
-        Some(exp) if exp + LEEWAY_SECS > e.now => {}
+        Some(exp) if exp.saturating_add(LEEWAY_SECS) > e.now => {}
         _ => return Err(Invalid::Expired),
     }
     match c.get("iat").and_then(Value::as_i64) {
-        Some(iat) if iat <= e.now + LEEWAY_SECS => {}
+        Some(iat) if iat <= e.now.saturating_add(LEEWAY_SECS) => {}
         _ => return Err(Invalid::IssuedAt),
     }
     let nonce = c.get("nonce").and_then(Value::as_str).unwrap_or_default();

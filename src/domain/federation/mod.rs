@@ -46,6 +46,8 @@ use crate::store::{IdentityRecord, UpstreamRecord, UpstreamSignUp};
 
 /// How long a journey through an upstream may take, start to callback.
 pub const JOURNEY_TTL: Duration = Duration::from_secs(600);
+/// The largest journey cookie value.
+const MAX_JOURNEY: usize = 3800;
 /// How long the list of upstreams is kept between reads of the database
 /// (the sign-in page shows it).
 const LIST_KEEP: Duration = Duration::from_secs(5);
@@ -54,7 +56,7 @@ const SECRET_AAD: &[u8] = b"latchkey upstream client secret";
 const JOURNEY_AAD: &[u8] = b"latchkey upstream journey";
 
 /// An upstream as an operator adds it.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct NewUpstream {
     pub name: String,
     pub display_name: String,
@@ -65,6 +67,17 @@ pub struct NewUpstream {
     pub scopes: String,
     pub may_create: bool,
     pub trusts_email_verified: bool,
+}
+
+impl std::fmt::Debug for NewUpstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NewUpstream")
+            .field("name", &self.name)
+            .field("issuer", &self.issuer)
+            .field("client_id", &self.client_id)
+            .field("client_secret", &"(hidden)")
+            .finish_non_exhaustive()
+    }
 }
 
 /// An upstream as it is shown (never its secret).
@@ -79,11 +92,14 @@ pub struct UpstreamView {
     pub trusts_email_verified: bool,
     /// Unix milliseconds.
     pub created_at: i64,
+    /// The redirect URI to register at the upstream.
+    pub redirect_uri: String,
 }
 
-impl From<&UpstreamRecord> for UpstreamView {
-    fn from(u: &UpstreamRecord) -> Self {
+impl Federation {
+    fn view(&self, u: &UpstreamRecord) -> UpstreamView {
         UpstreamView {
+            redirect_uri: self.redirect_uri(&u.name),
             name: u.name.clone(),
             display_name: u.display_name.clone(),
             issuer: u.issuer.clone(),
@@ -130,9 +146,15 @@ pub enum Arrival {
     /// The login's answer: a session, or the step up to a second factor
     /// (`AuthError::SecondFactorRequired`), or its refusal.
     SignedIn(Result<TokenPair, AuthError>),
-    /// An account has the address: the person proves it first
-    /// (`Decision::ProveFirst`, `Decision::ProveMailbox`); nothing is linked.
+    /// A verified account has the address: the person signs in to it
+    /// (`Decision::ProveFirst`); nothing is linked.
     ProveFirst {
+        email: String,
+    },
+    /// An account whose address was never confirmed has it
+    /// (`Decision::ProveMailbox`): nothing is linked, and its password
+    /// (someone's who may not own the mailbox) is not asked for.
+    ProveMailbox {
         email: String,
     },
     Refused(Refusal),
@@ -152,6 +174,9 @@ pub enum FederationError {
     /// The upstream answered the browser with an error (`access_denied`, ...).
     #[error("the upstream answered with an error: {0}")]
     Denied(String),
+    /// The pending request is too large to travel in the journey's cookie.
+    #[error("the request is too large to sign in through an upstream")]
+    TooLarge,
     #[error(transparent)]
     Upstream(#[from] Failure),
     #[error("the upstream's id_token is refused: {0:?}")]
@@ -170,8 +195,8 @@ pub struct Federation {
     shared: Arc<Shared>,
     login: Arc<Login>,
     sealer: Sealer,
-    /// latchkey's callback for every upstream.
-    redirect_uri: String,
+    /// latchkey's issuer: the callbacks are under it.
+    issuer: String,
     http: upstream::Upstreams,
     /// The list the sign-in page shows, and when it was read.
     list: Mutex<(Instant, Arc<Vec<UpstreamRecord>>)>,
@@ -185,16 +210,19 @@ impl Federation {
             shared,
             login,
             sealer,
-            redirect_uri: format!("{}/oauth/upstream/callback", issuer.trim_end_matches('/')),
+            issuer: issuer.trim_end_matches('/').to_string(),
             http: upstream::Upstreams::new(),
             list: Mutex::new((Instant::now(), Arc::new(Vec::new()))),
             refreshing: AtomicBool::new(false),
         }
     }
 
-    /// The redirect URI to register at every upstream.
-    pub fn redirect_uri(&self) -> &str {
-        &self.redirect_uri
+    /// The redirect URI to register at upstream `name`: one per upstream,
+    /// so that a code comes back only to the upstream it was asked of (a
+    /// code of one upstream never reaches another's token endpoint: the
+    /// mix-up attack, RFC 9207 §1).
+    pub fn redirect_uri(&self, name: &str) -> String {
+        format!("{}/oauth/upstream/{name}/callback", self.issuer)
     }
 
     /// Adds an upstream (`false`: the name is taken).
@@ -205,19 +233,19 @@ impl Federation {
             && u.name
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-        // `callback` is the path of the way back.
-        if !name_ok || u.name == "callback" {
-            return bad("name: 1 to 32 of a-z, 0-9 and - (not callback)");
+        if !name_ok {
+            return bad("name: 1 to 32 of a-z, 0-9 and -");
         }
         if u.display_name.trim().is_empty() || u.display_name.len() > 64 {
             return bad("display name: 1 to 64 bytes");
         }
         match url::Url::parse(&u.issuer) {
-            Ok(i)
-                if ["https", "http"].contains(&i.scheme())
-                    && i.query().is_none()
-                    && i.fragment().is_none() => {}
-            _ => return bad("issuer: an http(s) URL without query or fragment"),
+            Ok(i) if upstream::secure_enough(&i) && i.query().is_none() && i.fragment().is_none() => {}
+            _ => {
+                return bad(
+                    "issuer: an https URL without query or fragment (http only on a loopback address)",
+                )
+            }
         }
         if u.client_id.is_empty()
             || u.client_id.len() > 255
@@ -259,7 +287,7 @@ impl Federation {
             .upstreams()
             .await?
             .iter()
-            .map(UpstreamView::from)
+            .map(|u| self.view(u))
             .collect())
     }
 
@@ -305,7 +333,14 @@ impl Federation {
     /// Leaves for upstream `name` to continue the pending request `authz`:
     /// the upstream's authorization URL (code flow, PKCE S256, `state`,
     /// `nonce`), and the journey sealed for the browser's cookie.
-    pub async fn depart(&self, name: &str, authz: &str, now: i64) -> Result<Departure, FederationError> {
+    pub async fn depart(
+        &self,
+        name: &str,
+        authz: &str,
+        origin: &Origin,
+        now: i64,
+    ) -> Result<Departure, FederationError> {
+        self.login.limit(origin).await?;
         let up = self.upstream(name).await?;
         let d = self.http.discovery(&up.issuer).await?;
         let journey = Journey {
@@ -322,7 +357,7 @@ impl Federation {
         url.query_pairs_mut()
             .append_pair("response_type", "code")
             .append_pair("client_id", &up.client_id)
-            .append_pair("redirect_uri", &self.redirect_uri)
+            .append_pair("redirect_uri", &self.redirect_uri(&up.name))
             .append_pair("scope", &up.scopes)
             .append_pair("state", &journey.state)
             .append_pair("nonce", &journey.nonce)
@@ -332,9 +367,15 @@ impl Federation {
             &serde_json::to_vec(&journey).expect("a journey serialises"),
             JOURNEY_AAD,
         );
+        let sealed_journey = b64url(&sealed);
+        // Browsers keep cookies of about 4 KB; a request that large (a huge
+        // `state` of the application's) could not come back.
+        if sealed_journey.len() > MAX_JOURNEY {
+            return Err(FederationError::TooLarge);
+        }
         Ok(Departure {
             url: url.into(),
-            sealed_journey: b64url(&sealed),
+            sealed_journey,
         })
     }
 
@@ -351,28 +392,37 @@ impl Federation {
     /// applied, and the sign-in it allows started.
     pub async fn arrive(
         &self,
+        name: &str,
         journey: &Journey,
         back: &Callback,
         origin: &Origin,
         now: i64,
     ) -> Result<Arrival, FederationError> {
         let state = back.state.as_deref().unwrap_or_default();
-        if !ct_eq(state.as_bytes(), journey.state.as_bytes()) {
+        if name != journey.upstream || !ct_eq(state.as_bytes(), journey.state.as_bytes()) {
             return Err(FederationError::Journey);
         }
+        self.login.limit(origin).await?;
         let up = self.upstream(&journey.upstream).await?;
-        if back.iss.as_deref().is_some_and(|iss| iss != up.issuer) {
-            return Err(FederationError::MixUp);
+        let d = self.http.discovery(&up.issuer).await?;
+        // RFC 9207 §2.4: the issuer it names must be this upstream's, and
+        // an upstream that says it names it must have.
+        match back.iss.as_deref() {
+            Some(iss) if iss != up.issuer => return Err(FederationError::MixUp),
+            None if d.names_issuer => return Err(FederationError::MixUp),
+            _ => {}
         }
         if let Some(e) = &back.error {
-            return Err(FederationError::Denied(e.chars().take(64).collect()));
+            // Logged: printable characters only.
+            return Err(FederationError::Denied(
+                e.chars().filter(|c| c.is_ascii_graphic()).take(64).collect(),
+            ));
         }
         let code = back
             .code
             .as_deref()
             .filter(|c| !c.is_empty())
             .ok_or(FederationError::Journey)?;
-        let d = self.http.discovery(&up.issuer).await?;
         let secret = self
             .sealer
             .open(&up.client_secret, &secret_aad(&up.name))
@@ -388,7 +438,7 @@ impl Federation {
                 &[
                     ("grant_type", "authorization_code"),
                     ("code", code),
-                    ("redirect_uri", &self.redirect_uri),
+                    ("redirect_uri", &self.redirect_uri(&up.name)),
                     ("code_verifier", &journey.verifier),
                 ],
             )
@@ -419,16 +469,18 @@ impl Federation {
                     id_token::email_of(info.as_object().expect("an object"));
             }
         }
-        self.settle(&up, identity, origin, now).await
+        self.settle(&up, identity, origin, now, true).await
     }
 
     /// The rule applied to an upstream identity, and what it allows done.
+    /// `retry`: whether a creation that lost a race decides again (once).
     async fn settle(
         &self,
         up: &UpstreamRecord,
         who: id_token::Identity,
         origin: &Origin,
         now: i64,
+        retry: bool,
     ) -> Result<Arrival, FederationError> {
         let store = &self.shared.store;
         let linked = match store.upstream_identity(&up.issuer, &who.subject).await? {
@@ -477,8 +529,11 @@ impl Federation {
                     UpstreamSignUp::Created => {}
                     // Another request made the account or the link meanwhile:
                     // deciding again on what is there now.
+                    UpstreamSignUp::EmailTaken | UpstreamSignUp::Linked if retry => {
+                        return Box::pin(self.settle(up, who, origin, now, false)).await;
+                    }
                     UpstreamSignUp::EmailTaken | UpstreamSignUp::Linked => {
-                        return Box::pin(self.settle(up, who, origin, now)).await;
+                        return Err(AuthError::Unavailable("the account changed meanwhile".into()).into());
                     }
                 }
                 store
@@ -486,8 +541,13 @@ impl Federation {
                     .await?
                     .ok_or_else(|| AuthError::Internal(anyhow::anyhow!("an account just made is gone")))?
             }
-            Decision::ProveFirst(_) | Decision::ProveMailbox(_) => {
+            Decision::ProveFirst(_) => {
                 return Ok(Arrival::ProveFirst {
+                    email: who.email.unwrap_or_default(),
+                })
+            }
+            Decision::ProveMailbox(_) => {
+                return Ok(Arrival::ProveMailbox {
                     email: who.email.unwrap_or_default(),
                 })
             }

@@ -51,6 +51,22 @@ pub struct Discovery {
     pub token_endpoint: String,
     pub jwks_uri: String,
     pub userinfo_endpoint: Option<String>,
+    /// `authorization_response_iss_parameter_supported` (RFC 9207): its
+    /// answers name it, so an answer without `iss` is not its.
+    pub names_issuer: bool,
+}
+
+/// Whether an upstream URL may be used: https, or http to a loopback
+/// address (a provider on the same machine, as in the tests); plain http
+/// elsewhere would let anyone on the path forge its keys and answers.
+pub fn secure_enough(u: &url::Url) -> bool {
+    match (u.scheme(), u.host()) {
+        ("https", Some(_)) => true,
+        ("http", Some(url::Host::Ipv4(ip))) => ip.is_loopback(),
+        ("http", Some(url::Host::Ipv6(ip))) => ip.is_loopback(),
+        ("http", Some(url::Host::Domain(d))) => d == "localhost",
+        _ => false,
+    }
 }
 
 type Https = hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>;
@@ -104,18 +120,20 @@ impl Upstreams {
         if doc["issuer"].as_str() != Some(issuer) {
             return Err(Failure::BadAnswer("discovery names another issuer".into()));
         }
+        // Every endpoint as safe as the issuer: https, or loopback http.
         let field = |name: &str| -> Result<String, Failure> {
             doc[name]
                 .as_str()
-                .filter(|u| u.starts_with("https://") || u.starts_with("http://"))
+                .filter(|u| url::Url::parse(u).is_ok_and(|u| secure_enough(&u)))
                 .map(str::to_string)
-                .ok_or_else(|| Failure::BadAnswer(format!("discovery lacks {name}")))
+                .ok_or_else(|| Failure::BadAnswer(format!("discovery lacks {name}, or it is not https")))
         };
         let d = Arc::new(Discovery {
             authorization_endpoint: field("authorization_endpoint")?,
             token_endpoint: field("token_endpoint")?,
             jwks_uri: field("jwks_uri")?,
             userinfo_endpoint: field("userinfo_endpoint").ok(),
+            names_issuer: doc["authorization_response_iss_parameter_supported"] == Value::Bool(true),
         });
         self.discovery
             .lock()

@@ -40,7 +40,7 @@ pub async fn depart(
     let Some(client) = pending_client(&st, &mut v, &p.authz).await else {
         return dead_end(&st, &v, PageError::Expired);
     };
-    match st.federation.depart(&name, &p.authz, now_ms()).await {
+    match st.federation.depart(&name, &p.authz, &v.origin, now_ms()).await {
         Ok(d) => {
             let mut r = see_other(&d.url);
             r.headers_mut().append(
@@ -60,11 +60,12 @@ pub async fn depart(
     }
 }
 
-/// `GET /oauth/upstream/callback`: back from the upstream.
+/// `GET /oauth/upstream/{name}/callback`: back from upstream `name`.
 pub async fn arrive(
     State(st): State<AppState>,
     ClientIp(ip): ClientIp,
     headers: HeaderMap,
+    Path(name): Path<String>,
     Query(back): Query<Callback>,
 ) -> Response {
     let mut v = match visit(&st, &headers, ip).await {
@@ -81,11 +82,11 @@ pub async fn arrive(
         Some(journey) => match pending_client(&st, &mut v, &journey.authz).await {
             None => dead_end(&st, &v, PageError::Expired),
             Some(client) => {
-                let name = display_name(&st, &journey.upstream);
+                let shown = display_name(&st, &journey.upstream);
                 let pending = journey.authz.as_str();
                 let note =
                     |status, text: &str| login_page(&st, &v, pending, &client, "", Some((status, text)));
-                match st.federation.arrive(&journey, &back, &v.origin, now).await {
+                match st.federation.arrive(&name, &journey, &back, &v.origin, now).await {
                     Ok(Arrival::SignedIn(Ok(pair))) => signed_in(&st, &v, &pair, pending),
                     Ok(Arrival::SignedIn(Err(AuthError::SecondFactorRequired(Some(step))))) => {
                         mfa_page(&st, &v, pending, &client, &step, None)
@@ -95,7 +96,18 @@ pub async fn arrive(
                         note(status, &text)
                     }
                     Ok(Arrival::ProveFirst { email }) => {
-                        let text = v.lang.format(Key::UpstreamProveFirst, &[("name", &name)]);
+                        let text = v.lang.format(Key::UpstreamProveFirst, &[("name", &shown)]);
+                        login_page(
+                            &st,
+                            &v,
+                            pending,
+                            &client,
+                            &email,
+                            Some((StatusCode::CONFLICT, &text)),
+                        )
+                    }
+                    Ok(Arrival::ProveMailbox { email }) => {
+                        let text = v.lang.format(Key::UpstreamProveMailbox, &[("name", &shown)]);
                         login_page(
                             &st,
                             &v,
@@ -111,14 +123,14 @@ pub async fn arrive(
                             Refusal::UnverifiedEmail => Key::UpstreamUnverified,
                             Refusal::NoAccount | Refusal::LinkedElsewhere => Key::UpstreamNoAccount,
                         };
-                        note(StatusCode::FORBIDDEN, &v.lang.format(key, &[("name", &name)]))
+                        note(StatusCode::FORBIDDEN, &v.lang.format(key, &[("name", &shown)]))
                     }
                     Err(FederationError::Journey) => {
                         error_page(&st, &v, StatusCode::BAD_REQUEST, v.text(Key::UpstreamJourney))
                     }
                     Err(e) => {
                         tracing::warn!(upstream = %journey.upstream, error = %e, "a sign-in through an upstream failed");
-                        let (status, text) = failure(&v, &name, &e);
+                        let (status, text) = failure(&v, &shown, &e);
                         note(status, &text)
                     }
                 }
@@ -149,6 +161,7 @@ fn failure(v: &Visit, name: &str, e: &FederationError) -> (StatusCode, String) {
         FederationError::UnknownUpstream => (StatusCode::NOT_FOUND, text(Key::UpstreamUnknown)),
         FederationError::Journey => (StatusCode::BAD_REQUEST, text(Key::UpstreamJourney)),
         FederationError::Denied(_) => (StatusCode::UNAUTHORIZED, text(Key::UpstreamFailed)),
+        FederationError::TooLarge => (StatusCode::BAD_REQUEST, text(Key::UpstreamFailed)),
         FederationError::MixUp | FederationError::Upstream(_) | FederationError::IdToken(_) => {
             (StatusCode::BAD_GATEWAY, text(Key::UpstreamFailed))
         }

@@ -610,4 +610,10 @@ catalogue! {
         fr: "Un compte avec votre adresse existe ici, et {name} n’y est pas lié. Connectez-vous avec son mot de passe.",
         es: "Aquí existe una cuenta con su dirección y {name} no está vinculado a ella. Inicie sesión con su contraseña.",
     }
+    UpstreamProveMailbox "upstream_prove_mailbox" {
+        en: "An account with your address exists here, but its address was never confirmed, and {name} is not linked to it. Use \u{201c}Forgot your password?\u{201d} to prove the address with a mailed code.",
+        de: "Hier gibt es ein Konto mit Ihrer Adresse, deren Bestätigung aber nie abgeschlossen wurde, und {name} ist nicht damit verknüpft. Weisen Sie die Adresse über \u{201e}Passwort vergessen?\u{201c} mit einem zugesandten Code nach.",
+        fr: "Un compte avec votre adresse existe ici, mais son adresse n’a jamais été confirmée, et {name} n’y est pas lié. Utilisez « Mot de passe oublié ? » pour prouver l’adresse avec un code envoyé par e-mail.",
+        es: "Aquí existe una cuenta con su dirección, pero la dirección nunca se confirmó y {name} no está vinculado a ella. Use «¿Olvidó su contraseña?» para demostrar la dirección con un código enviado por correo.",
+    }
 }

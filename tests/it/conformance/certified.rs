@@ -314,17 +314,23 @@ async fn sign_in_at_the_certified_provider(app: &TestApp, issuer: &str, url: &st
     let mut browser = Browser::elsewhere(app, issuer);
     let page = browser.get(url).await;
     let page = browser.follow(page).await;
-    let back = through_certified_pages(&mut browser, page, login).await;
+    let back = through_certified_pages(&mut browser, page, login, CALLBACK).await;
     back.location.unwrap()
 }
 
 /// Goes on from `page` through node-oidc-provider's development pages
 /// (`browser` is at its origin), posting each form as `login` (its sign-in
 /// accepts any password; its consent page, a button) until it redirects
-/// back to the client: that redirect.
-pub(crate) async fn through_certified_pages(browser: &mut Browser<'_>, mut page: Page, login: &str) -> Page {
+/// back to the client, at `back_to`: that redirect.
+pub(crate) async fn through_certified_pages(
+    browser: &mut Browser<'_>,
+    mut page: Page,
+    login: &str,
+    back_to: &str,
+) -> Page {
     for _ in 0..4 {
-        if page.location.is_some() {
+        if let Some(to) = &page.location {
+            assert!(to.starts_with(back_to), "back to the client: {to}");
             return page;
         }
         let action = attribute(&page.body, "action").unwrap_or_else(|| panic!("a form: {}", page.body));
