@@ -54,6 +54,9 @@ pub struct TokenPair {
     pub status: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<&'static str>,
+    /// The account the session is of (not in any answer).
+    #[serde(skip)]
+    pub user_id: String,
 }
 
 /// The status of a verification that set no password ([`TokenPair::status`]).
@@ -595,6 +598,7 @@ impl Sessions {
             refresh_expires_in: ((session_expires_at - now_ms()).max(0) / 1000) as u64,
             status: None,
             message: None,
+            user_id: subject.user_id.to_string(),
         })
     }
 }

@@ -129,6 +129,7 @@ pub type AppState = Arc<ApiState>;
         oidc::userinfo_get, oidc::userinfo_post, oidc::consents, oidc::revoke_consent, ops::live, ops::ready, ops::openapi,
         federation::identities, federation::unlink, federation::upstreams, federation::add_upstream,
         federation::remove_upstream, federation::user_identities, federation::unlink_user_identity,
+        oidc::upstream::depart, oidc::upstream::arrive,
     ),
     components(schemas(crate::domain::mfa::StepUp)),
     modifiers(&BearerAuth, &CommonResponses)
@@ -304,6 +305,7 @@ fn routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ("/oauth/passkey", post(oidc::passkey)),
         ("/oauth/upstream/{name}/callback", get(oidc::upstream_arrive)),
         ("/oauth/upstream/{name}", get(oidc::upstream_depart)),
+        ("/oauth/link", post(oidc::confirm_link)),
         ("/oauth/signup", get(oidc::signup_form).post(oidc::signup)),
         ("/oauth/signup/verify", post(oidc::verify)),
         ("/oauth/reset", get(oidc::reset_form).post(oidc::reset)),

@@ -31,6 +31,7 @@ const BUILT_IN: &[(&str, &str)] = &[
     ("mfa_passkey.html", include_str!("pages/mfa_passkey.html")),
     ("mfa_recovery.html", include_str!("pages/mfa_recovery.html")),
     ("consent.html", include_str!("pages/consent.html")),
+    ("link.html", include_str!("pages/link.html")),
     ("signup.html", include_str!("pages/signup.html")),
     ("verify.html", include_str!("pages/verify.html")),
     ("reset.html", include_str!("pages/reset.html")),

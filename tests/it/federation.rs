@@ -194,7 +194,10 @@ async fn a_new_person_signs_in_through_an_upstream_and_comes_back_to_the_same_ac
 /// An account here has the address the upstream asserts (verified, and
 /// trusted): the upstream identity does not sign in to it, and nothing is
 /// linked; the sign-in page asks for the account's password, the address
-/// filled in.
+/// filled in. Signing in to another account with it links nothing; signing
+/// in to that account (the proof) asks whether to link the identity:
+/// "not now" links nothing, "link" links it, and it then signs in to that
+/// account directly.
 async fn an_upstream_address_that_names_an_account_here_signs_in_to_nothing(app: &TestApp) {
     application(app, "app", ClientKind::Confidential, ConsentMode::Skip).await;
     let op = upstream(app, true, true).await;
@@ -215,6 +218,70 @@ async fn an_upstream_address_that_names_an_account_here_signs_in_to_nothing(app:
         !browser.cookies.keys().any(|k| k.contains("latchkey_session")),
         "no browser session"
     );
+
+    // Another account's password, in the same browser: nothing linked,
+    // nothing asked.
+    let other = unique_email("fed-other");
+    app.register_verified(&other, PASSWORD).await;
+    let mut elsewhere = Browser::new(app);
+    elsewhere.cookies = browser.cookies.clone();
+    let back = password_on(&mut elsewhere, &page, &other).await;
+    assert!(back.location.is_some_and(|l| l.starts_with(CALLBACK)));
+    assert_eq!(linked(app).await, 0, "not the account the address named");
+
+    // The account's own password: the proof, then the question.
+    let mut declines = Browser::new(app);
+    declines.cookies = browser.cookies.clone();
+    let ask = password_on(&mut declines, &page, &email).await;
+    assert_eq!(ask.status, StatusCode::OK, "{}", ask.body);
+    assert!(
+        ask.body.contains("Link your Node Example account"),
+        "{}",
+        ask.body
+    );
+    let back = answer_link(&mut declines, &ask, "skip").await;
+    assert!(back.location.is_some_and(|l| l.starts_with(CALLBACK)));
+    assert_eq!(linked(app).await, 0, "not now");
+
+    let ask = password_on(&mut browser, &page, &email).await;
+    let back = answer_link(&mut browser, &ask, "link").await;
+    assert!(back.location.is_some_and(|l| l.starts_with(CALLBACK)));
+    assert_eq!(linked(app).await, 1);
+    assert!(!browser.cookies.contains_key("latchkey_upstream_link"), "used up");
+    let user = app.services.store.user_by_email(&email).await.unwrap().unwrap();
+    let (back, _) = through_upstream(&mut Browser::new(app), app, &op, &email).await;
+    assert!(
+        back.location.is_some_and(|l| l.starts_with(CALLBACK)),
+        "signed in directly"
+    );
+    let links = app.services.store.identities_of(&user.id).await.unwrap();
+    assert_eq!((links.len(), links[0].subject.as_str()), (1, email.as_str()));
+}
+
+/// The password of `email` posted on the sign-in page `page` (whatever its
+/// status), its redirects followed.
+async fn password_on(browser: &mut Browser<'_>, page: &Page, email: &str) -> Page {
+    let form = [
+        ("authz", crate::oidc::hidden(&page.body, "authz")),
+        ("csrf", crate::oidc::hidden(&page.body, "csrf")),
+        ("email", email.to_string()),
+        ("password", PASSWORD.to_string()),
+    ];
+    let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let r = browser.post("/oauth/login", &form).await;
+    browser.follow(r).await
+}
+
+/// The link page `ask` answered with `decision`, its redirects followed.
+async fn answer_link(browser: &mut Browser<'_>, ask: &Page, decision: &str) -> Page {
+    let form = [
+        ("authz", crate::oidc::hidden(&ask.body, "authz")),
+        ("csrf", crate::oidc::hidden(&ask.body, "csrf")),
+        ("decision", decision.to_string()),
+    ];
+    let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let r = browser.post("/oauth/link", &form).await;
+    browser.follow(r).await
 }
 
 /// An address the upstream says it did not verify neither creates nor

@@ -54,6 +54,21 @@ const LIST_KEEP: Duration = Duration::from_secs(5);
 /// The associated data of sealed client secrets and journeys.
 const SECRET_AAD: &[u8] = b"latchkey upstream client secret";
 const JOURNEY_AAD: &[u8] = b"latchkey upstream journey";
+const LINK_AAD: &[u8] = b"latchkey upstream link after proof";
+
+/// An identity to link once the person has signed in to the account its
+/// address names (`Decision::ProveFirst`), sealed into a cookie of the
+/// browser that came back from the upstream.
+#[derive(Debug, Serialize, Deserialize)]
+struct PendingLink {
+    upstream: String,
+    issuer: String,
+    subject: String,
+    email: Option<String>,
+    /// The account the address named: only a sign-in to it links.
+    user_id: String,
+    at_ms: i64,
+}
 
 /// An upstream as an operator adds it.
 #[derive(Clone)]
@@ -146,10 +161,13 @@ pub enum Arrival {
     /// The login's answer: a session, or the step up to a second factor
     /// (`AuthError::SecondFactorRequired`), or its refusal.
     SignedIn(Result<TokenPair, AuthError>),
-    /// A verified account has the address: the person signs in to it
-    /// (`Decision::ProveFirst`); nothing is linked.
+    /// A verified account has the address (`Decision::ProveFirst`): the
+    /// person signs in to it, and the identity is linked then
+    /// ([`Federation::link_after_proof`] with `sealed_link`, kept in a
+    /// cookie of this browser meanwhile).
     ProveFirst {
         email: String,
+        sealed_link: String,
     },
     /// An account whose address was never confirmed has it
     /// (`Decision::ProveMailbox`): nothing is linked, and its password
@@ -541,10 +559,22 @@ impl Federation {
                     .await?
                     .ok_or_else(|| AuthError::Internal(anyhow::anyhow!("an account just made is gone")))?
             }
-            Decision::ProveFirst(_) => {
+            Decision::ProveFirst(account) => {
+                let link = PendingLink {
+                    upstream: up.name.clone(),
+                    issuer: up.issuer.clone(),
+                    subject: who.subject.clone(),
+                    email: who.email.clone(),
+                    user_id: account,
+                    at_ms: now,
+                };
+                let sealed = self
+                    .sealer
+                    .seal(&serde_json::to_vec(&link).expect("a link serialises"), LINK_AAD);
                 return Ok(Arrival::ProveFirst {
                     email: who.email.unwrap_or_default(),
-                })
+                    sealed_link: b64url(&sealed),
+                });
             }
             Decision::ProveMailbox(_) => {
                 return Ok(Arrival::ProveMailbox {
@@ -584,6 +614,100 @@ impl From<IdentityRecord> for IdentityView {
             email: i.email,
             linked_at: crate::clock::rfc3339(i.created_at),
         }
+    }
+}
+
+/// An identity a sign-in may link, as the confirmation page shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkOffer {
+    /// The upstream's display name.
+    pub upstream: String,
+    /// The address the upstream asserted.
+    pub email: Option<String>,
+}
+
+impl Federation {
+    /// The pending link of `sealed_link` if it may still be made to the
+    /// account `user_id`, just signed in to: sealed by this service at
+    /// most [`JOURNEY_TTL`] ago for that account; its upstream still
+    /// configured with the same issuer and still trusted for addresses;
+    /// the account still enabled, verified, at the address the upstream
+    /// asserted (an administrator's change meanwhile voids it).
+    async fn pending_link(
+        &self,
+        sealed_link: &str,
+        user_id: &str,
+        now: i64,
+    ) -> Result<Option<(PendingLink, UpstreamRecord)>, AuthError> {
+        let Some(link) = b64url_decode(sealed_link)
+            .and_then(|b| self.sealer.open(&b, LINK_AAD))
+            .and_then(|b| serde_json::from_slice::<PendingLink>(&b).ok())
+        else {
+            return Ok(None);
+        };
+        let young = (0..JOURNEY_TTL.as_millis() as i64).contains(&(now - link.at_ms));
+        if !young || !ct_eq(link.user_id.as_bytes(), user_id.as_bytes()) {
+            return Ok(None);
+        }
+        let store = &self.shared.store;
+        let upstream = store
+            .upstreams()
+            .await?
+            .into_iter()
+            .find(|u| u.name == link.upstream && u.issuer == link.issuer && u.trusts_email_verified);
+        let account = store.user_by_id(user_id).await?;
+        let account_ok = account.is_some_and(|a| {
+            a.disabled_at.is_none() && a.email_verified_at.is_some() && Some(&a.email) == link.email.as_ref()
+        });
+        Ok(match upstream {
+            Some(up) if account_ok => Some((link, up)),
+            _ => None,
+        })
+    }
+
+    /// What a sign-in to `user_id` in the browser that holds `sealed_link`
+    /// would link, for the person to confirm ([`Self::link_after_proof`]).
+    pub async fn offer(
+        &self,
+        sealed_link: &str,
+        user_id: &str,
+        now: i64,
+    ) -> Result<Option<LinkOffer>, AuthError> {
+        Ok(self
+            .pending_link(sealed_link, user_id, now)
+            .await?
+            .map(|(link, up)| LinkOffer {
+                upstream: up.display_name,
+                email: link.email,
+            }))
+    }
+
+    /// Links the identity of `sealed_link` to `user_id` once the person,
+    /// signed in to that account, confirmed it (the checks of
+    /// [`Self::offer`] again). `true`: linked now.
+    pub async fn link_after_proof(
+        &self,
+        sealed_link: &str,
+        user_id: &str,
+        origin: &Origin,
+        now: i64,
+    ) -> Result<bool, AuthError> {
+        let Some((link, _)) = self.pending_link(sealed_link, user_id, now).await? else {
+            return Ok(false);
+        };
+        let identity = IdentityRecord {
+            issuer: link.issuer,
+            subject: link.subject,
+            user_id: link.user_id,
+            upstream: link.upstream,
+            email: link.email,
+            created_at: now,
+        };
+        Ok(self
+            .shared
+            .store
+            .link_identity(&identity, Some(&origin.ip.to_string()))
+            .await?)
     }
 }
 

@@ -60,6 +60,9 @@ pub struct Discovery {
 /// address (a provider on the same machine, as in the tests); plain http
 /// elsewhere would let anyone on the path forge its keys and answers.
 pub fn secure_enough(u: &url::Url) -> bool {
+    if !u.username().is_empty() || u.password().is_some() {
+        return false;
+    }
     match (u.scheme(), u.host()) {
         ("https", Some(_)) => true,
         ("http", Some(url::Host::Ipv4(ip))) => ip.is_loopback(),
@@ -120,11 +123,16 @@ impl Upstreams {
         if doc["issuer"].as_str() != Some(issuer) {
             return Err(Failure::BadAnswer("discovery names another issuer".into()));
         }
-        // Every endpoint as safe as the issuer: https, or loopback http.
+        // Every endpoint as safe as the issuer: https, or loopback http
+        // for a loopback http issuer only (an https issuer's document
+        // cannot send latchkey to a port of its own machine).
+        let plain = issuer.starts_with("http://");
         let field = |name: &str| -> Result<String, Failure> {
             doc[name]
                 .as_str()
-                .filter(|u| url::Url::parse(u).is_ok_and(|u| secure_enough(&u)))
+                .filter(|u| {
+                    url::Url::parse(u).is_ok_and(|u| secure_enough(&u) && (plain || u.scheme() == "https"))
+                })
                 .map(str::to_string)
                 .ok_or_else(|| Failure::BadAnswer(format!("discovery lacks {name}, or it is not https")))
         };
@@ -209,6 +217,7 @@ impl Upstreams {
                     .as_str()
                     .unwrap_or("invalid_request")
                     .chars()
+                    .filter(|c| c.is_ascii_graphic())
                     .take(64)
                     .collect(),
             )),

@@ -17,10 +17,10 @@
 
 mod page;
 mod signin;
-mod upstream;
+pub mod upstream;
 
 pub use signin::{login, mfa, passkey, reset, reset_confirm, reset_form, signup, signup_form, verify};
-pub use upstream::{arrive as upstream_arrive, depart as upstream_depart};
+pub use upstream::{arrive as upstream_arrive, confirm_link, depart as upstream_depart};
 
 use axum::body::Bytes;
 use axum::extract::{Query, State};

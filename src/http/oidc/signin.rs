@@ -19,6 +19,7 @@ use super::page::{
     error_page, field, login_page, message, mfa_page, pending_client, pending_page, posted, refusal,
     signed_in, unavailable, visit, Pending,
 };
+use super::upstream::proved;
 
 /// `POST /oauth/login`: email and password.
 pub async fn login(
@@ -39,7 +40,17 @@ pub async fn login(
         st.login.password(&v.origin, email, password, None).await
     };
     match attempt.await {
-        Ok(pair) => signed_in(&st, &v, &pair, pending),
+        Ok(pair) => {
+            proved(
+                &st,
+                &headers,
+                &v,
+                &pair,
+                pending,
+                signed_in(&st, &v, &pair, pending),
+            )
+            .await
+        }
         Err(AuthError::SecondFactorRequired(Some(step))) => mfa_page(&st, &v, pending, &client, &step, None),
         Err(e) => {
             let (status, text) = refusal(v.lang, &e);
@@ -75,7 +86,17 @@ pub async fn mfa(
         return error_page(&st, &v, StatusCode::BAD_REQUEST, v.text(Key::EnterAFactor));
     };
     match st.login.second_factor(&v.origin, token, proof).await {
-        Ok(pair) => signed_in(&st, &v, &pair, pending),
+        Ok(pair) => {
+            proved(
+                &st,
+                &headers,
+                &v,
+                &pair,
+                pending,
+                signed_in(&st, &v, &pair, pending),
+            )
+            .await
+        }
         Err(e @ AuthError::InvalidFactor { tries_left }) if tries_left > 0 => {
             // The same step again: the login's challenge is still live (a
             // passkey's options are not carried: its form is left out).
@@ -126,7 +147,17 @@ pub async fn passkey(
         .finish_passkey(&v.origin, field(&f, "ceremony_token"), &cred)
         .await
     {
-        Ok(pair) => signed_in(&st, &v, &pair, pending),
+        Ok(pair) => {
+            proved(
+                &st,
+                &headers,
+                &v,
+                &pair,
+                pending,
+                signed_in(&st, &v, &pair, pending),
+            )
+            .await
+        }
         Err(e) => {
             let (status, text) = refusal(v.lang, &e);
             login_page(&st, &v, pending, &client, "", Some((status, &text)))
@@ -235,7 +266,17 @@ pub async fn verify(
         st.signup.verify_email(&v.origin, email, code).await
     };
     match attempt.await {
-        Ok(pair) => signed_in(&st, &v, &pair, pending),
+        Ok(pair) => {
+            proved(
+                &st,
+                &headers,
+                &v,
+                &pair,
+                pending,
+                signed_in(&st, &v, &pair, pending),
+            )
+            .await
+        }
         Err(AuthError::SecondFactorRequired(Some(step))) => mfa_page(&st, &v, pending, &client, &step, None),
         Err(e) => {
             let (status, text) = refusal(v.lang, &e);

@@ -12,20 +12,31 @@ use axum::response::Response;
 use crate::clock::now_ms;
 use crate::domain::federation::{Arrival, Callback, FederationError, Refusal, JOURNEY_TTL};
 use crate::domain::oidc::PageError;
+use crate::domain::sessions::TokenPair;
 use crate::domain::AuthError;
 use crate::http::extract::ClientIp;
 use crate::http::pages::i18n::{Key, Lang};
 use crate::http::AppState;
 
 use super::page::{
-    dead_end, error_page, login_page, mfa_page, pending_client, refusal, see_other, signed_in, unavailable,
-    visit, Pending, Visit,
+    checked_form, dead_end, error_page, field, login_page, mfa_page, pending_client, refusal, see_other,
+    signed_in, unavailable, visit, Pending, Visit,
 };
 
 /// The cookie of a journey through an upstream.
 const JOURNEY: &str = "latchkey_upstream";
+/// The cookie of an identity to link once the person signs in to the
+/// account its address names.
+const LINK: &str = "latchkey_upstream_link";
 
 /// `GET /oauth/upstream/{name}?authz=...`: leaves for the upstream.
+#[utoipa::path(get, path = "/oauth/upstream/{name}", tag = "federation",
+    params(("name" = String, Path, description = "An upstream's name"),
+           ("authz" = String, Query, description = "The pending sign-in (the sign-in page's link carries it)")),
+    responses((status = 303, description = "To the upstream's authorization endpoint, with the journey's cookie"),
+              (status = 400, description = "The sign-in page expired: an error page"),
+              (status = 404, description = "No such upstream: the sign-in page, with a message"),
+              (status = 502, description = "The upstream cannot be reached: the sign-in page, with a message")))]
 pub async fn depart(
     State(st): State<AppState>,
     ClientIp(ip): ClientIp,
@@ -51,8 +62,9 @@ pub async fn depart(
             v.finish(&st, r)
         }
         Err(e) => {
-            if !matches!(e, FederationError::UnknownUpstream) {
-                tracing::warn!(upstream = %name, error = %e, "leaving for an upstream failed");
+            // Logged by a name the operator gave, never one from the URL.
+            if let Some(known) = st.federation.listed().iter().find(|u| u.name == name) {
+                tracing::warn!(upstream = %known.name, error = %e, "leaving for an upstream failed");
             }
             let (status, text) = failure(&v, &display_name(&st, &name), &e);
             login_page(&st, &v, &p.authz, &client, "", Some((status, &text)))
@@ -61,6 +73,15 @@ pub async fn depart(
 }
 
 /// `GET /oauth/upstream/{name}/callback`: back from upstream `name`.
+#[utoipa::path(get, path = "/oauth/upstream/{name}/callback", tag = "federation",
+    params(("name" = String, Path), ("code" = Option<String>, Query), ("state" = Option<String>, Query),
+           ("iss" = Option<String>, Query), ("error" = Option<String>, Query)),
+    responses((status = 303, description = "Signed in: the sign-in goes on"),
+              (status = 200, description = "The second step's page"),
+              (status = 400, description = "Not this browser's journey (no cookie, another state or upstream, too old)"),
+              (status = 403, description = "An address not verified or not trusted, no account linked, a disabled account"),
+              (status = 409, description = "An account here has the address: sign in to it to link"),
+              (status = 502, description = "The upstream failed, or its id_token or iss is refused")))]
 pub async fn arrive(
     State(st): State<AppState>,
     ClientIp(ip): ClientIp,
@@ -95,16 +116,21 @@ pub async fn arrive(
                         let (status, text) = refusal(v.lang, &e);
                         note(status, &text)
                     }
-                    Ok(Arrival::ProveFirst { email }) => {
+                    Ok(Arrival::ProveFirst { email, sealed_link }) => {
                         let text = v.lang.format(Key::UpstreamProveFirst, &[("name", &shown)]);
-                        login_page(
+                        let mut r = login_page(
                             &st,
                             &v,
                             pending,
                             &client,
                             &email,
                             Some((StatusCode::CONFLICT, &text)),
-                        )
+                        );
+                        r.headers_mut().append(
+                            header::SET_COOKIE,
+                            st.pages.set_cookie(LINK, &sealed_link, JOURNEY_TTL.as_secs()),
+                        );
+                        r
                     }
                     Ok(Arrival::ProveMailbox { email }) => {
                         let text = v.lang.format(Key::UpstreamProveMailbox, &[("name", &shown)]);
@@ -141,6 +167,88 @@ pub async fn arrive(
     let mut r = r;
     r.headers_mut()
         .append(header::SET_COOKIE, st.pages.set_cookie(JOURNEY, "", 0));
+    r
+}
+
+/// `answer` to a sign-in of `pair`'s account, unless the browser holds a
+/// pending link for that account (the proof the sign-in page asked for):
+/// then the page that asks whether to link it, with `answer`'s cookies
+/// (the session is started either way). A link that may not be made
+/// (another account, too old, changed meanwhile) is dropped.
+pub(super) async fn proved(
+    st: &AppState,
+    headers: &HeaderMap,
+    v: &Visit,
+    pair: &TokenPair,
+    pending: &str,
+    answer: Response,
+) -> Response {
+    let Some(sealed) = st.pages.cookie(headers, LINK) else {
+        return answer;
+    };
+    let offer = match st.federation.offer(&sealed, &pair.user_id, now_ms()).await {
+        Ok(offer) => offer,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading a pending link failed");
+            None
+        }
+    };
+    let Some(offer) = offer else {
+        let mut r = answer;
+        r.headers_mut()
+            .append(header::SET_COOKIE, st.pages.set_cookie(LINK, "", 0));
+        return r;
+    };
+    let email = offer.email.unwrap_or_default();
+    let mut page = st.pages.page(
+        StatusCode::OK,
+        v.lang,
+        Key::TitleLink,
+        "link.html",
+        &[
+            ("name", &offer.upstream),
+            ("email", &email),
+            ("authz", pending),
+            ("csrf", &v.csrf),
+        ],
+        &[],
+    );
+    for c in answer.headers().get_all(header::SET_COOKIE) {
+        page.headers_mut().append(header::SET_COOKIE, c.clone());
+    }
+    page
+}
+
+/// `POST /oauth/link`: the answer to the page of [`proved`]: `link` links
+/// the pending identity to the browser session's account; anything else
+/// does not. Then the sign-in goes on.
+pub async fn confirm_link(
+    State(st): State<AppState>,
+    ClientIp(ip): ClientIp,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let (v, f) = match checked_form(&st, ip, &headers, &body).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    if field(&f, "decision") == "link" {
+        if let (Some(sealed), Some(session)) = (st.pages.cookie(&headers, LINK), &v.session) {
+            if let Err(e) = st
+                .federation
+                .link_after_proof(&sealed, &session.user_id, &v.origin, now_ms())
+                .await
+            {
+                tracing::warn!(error = %e, "linking an upstream identity failed");
+            }
+        }
+    }
+    let mut r = v.finish(
+        &st,
+        see_other(&format!("/oauth/continue?authz={}", field(&f, "authz"))),
+    );
+    r.headers_mut()
+        .append(header::SET_COOKIE, st.pages.set_cookie(LINK, "", 0));
     r
 }
 

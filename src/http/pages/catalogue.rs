@@ -605,15 +605,39 @@ catalogue! {
         es: "Ninguna cuenta de aquí está vinculada a su cuenta de {name}.",
     }
     UpstreamProveFirst "upstream_prove_first" {
-        en: "An account with your address exists here, and {name} is not linked to it. Sign in with its password.",
-        de: "Hier gibt es bereits ein Konto mit Ihrer Adresse, und {name} ist nicht damit verknüpft. Melden Sie sich mit seinem Passwort an.",
-        fr: "Un compte avec votre adresse existe ici, et {name} n’y est pas lié. Connectez-vous avec son mot de passe.",
-        es: "Aquí existe una cuenta con su dirección y {name} no está vinculado a ella. Inicie sesión con su contraseña.",
+                en: "An account with your address exists here, and {name} is not linked to it. Sign in to it; you will be asked whether to link them.",
+                de: "Hier gibt es bereits ein Konto mit Ihrer Adresse, und {name} ist nicht damit verknüpft. Melden Sie sich dort an; danach werden Sie gefragt, ob Sie die Konten verknüpfen möchten.",
+                fr: "Un compte avec votre adresse existe ici, et {name} n’y est pas lié. Connectez-vous à ce compte ; il vous sera demandé si vous voulez les lier.",
+                es: "Aquí existe una cuenta con su dirección y {name} no está vinculado a ella. Inicie sesión en ella; se le preguntará si desea vincularlas.",
     }
     UpstreamProveMailbox "upstream_prove_mailbox" {
         en: "An account with your address exists here, but its address was never confirmed, and {name} is not linked to it. Use \u{201c}Forgot your password?\u{201d} to prove the address with a mailed code.",
         de: "Hier gibt es ein Konto mit Ihrer Adresse, deren Bestätigung aber nie abgeschlossen wurde, und {name} ist nicht damit verknüpft. Weisen Sie die Adresse über \u{201e}Passwort vergessen?\u{201c} mit einem zugesandten Code nach.",
         fr: "Un compte avec votre adresse existe ici, mais son adresse n’a jamais été confirmée, et {name} n’y est pas lié. Utilisez « Mot de passe oublié ? » pour prouver l’adresse avec un code envoyé par e-mail.",
         es: "Aquí existe una cuenta con su dirección, pero la dirección nunca se confirmó y {name} no está vinculado a ella. Use «¿Olvidó su contraseña?» para demostrar la dirección con un código enviado por correo.",
+    }
+    TitleLink "title_link" {
+        en: "Link an account",
+        de: "Konto verknüpfen",
+        fr: "Lier un compte",
+        es: "Vincular una cuenta",
+    }
+    LinkAsk "link_ask" {
+        en: "Link your {name} account ({email}) to this account? From then on, \u{201c}Continue with {name}\u{201d} signs you in here.",
+        de: "Ihr {name}-Konto ({email}) mit diesem Konto verknüpfen? Danach meldet Sie \u{201e}Weiter mit {name}\u{201c} hier an.",
+        fr: "Lier votre compte {name} ({email}) à ce compte ? Ensuite, « Continuer avec {name} » vous connectera ici.",
+        es: "¿Vincular su cuenta de {name} ({email}) a esta cuenta? Después, «Continuar con {name}» iniciará su sesión aquí.",
+    }
+    LinkYes "link_yes" {
+        en: "Link",
+        de: "Verknüpfen",
+        fr: "Lier",
+        es: "Vincular",
+    }
+    LinkNo "link_no" {
+        en: "Not now",
+        de: "Jetzt nicht",
+        fr: "Pas maintenant",
+        es: "Ahora no",
     }
 }
