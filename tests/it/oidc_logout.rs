@@ -4,8 +4,8 @@
 //! it ended. The application is a loopback listener that records what it
 //! receives; each logout token is validated as the specification tells a
 //! relying party to, by jose (the JWT library openid-client is built on,
-//! `tests/support/oidc-rp/rp.mjs logout-token`) and by go-oidc
-//! (`tests/support/oidc-rp-go`).
+//! `tests/support/oidc-rp/rp.mjs logout-token`), by go-oidc
+//! (`tests/support/oidc-rp-go`) and by idpyoidc (`rp_idpy.py logout-token`).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -14,7 +14,9 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::common::{unique_email, TestApp, PASSWORD};
-use crate::oidc::{code_grant_in, hidden, rp, rp_of, Browser, AFTER_LOGOUT, CALLBACK, GO_OIDC, ISSUER};
+use crate::oidc::{
+    code_grant_in, hidden, rp, rp_of, Browser, AFTER_LOGOUT, CALLBACK, GO_OIDC, IDPYOIDC, ISSUER,
+};
 use latchkey::domain::oidc::client::{ClientKind, ClientSettings, ConsentMode};
 
 crate::on_every_backend!(
@@ -132,7 +134,8 @@ async fn validated(app: &TestApp, client: &str, alg: &str, request: &(String, St
 
 /// The logout token of a received form, validated as one of `issuer`
 /// (reached at `base`) signed in `alg` by jose (the JWT library of
-/// openid-client) and by go-oidc's `VerifyLogout`: its claims.
+/// openid-client), by go-oidc's `VerifyLogout` and by idpyoidc's
+/// `BackChannelLogoutRequest`: its claims.
 pub async fn validated_from(
     issuer: &str,
     base: &str,
@@ -153,6 +156,12 @@ pub async fn validated_from(
         go.get("error").is_none(),
         "go-oidc refused the logout token: {go}"
     );
+    let idpy = rp_of(IDPYOIDC, "logout-token", &input).await;
+    assert!(
+        idpy.get("error").is_none(),
+        "idpyoidc refused the logout token: {idpy}"
+    );
+    assert_eq!(idpy["claims"]["jti"], go["claims"]["jti"]);
     let out = rp("logout-token", &input).await;
     assert!(
         out.get("error").is_none(),
@@ -231,6 +240,30 @@ async fn an_application_is_told_by_a_signed_logout_token_when_its_session_ends(a
         assert_eq!(c["sub"], user.as_str());
         assert_eq!(c["aud"], "crm");
         assert_eq!(c["iss"], ISSUER);
+    }
+    // The same token with its signature broken, or for another client:
+    // every library refuses it.
+    let form: Vec<(String, String)> = url::form_urlencoded::parse(all[0].1.as_bytes())
+        .into_owned()
+        .collect();
+    let token = &form[0].1;
+    let (signed, signature) = token.rsplit_once('.').unwrap();
+    let flipped = if signature.starts_with('A') { "B" } else { "A" };
+    let broken = format!("{signed}.{flipped}{}", &signature[1..]);
+    for (client, token) in [("crm", broken.as_str()), ("wiki", token.as_str())] {
+        let input = json!({"issuer": ISSUER, "base": app.url(""), "client_id": client, "logout_token": token, "alg": "RS256"});
+        for library in [GO_OIDC, IDPYOIDC] {
+            let out = rp_of(library, "logout-token", &input).await;
+            assert!(
+                out.get("error").is_some(),
+                "{library} accepted a bad logout token ({client}): {out}"
+            );
+        }
+        let out = rp("logout-token", &input).await;
+        assert!(
+            out.get("error").is_some(),
+            "jose accepted a bad logout token ({client}): {out}"
+        );
     }
     assert_eq!(queued(app, "crm").await, 1, "one session ended: one logout");
     assert_eq!(

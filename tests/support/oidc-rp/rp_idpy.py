@@ -10,6 +10,10 @@ JSON in and out:
   python3 rp_idpy.py finish '{...start's input, "callback", "code_verifier", "state", "nonce",
                               "max_age"?, "post_logout_redirect_uri"?}'
     -> {"claims", "userinfo", "refreshed", "end_session", "access_token", "id_token", "scope"}
+  python3 rp_idpy.py logout-token '{"issuer","base","client_id","logout_token","alg"?}'
+    -> {"claims"}: the token validated by the library's BackChannelLogoutRequest
+       (Back-Channel Logout 1.0 §2.6: signature against the JWKS with the
+       algorithm pinned, iss, aud, iat, the event, no nonce, sid or sub)
 
 What it checks is idpyoidc's: discovery (the issuer it names), the
 authorization response (`state` known, `iss` if present is the issuer's),
@@ -47,7 +51,7 @@ from idpyoidc.message.oidc import verified_claim_name
 command, raw = sys.argv[1], sys.argv[2]
 p = json.loads(raw)
 issuer_origin = "{0.scheme}://{0.netloc}".format(urlparse(p["issuer"]))
-alg = p.get("id_token_alg", "EdDSA")
+alg = p.get("id_token_alg", p.get("alg", "EdDSA"))
 
 
 def fail(message, code=None):
@@ -83,7 +87,7 @@ def client():
             "client_id": p["client_id"],
             "client_secret": secret,
             "issuer": p["issuer"],
-            "redirect_uris": [p["redirect_uri"]],
+            "redirect_uris": [p.get("redirect_uri", "http://127.0.0.1/callback")],
             "preference": {
                 "response_types": ["code"],
                 "token_endpoint_auth_method": method if secret else "none",
@@ -213,12 +217,37 @@ def finish(c):
     }))
 
 
+def logout_token(c):
+    """A logout token, as the library's back-channel logout verifies one
+    (its `backchannel_logout` then looks the session up, which this
+    program does not keep)."""
+    from idpyoidc.message.oidc.session import BackChannelLogoutRequest
+
+    request = BackChannelLogoutRequest(logout_token=p["logout_token"])
+    keyjar = c.get_attribute("keyjar")
+    # The provider's JWKS, read through this program's HTTP client (the key
+    # jar's own would go to the issuer's name, not to `base`).
+    context = c.get_context()
+    jwks = httpc("GET", context.provider_info["jwks_uri"]).json()
+    keyjar.import_jwks(jwks, context.get("issuer"))
+    request.verify(
+        aud=p["client_id"],
+        iss=context.get("issuer"),
+        keyjar=keyjar,
+        allowed_sign_alg=alg,
+        skew=5,
+    )
+    print(json.dumps({"claims": request[verified_claim_name("logout_token")].to_dict()}))
+
+
 def main():
     c = client()
     if command == "start":
         print(json.dumps(start(c)))
     elif command == "finish":
         finish(c)
+    elif command == "logout-token":
+        logout_token(c)
     else:
         fail("unknown command " + command)
 
