@@ -372,6 +372,16 @@ impl TestApp {
         r.json().await.unwrap()
     }
 
+    /// The account of `email`, which must exist.
+    pub async fn user(&self, email: &str) -> latchkey::store::UserRecord {
+        self.services
+            .store
+            .user_by_email(email)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("an account of {email}"))
+    }
+
     pub async fn login(&self, email: &str, password: &str) -> reqwest::Response {
         self.post("/auth/login", json!({"email": email, "password": password}))
             .await

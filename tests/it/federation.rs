@@ -156,13 +156,7 @@ async fn a_new_person_signs_in_through_an_upstream_and_comes_back_to_the_same_ac
     let id = claims(tokens["id_token"].as_str().unwrap());
     assert_eq!(id["amr"], json!(["fed"]));
     assert_eq!(id["email"], email.as_str());
-    let user = app
-        .services
-        .store
-        .user_by_email(&email)
-        .await
-        .unwrap()
-        .expect("an account");
+    let user = app.user(&email).await;
     assert_eq!(id["sub"], user.id.as_str());
     assert!(user.email_verified_at.is_some());
     assert_eq!(
@@ -248,7 +242,7 @@ async fn an_upstream_address_that_names_an_account_here_signs_in_to_nothing(app:
     assert!(back.location.is_some_and(|l| l.starts_with(CALLBACK)));
     assert_eq!(linked(app).await, 1);
     assert!(!browser.cookies.contains_key("latchkey_upstream_link"), "used up");
-    let user = app.services.store.user_by_email(&email).await.unwrap().unwrap();
+    let user = app.user(&email).await;
     let (back, _) = through_upstream(&mut Browser::new(app), app, &op, &email).await;
     assert!(
         back.location.is_some_and(|l| l.starts_with(CALLBACK)),
@@ -470,7 +464,7 @@ async fn an_account_with_a_second_factor_steps_up_after_the_upstream(app: &TestA
     app.register_verified(&email, PASSWORD).await;
     let session: Value = app.login(&email, PASSWORD).await.json().await.unwrap();
     let (secret, _) = crate::mfa::enrol_totp(app, session["access_token"].as_str().unwrap()).await;
-    let user = app.services.store.user_by_email(&email).await.unwrap().unwrap();
+    let user = app.user(&email).await;
     let identity = latchkey::store::IdentityRecord {
         issuer: op.issuer.clone(),
         subject: email.clone(),
@@ -533,7 +527,7 @@ async fn link(app: &TestApp, user_id: &str, subject: &str) {
 async fn a_person_sees_and_unlinks_their_identities_but_never_the_last_way_in(app: &TestApp) {
     let email = unique_email("links");
     app.register_verified(&email, PASSWORD).await;
-    let user = app.services.store.user_by_email(&email).await.unwrap().unwrap();
+    let user = app.user(&email).await;
     link(app, &user.id, "sub-1").await;
     link(app, &user.id, "sub-2").await;
     let pair: Value = app.login(&email, PASSWORD).await.json().await.unwrap();
@@ -634,7 +628,7 @@ async fn administrators_manage_upstreams_and_links_and_never_see_a_secret(app: &
 
     let email = unique_email("admin-links");
     app.register_verified(&email, PASSWORD).await;
-    let user = app.services.store.user_by_email(&email).await.unwrap().unwrap();
+    let user = app.user(&email).await;
     link(app, &user.id, "sub-a").await;
     let (status, body) = call(
         reqwest::Method::GET,

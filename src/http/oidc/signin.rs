@@ -10,6 +10,7 @@ use webauthn_rs::prelude::PublicKeyCredential;
 
 use crate::domain::input::{Code, Email, Password};
 use crate::domain::mfa::Proof;
+use crate::domain::sessions::TokenPair;
 use crate::domain::AuthError;
 use crate::http::extract::ClientIp;
 use crate::http::pages::i18n::{Key, Lang};
@@ -17,9 +18,15 @@ use crate::http::AppState;
 
 use super::page::{
     error_page, field, login_page, message, mfa_page, pending_client, pending_page, posted, refusal,
-    signed_in, unavailable, visit, Pending,
+    signed_in, unavailable, visit, Pending, Visit,
 };
 use super::upstream::proved;
+
+/// The answer to a sign-in of `pair`'s account: the request goes on
+/// (after the question of a pending link to that account, if any).
+async fn welcome(st: &AppState, headers: &HeaderMap, v: &Visit, pair: &TokenPair, pending: &str) -> Response {
+    proved(st, headers, v, pair, pending, signed_in(st, v, pair, pending)).await
+}
 
 /// `POST /oauth/login`: email and password.
 pub async fn login(
@@ -40,17 +47,7 @@ pub async fn login(
         st.login.password(&v.origin, email, password, None).await
     };
     match attempt.await {
-        Ok(pair) => {
-            proved(
-                &st,
-                &headers,
-                &v,
-                &pair,
-                pending,
-                signed_in(&st, &v, &pair, pending),
-            )
-            .await
-        }
+        Ok(pair) => welcome(&st, &headers, &v, &pair, pending).await,
         Err(AuthError::SecondFactorRequired(Some(step))) => mfa_page(&st, &v, pending, &client, &step, None),
         Err(e) => {
             let (status, text) = refusal(v.lang, &e);
@@ -86,17 +83,7 @@ pub async fn mfa(
         return error_page(&st, &v, StatusCode::BAD_REQUEST, v.text(Key::EnterAFactor));
     };
     match st.login.second_factor(&v.origin, token, proof).await {
-        Ok(pair) => {
-            proved(
-                &st,
-                &headers,
-                &v,
-                &pair,
-                pending,
-                signed_in(&st, &v, &pair, pending),
-            )
-            .await
-        }
+        Ok(pair) => welcome(&st, &headers, &v, &pair, pending).await,
         Err(e @ AuthError::InvalidFactor { tries_left }) if tries_left > 0 => {
             // The same step again: the login's challenge is still live (a
             // passkey's options are not carried: its form is left out).
@@ -147,17 +134,7 @@ pub async fn passkey(
         .finish_passkey(&v.origin, field(&f, "ceremony_token"), &cred)
         .await
     {
-        Ok(pair) => {
-            proved(
-                &st,
-                &headers,
-                &v,
-                &pair,
-                pending,
-                signed_in(&st, &v, &pair, pending),
-            )
-            .await
-        }
+        Ok(pair) => welcome(&st, &headers, &v, &pair, pending).await,
         Err(e) => {
             let (status, text) = refusal(v.lang, &e);
             login_page(&st, &v, pending, &client, "", Some((status, &text)))
@@ -266,17 +243,7 @@ pub async fn verify(
         st.signup.verify_email(&v.origin, email, code).await
     };
     match attempt.await {
-        Ok(pair) => {
-            proved(
-                &st,
-                &headers,
-                &v,
-                &pair,
-                pending,
-                signed_in(&st, &v, &pair, pending),
-            )
-            .await
-        }
+        Ok(pair) => welcome(&st, &headers, &v, &pair, pending).await,
         Err(AuthError::SecondFactorRequired(Some(step))) => mfa_page(&st, &v, pending, &client, &step, None),
         Err(e) => {
             let (status, text) = refusal(v.lang, &e);
