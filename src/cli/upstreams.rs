@@ -1,0 +1,99 @@
+//! `latchkey upstreams`: the upstream OpenID Providers people may sign in
+//! with (docs/federation.md).
+
+use clap::Subcommand;
+
+use crate::app::Services;
+
+#[derive(Subcommand)]
+pub enum UpstreamsCommand {
+    /// Add an OpenID Provider by its issuer URL; prints the redirect URI to
+    /// register there.
+    Add {
+        /// Its name in URLs (a-z, 0-9, -).
+        name: String,
+        /// The issuer (its discovery document is ISSUER/.well-known/openid-configuration).
+        #[arg(long)]
+        issuer: String,
+        /// "Continue with ..." on the sign-in page; the name if not given.
+        #[arg(long)]
+        display_name: Option<String>,
+        #[arg(long)]
+        client_id: String,
+        /// Better given in the environment than on the command line, where
+        /// other users of the machine see it.
+        #[arg(long, env = "LATCHKEY_UPSTREAM_CLIENT_SECRET", hide_env_values = true)]
+        client_secret: String,
+        /// Scopes to ask for, space-separated (`openid` is always asked).
+        #[arg(long, default_value = "openid email profile")]
+        scopes: String,
+        /// A new person whose verified address no account has gets an
+        /// account (otherwise only linked accounts sign in).
+        #[arg(long)]
+        may_create: bool,
+        /// Believe its `email_verified` claim (only for a provider that
+        /// verifies every address it asserts: docs/federation.md).
+        #[arg(long)]
+        trust_email_verified: bool,
+    },
+    /// List upstream providers.
+    List,
+    /// Remove an upstream provider (the links made through it stay).
+    Remove { name: String },
+}
+
+/// Runs an `upstreams` command.
+pub async fn run(st: &Services, command: UpstreamsCommand) -> anyhow::Result<()> {
+    let federation = &st.features.federation;
+    match command {
+        UpstreamsCommand::Add {
+            name,
+            issuer,
+            display_name,
+            client_id,
+            client_secret,
+            scopes,
+            may_create,
+            trust_email_verified,
+        } => {
+            let u = crate::domain::federation::NewUpstream {
+                display_name: display_name.unwrap_or_else(|| name.clone()),
+                name: name.clone(),
+                issuer,
+                client_id,
+                client_secret,
+                scopes,
+                may_create,
+                trusts_email_verified: trust_email_verified,
+            };
+            if !federation.add(u, crate::clock::now_ms()).await? {
+                anyhow::bail!("an upstream named {name:?} exists already");
+            }
+            println!(
+                "added {name}; its redirect URI: {}",
+                federation.redirect_uri(&name)
+            );
+        }
+        UpstreamsCommand::List => {
+            for u in federation.list().await? {
+                println!(
+                    "{}\t{}\t{}\tclient {}\tscopes {:?}\tmay_create {}\ttrusts_email_verified {}",
+                    u.name,
+                    u.display_name,
+                    u.issuer,
+                    u.client_id,
+                    u.scopes,
+                    u.may_create,
+                    u.trusts_email_verified
+                );
+            }
+        }
+        UpstreamsCommand::Remove { name } => {
+            if !federation.remove(&name).await? {
+                anyhow::bail!("no upstream named {name:?}");
+            }
+            println!("removed {name}");
+        }
+    }
+    Ok(())
+}
