@@ -665,3 +665,117 @@ async fn administrators_manage_upstreams_and_links_and_never_see_a_secret(app: &
         StatusCode::NOT_FOUND
     );
 }
+
+/// "Continue with ..." in headless Chromium (tests/support/federation_browser.py),
+/// latchkey at http://localhost:PORT and node-oidc-provider at
+/// http://127.0.0.1:PORT (different sites: the way back is a cross-site
+/// navigation, which must carry the journey's cookie): a new person comes
+/// back with an account; a person whose address has an account here is
+/// asked for its password, then whether to link, links, and next time
+/// comes straight through. The pages used have no policy violation and no
+/// serious accessibility violation (axe-core); screenshots in
+/// target/federation-pages/.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn continue_with_an_upstream_in_a_real_browser_makes_an_account_or_links_one_after_its_password() {
+    let reserved = crate::common::reserve_port();
+    let issuer = format!("http://localhost:{}", reserved.port);
+    let app = TestApp::embedded(&[
+        ("listen", &format!("127.0.0.1:{}", reserved.port)),
+        ("issuer", &issuer),
+    ])
+    .await;
+    drop(reserved);
+    application(&app, "browser-app", ClientKind::Public, ConsentMode::Explicit).await;
+    // Its session cookie as a real browser keeps it (no POSTed requests).
+    let op = CertifiedProvider::start_with(json!({"post": false, "clients": [{
+        "client_id": UPSTREAM_CLIENT,
+        "client_secret": UPSTREAM_SECRET,
+        "redirect_uris": [format!("{issuer}/oauth/upstream/node/callback")],
+    }]}))
+    .await;
+    add(&app, &op.issuer, true, true).await;
+    let taken = unique_email("browser-taken");
+    app.register_verified(&taken, PASSWORD).await;
+    let root = env!("CARGO_MANIFEST_DIR");
+    let shots = format!("{root}/target/federation-pages");
+    let run = |mode: &str, email: &str| {
+        let args = [
+            format!("{root}/tests/support/federation_browser.py"),
+            mode.to_string(),
+            issuer.clone(),
+            "browser-app".to_string(),
+            email.to_string(),
+            PASSWORD.to_string(),
+            shots.clone(),
+            format!("{root}/tests/support/oidc-rp/node_modules/axe-core/axe.min.js"),
+        ];
+        async move {
+            // Off the runtime's threads: the service answers the browser meanwhile.
+            let out = tokio::task::spawn_blocking(move || {
+                std::process::Command::new("python3").args(args).output()
+            })
+            .await
+            .unwrap()
+            .expect("python3 (with websocket-client) and chromium");
+            let text = String::from_utf8_lossy(&out.stdout).to_string();
+            assert!(
+                out.status.success(),
+                "the browser run failed:\n{text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            text.lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect::<Vec<Value>>()
+        }
+    };
+    let line = |lines: &[Value], name: &str| {
+        lines
+            .iter()
+            .find(|l| l["step"] == name)
+            .unwrap_or_else(|| panic!("no step {name}: {lines:?}"))
+            .clone()
+    };
+    let fed = |done: &Value| {
+        claims(
+            done["tokens"]["id_token"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{done}")),
+        )
+    };
+
+    let new = unique_email("browser-new");
+    let lines = run("new", &new).await;
+    let id = fed(&line(&lines, "new person"));
+    assert_eq!((&id["amr"], &id["email"]), (&json!(["fed"]), &json!(new)));
+
+    let lines = run("link", &taken).await;
+    assert_eq!(line(&lines, "asked for the password")["email"], taken.as_str());
+    let ask = line(&lines, "asked to link")["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        ask.contains("Link your Node Example account") && ask.contains(&taken),
+        "{ask}"
+    );
+    let user = app.user(&taken).await;
+    assert_eq!(fed(&line(&lines, "linked"))["sub"], user.id.as_str());
+    let through = fed(&line(&lines, "through the link"));
+    assert_eq!(
+        (&through["sub"], &through["amr"]),
+        (&json!(user.id), &json!(["fed"]))
+    );
+
+    let pages: Vec<&Value> = lines.iter().chain(&[]).filter(|l| l["step"] == "page").collect();
+    assert_eq!(pages.len(), 2, "{lines:?}");
+    for p in pages {
+        assert_eq!(p["csp_violations"], json!([]), "{p}");
+        let serious = p["axe"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["impact"] == "serious" || v["impact"] == "critical");
+        assert!(!serious, "accessibility: {p}");
+    }
+    app.stop().await;
+}

@@ -19,8 +19,13 @@ pub(crate) struct CertifiedProvider {
 impl CertifiedProvider {
     /// Started with the clients `clients` (its JSON client metadata).
     pub(crate) async fn start(clients: Value) -> CertifiedProvider {
+        Self::start_with(json!({ "clients": clients })).await
+    }
+
+    /// Started with `input` (`tests/support/oidc-op/op.mjs` says what it takes).
+    pub(crate) async fn start_with(input: Value) -> CertifiedProvider {
         let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/oidc-op/op.mjs");
-        let arg = json!({ "clients": clients }).to_string();
+        let arg = input.to_string();
         tokio::task::spawn_blocking(move || {
             use std::io::BufRead;
             let mut child = std::process::Command::new("node")

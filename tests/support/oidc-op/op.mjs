@@ -9,13 +9,14 @@
 // that login (verified, unless the login starts with "unverified").
 //
 //   node op.mjs '{"clients": [{"client_id","client_secret","redirect_uris",
-//                 "post_logout_redirect_uris"?}]}'
+//                 "post_logout_redirect_uris"?}], "post"?: false}'
 //   listens on a free loopback port, prints "ready <issuer>", ends with its
 //   input (stdin closed) or on SIGTERM.
 import http from "node:http";
 import Provider from "oidc-provider";
 
 const p = JSON.parse(process.argv[2]);
+const post = p.post !== false;
 const server = http.createServer();
 await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
 const issuer = `http://127.0.0.1:${server.address().port}`;
@@ -49,13 +50,14 @@ const provider = new Provider(issuer, {
     client.grantTypeAllowed("refresh_token") && code.scopes.has("offline_access"),
   // Authorization and logout requests by form POST too, as latchkey takes
   // them (Core §3.1.2.1); off by default in node-oidc-provider 9, which
-  // then wants its session cookie sent on a cross-site POST (SameSite=None).
-  enableHttpPostMethods: true,
+  // then wants its session cookie sent on a cross-site POST (SameSite=None,
+  // which a real browser drops without Secure: "post": false for one).
+  enableHttpPostMethods: post,
   // Logout tokens go to the tests' receivers on loopback, which its guard
   // against requests to special-use addresses refuses (as latchkey's
   // does unless webhook_allow_private_addresses is set).
   fetch: (url, { dispatcher: _guard, ...options }) => globalThis.fetch(url, options),
-  cookies: { keys: ["latchkey-conformance-comparison-only"], long: { sameSite: "none" } },
+  cookies: { keys: ["latchkey-conformance-comparison-only"], ...(post ? { long: { sameSite: "none" } } : {}) },
 });
 
 server.on("request", provider.callback());
