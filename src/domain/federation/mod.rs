@@ -25,8 +25,11 @@
 //! own `amr` is not taken as a second factor).
 
 pub mod id_token;
+mod links;
 pub mod rule;
 pub mod upstream;
+
+pub use links::{IdentityView, LinkOffer};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -54,21 +57,6 @@ const LIST_KEEP: Duration = Duration::from_secs(5);
 /// The associated data of sealed client secrets and journeys.
 const SECRET_AAD: &[u8] = b"latchkey upstream client secret";
 const JOURNEY_AAD: &[u8] = b"latchkey upstream journey";
-const LINK_AAD: &[u8] = b"latchkey upstream link after proof";
-
-/// An identity to link once the person has signed in to the account its
-/// address names (`Decision::ProveFirst`), sealed into a cookie of the
-/// browser that came back from the upstream.
-#[derive(Debug, Serialize, Deserialize)]
-struct PendingLink {
-    upstream: String,
-    issuer: String,
-    subject: String,
-    email: Option<String>,
-    /// The account the address named: only a sign-in to it links.
-    user_id: String,
-    at_ms: i64,
-}
 
 /// An upstream as an operator adds it.
 #[derive(Clone)]
@@ -560,20 +548,10 @@ impl Federation {
                     .ok_or_else(|| AuthError::Internal(anyhow::anyhow!("an account just made is gone")))?
             }
             Decision::ProveFirst(account) => {
-                let link = PendingLink {
-                    upstream: up.name.clone(),
-                    issuer: up.issuer.clone(),
-                    subject: who.subject.clone(),
-                    email: who.email.clone(),
-                    user_id: account,
-                    at_ms: now,
-                };
-                let sealed = self
-                    .sealer
-                    .seal(&serde_json::to_vec(&link).expect("a link serialises"), LINK_AAD);
+                let link = links::PendingLink::new(up, &who, account, now);
                 return Ok(Arrival::ProveFirst {
                     email: who.email.unwrap_or_default(),
-                    sealed_link: b64url(&sealed),
+                    sealed_link: self.seal_link(&link),
                 });
             }
             Decision::ProveMailbox(_) => {
@@ -585,187 +563,6 @@ impl Federation {
             Decision::Link(_) | Decision::AlreadyLinked => unreachable!("a sign-in links nothing"),
         };
         Ok(Arrival::SignedIn(self.login.upstream(origin, &user).await))
-    }
-}
-
-/// An upstream identity linked to an account, as its owner and
-/// administrators see it.
-#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
-pub struct IdentityView {
-    /// What `DELETE /auth/identities/{id}` names it by.
-    pub id: String,
-    /// The upstream it was linked through.
-    pub upstream: String,
-    pub issuer: String,
-    pub subject: String,
-    /// The address it asserted when it was linked.
-    pub email: Option<String>,
-    /// RFC 3339.
-    pub linked_at: String,
-}
-
-impl From<IdentityRecord> for IdentityView {
-    fn from(i: IdentityRecord) -> Self {
-        IdentityView {
-            id: identity_id(&i.issuer, &i.subject),
-            upstream: i.upstream,
-            issuer: i.issuer,
-            subject: i.subject,
-            email: i.email,
-            linked_at: crate::clock::rfc3339(i.created_at),
-        }
-    }
-}
-
-/// An identity a sign-in may link, as the confirmation page shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LinkOffer {
-    /// The upstream's display name.
-    pub upstream: String,
-    /// The address the upstream asserted.
-    pub email: Option<String>,
-}
-
-impl Federation {
-    /// The pending link of `sealed_link` if it may still be made to the
-    /// account `user_id`, just signed in to: sealed by this service at
-    /// most [`JOURNEY_TTL`] ago for that account; its upstream still
-    /// configured with the same issuer and still trusted for addresses;
-    /// the account still enabled, verified, at the address the upstream
-    /// asserted (an administrator's change meanwhile voids it).
-    async fn pending_link(
-        &self,
-        sealed_link: &str,
-        user_id: &str,
-        now: i64,
-    ) -> Result<Option<(PendingLink, UpstreamRecord)>, AuthError> {
-        let Some(link) = b64url_decode(sealed_link)
-            .and_then(|b| self.sealer.open(&b, LINK_AAD))
-            .and_then(|b| serde_json::from_slice::<PendingLink>(&b).ok())
-        else {
-            return Ok(None);
-        };
-        let young = (0..JOURNEY_TTL.as_millis() as i64).contains(&(now - link.at_ms));
-        if !young || !ct_eq(link.user_id.as_bytes(), user_id.as_bytes()) {
-            return Ok(None);
-        }
-        let store = &self.shared.store;
-        let upstream = store
-            .upstreams()
-            .await?
-            .into_iter()
-            .find(|u| u.name == link.upstream && u.issuer == link.issuer && u.trusts_email_verified);
-        let account = store.user_by_id(user_id).await?;
-        let account_ok = account.is_some_and(|a| {
-            a.disabled_at.is_none() && a.email_verified_at.is_some() && Some(&a.email) == link.email.as_ref()
-        });
-        Ok(match upstream {
-            Some(up) if account_ok => Some((link, up)),
-            _ => None,
-        })
-    }
-
-    /// What a sign-in to `user_id` in the browser that holds `sealed_link`
-    /// would link, for the person to confirm ([`Self::link_after_proof`]).
-    pub async fn offer(
-        &self,
-        sealed_link: &str,
-        user_id: &str,
-        now: i64,
-    ) -> Result<Option<LinkOffer>, AuthError> {
-        Ok(self
-            .pending_link(sealed_link, user_id, now)
-            .await?
-            .map(|(link, up)| LinkOffer {
-                upstream: up.display_name,
-                email: link.email,
-            }))
-    }
-
-    /// Links the identity of `sealed_link` to `user_id` once the person,
-    /// signed in to that account, confirmed it (the checks of
-    /// [`Self::offer`] again). `true`: linked now.
-    pub async fn link_after_proof(
-        &self,
-        sealed_link: &str,
-        user_id: &str,
-        origin: &Origin,
-        now: i64,
-    ) -> Result<bool, AuthError> {
-        let Some((link, _)) = self.pending_link(sealed_link, user_id, now).await? else {
-            return Ok(false);
-        };
-        let identity = IdentityRecord {
-            issuer: link.issuer,
-            subject: link.subject,
-            user_id: link.user_id,
-            upstream: link.upstream,
-            email: link.email,
-            created_at: now,
-        };
-        Ok(self
-            .shared
-            .store
-            .link_identity(&identity, Some(&origin.ip.to_string()))
-            .await?)
-    }
-}
-
-/// An identity's id in URLs: (issuer, subject), base64url.
-fn identity_id(issuer: &str, subject: &str) -> String {
-    b64url(
-        serde_json::to_string(&(issuer, subject))
-            .expect("strings serialise")
-            .as_bytes(),
-    )
-}
-
-impl Federation {
-    /// The identities linked to an account.
-    pub async fn identities(&self, user_id: &str) -> Result<Vec<IdentityView>, AuthError> {
-        let list = self.shared.store.identities_of(user_id).await?;
-        Ok(list.into_iter().map(IdentityView::from).collect())
-    }
-
-    /// Unlinks identity `id` from the account `user_id` (by its owner, or
-    /// by the administrator `actor`). Refused when it is the account's last
-    /// way to sign in: no password, no passkey, no other identity (an
-    /// emailed reset code would set a password, but an account should not
-    /// depend on its owner thinking of it).
-    pub async fn unlink(&self, user_id: &str, id: &str, actor: Option<&str>) -> Result<(), AuthError> {
-        let store = &self.shared.store;
-        let mine = store.identities_of(user_id).await?;
-        let Some(target) = mine.iter().find(|i| identity_id(&i.issuer, &i.subject) == id) else {
-            return Err(AuthError::NotFound("identity"));
-        };
-        let user = store
-            .user_by_id(user_id)
-            .await?
-            .ok_or(AuthError::NotFound("identity"))?;
-        let has_password = user.password_hash != crate::store::UNUSABLE_PASSWORD;
-        let has_passkey = store
-            .factors(user_id)
-            .await?
-            .iter()
-            .any(|f| f.passwordless && f.confirmed_at.is_some());
-        if !has_password && !has_passkey && mine.len() == 1 {
-            return Err(AuthError::Conflict(
-                "the account's last way to sign in: set a password or add a passkey first",
-            ));
-        }
-        if !store
-            .unlink_identity(
-                user_id,
-                &target.issuer,
-                &target.subject,
-                actor,
-                crate::clock::now_ms(),
-            )
-            .await?
-        {
-            return Err(AuthError::NotFound("identity"));
-        }
-        Ok(())
     }
 }
 

@@ -73,12 +73,14 @@ pub fn secure_enough(u: &url::Url) -> bool {
 }
 
 type Https = hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>;
+/// An upstream's signing keys by `kid`.
+pub(crate) type Keys = Arc<HashMap<String, Arc<Key>>>;
 
 /// The HTTP side of federation, with the upstreams' documents it keeps.
 pub struct Upstreams {
     client: Client<Https, Full<Bytes>>,
     discovery: Mutex<HashMap<String, (Instant, Arc<Discovery>)>>,
-    jwks: Mutex<HashMap<String, (Instant, Arc<HashMap<String, Arc<Key>>>)>>,
+    jwks: Mutex<HashMap<String, (Instant, Keys)>>,
 }
 
 impl Default for Upstreams {
