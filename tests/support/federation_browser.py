@@ -21,20 +21,14 @@ Prints one JSON line per step (pages with their policy violations and
 axe-core's findings; sign-ins with the token endpoint's answer). Exits 1 at
 the first step that fails.
 """
-import base64
-import hashlib
 import http.server
 import json
 import os
-import secrets
 import shutil
 import sys
 import threading
-import urllib.error
-import urllib.parse
-import urllib.request
 
-from oidc_browser import RECORD_CSP, Callback, b64url, csp_violations, report
+from oidc_browser import RECORD_CSP, Callback, authorization_url, examine, exchange, report
 from passkey_browser import BROWSER, start_chromium, wait_for
 
 
@@ -53,25 +47,12 @@ def main():
         page.call("Page.enable")
         page.call("Page.addScriptToEvaluateOnNewDocument", {"source": RECORD_CSP})
 
-        def examine(name):
-            shot = page.call("Page.captureScreenshot", {"format": "png"})["data"]
-            with open(os.path.join(shots, f"{name}.png"), "wb") as f:
-                f.write(base64.b64decode(shot))
-            page.js(axe_source)
-            found = page.js("axe.run(document, {resultTypes: ['violations']}).then(r => ({passes: r.passes.length,"
-                            " violations: r.violations.map(v => ({id: v.id, impact: v.impact, nodes: v.nodes.length}))}))")
-            report(step="page", page=name, axe=found["violations"], axe_rules_passed=found["passes"],
-                   csp_violations=csp_violations(page))
+        def examine_page(name):
+            examine(page, shots, axe_source, name)
 
         def authorize(extra=None):
-            verifier = b64url(secrets.token_bytes(32))
-            params = {
-                "response_type": "code", "client_id": client_id, "redirect_uri": redirect_uri,
-                "scope": "openid email", "state": "st", "nonce": b64url(secrets.token_bytes(12)),
-                "code_challenge": b64url(hashlib.sha256(verifier.encode()).digest()),
-                "code_challenge_method": "S256"}
-            params.update(extra or {})
-            page.call("Page.navigate", {"url": f"{base}/oauth/authorize?{urllib.parse.urlencode(params)}"})
+            url, verifier, _ = authorization_url(base, client_id, redirect_uri, extra)
+            page.call("Page.navigate", {"url": url})
             return verifier
 
         def back_at_the_application(name, verifier):
@@ -81,21 +62,13 @@ def main():
             if page.js(f"!!{consent}"):
                 page.js("document.querySelector('button[value=\"allow\"]').click()")
             wait_for(page, "document.getElementById('callback')", f"{name}: the callback")
-            got = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(page.js("location.href")).query))
-            form = urllib.parse.urlencode({
-                "grant_type": "authorization_code", "client_id": client_id, "code": got.get("code", ""),
-                "redirect_uri": redirect_uri, "code_verifier": verifier}).encode()
-            try:
-                with urllib.request.urlopen(f"{base}/oauth/token", data=form, timeout=20) as r:
-                    tokens = json.load(r)
-            except urllib.error.HTTPError as e:
-                tokens = {"status": e.code, "body": e.read().decode()}
+            got, tokens = exchange(base, client_id, redirect_uri, verifier, page.js("location.href"))
             report(step=name, state="done", query=got, tokens=tokens)
 
         def continue_with(shot=None):
             wait_for(page, "document.querySelector('p.upstream a')", "the sign-in page's upstream link")
             if shot:
-                examine(shot)
+                examine_page(shot)
             page.js("document.querySelector('p.upstream a').click()")
 
         def at_the_upstream():
@@ -121,12 +94,12 @@ def main():
                      "latchkey's sign-in page again, with its message")
             report(step="asked for the password", message=page.js("document.querySelector('p.message').textContent"),
                    email=page.js("document.getElementById('email').value"))
-            examine("upstream-address-taken")
+            examine_page("upstream-address-taken")
             page.fill("password", password)
             page.js("document.querySelector('form[action=\"/oauth/login\"]').requestSubmit()")
             wait_for(page, "document.querySelector('form[action=\"/oauth/link\"]')", "the question")
             report(step="asked to link", text=page.js("document.querySelector('main p').textContent"))
-            examine("link")
+            examine_page("link")
             page.js("document.querySelector('button[value=\"link\"]').click()")
             back_at_the_application("linked", verifier)
             # Again, through the upstream (signed in there already).

@@ -84,6 +84,50 @@ def report(**line):
     print(json.dumps(line), flush=True)
 
 
+def examine(page, shots, axe_source, name):
+    """Screenshot, accessibility check and policy violations of the page."""
+    shot = page.call("Page.captureScreenshot", {"format": "png"})["data"]
+    with open(os.path.join(shots, f"{name}.png"), "wb") as f:
+        f.write(base64.b64decode(shot))
+    # Evaluated by the DevTools protocol, which the page's policy
+    # does not govern.
+    page.js(axe_source)
+    found = page.js("axe.run(document, {resultTypes: ['violations']}).then(r => ({passes: r.passes.length,"
+                    " violations: r.violations.map(v => ({id: v.id, impact: v.impact, nodes: v.nodes.length}))}))")
+    report(step="page", page=name, axe=found["violations"], axe_rules_passed=found["passes"],
+           csp_violations=csp_violations(page))
+
+
+def authorization_url(base, client_id, redirect_uri, extra=None):
+    """A fresh authorization request: its URL, PKCE verifier and state."""
+    verifier = b64url(secrets.token_bytes(32))
+    state = b64url(secrets.token_bytes(12))
+    params = {
+        "response_type": "code", "client_id": client_id, "redirect_uri": redirect_uri,
+        "scope": "openid email", "state": state, "nonce": b64url(secrets.token_bytes(12)),
+        "code_challenge": b64url(hashlib.sha256(verifier.encode()).digest()),
+        "code_challenge_method": "S256"}
+    params.update(extra or {})
+    return f"{base}/oauth/authorize?{urllib.parse.urlencode(params)}", verifier, state
+
+
+def exchange(base, client_id, redirect_uri, verifier, callback_url):
+    """The callback's query, and the token endpoint's answer to its code
+    (a public client: its id and the PKCE verifier), as the application
+    would exchange it at once."""
+    got = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(callback_url).query))
+    form = urllib.parse.urlencode({
+        "grant_type": "authorization_code", "client_id": client_id, "code": got.get("code", ""),
+        "redirect_uri": redirect_uri, "code_verifier": verifier}).encode()
+    try:
+        with urllib.request.urlopen(f"{base}/oauth/token", data=form, timeout=20) as r:
+            tokens = json.load(r)
+    except urllib.error.HTTPError as e:
+        tokens = {"status": e.code, "body": e.read().decode()}
+    return got, tokens
+
+
+
 def main():
     base, client_a, client_b, email, password, shots, axe_path = sys.argv[1:8]
     if not BROWSER:
@@ -104,46 +148,19 @@ def main():
             "hasResidentKey": True, "hasUserVerification": True, "isUserVerified": True,
             "automaticPresenceSimulation": True}})
 
-        def examine(name):
-            """Screenshot, accessibility check and policy violations of the page."""
-            shot = page.call("Page.captureScreenshot", {"format": "png"})["data"]
-            with open(os.path.join(shots, f"{name}.png"), "wb") as f:
-                f.write(base64.b64decode(shot))
-            # Evaluated by the DevTools protocol, which the page's policy
-            # does not govern.
-            page.js(axe_source)
-            found = page.js("axe.run(document, {resultTypes: ['violations']}).then(r => ({passes: r.passes.length,"
-                            " violations: r.violations.map(v => ({id: v.id, impact: v.impact, nodes: v.nodes.length}))}))")
-            report(step="page", page=name, axe=found["violations"], axe_rules_passed=found["passes"],
-                   csp_violations=csp_violations(page))
+        def examine_page(name):
+            examine(page, shots, axe_source, name)
 
         def authorize(client_id, extra=None):
             """Navigates to a fresh authorization request: its verifier and state."""
-            verifier = b64url(secrets.token_bytes(32))
-            state = b64url(secrets.token_bytes(12))
-            params = {
-                "response_type": "code", "client_id": client_id, "redirect_uri": redirect_uri,
-                "scope": "openid email", "state": state, "nonce": b64url(secrets.token_bytes(12)),
-                "code_challenge": b64url(hashlib.sha256(verifier.encode()).digest()),
-                "code_challenge_method": "S256"}
-            params.update(extra or {})
-            page.call("Page.navigate", {"url": f"{base}/oauth/authorize?{urllib.parse.urlencode(params)}"})
+            url, verifier, state = authorization_url(base, client_id, redirect_uri, extra)
+            page.call("Page.navigate", {"url": url})
             return client_id, verifier, state
 
         def back_at_the_application(name, request):
             client_id, verifier, state = request
             wait_for(page, "document.getElementById('callback')", f"{name}: the callback")
-            got = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(page.js("location.href")).query))
-            # The application exchanges the code at once (a public client:
-            # its id and the PKCE verifier).
-            form = urllib.parse.urlencode({
-                "grant_type": "authorization_code", "client_id": client_id, "code": got.get("code", ""),
-                "redirect_uri": redirect_uri, "code_verifier": verifier}).encode()
-            try:
-                with urllib.request.urlopen(f"{base}/oauth/token", data=form, timeout=20) as r:
-                    tokens = json.load(r)
-            except urllib.error.HTTPError as e:
-                tokens = {"status": e.code, "body": e.read().decode()}
+            got, tokens = exchange(base, client_id, redirect_uri, verifier, page.js("location.href"))
             report(step=name, state="done", query=got, tokens=tokens, state_matches=got.get("state") == state)
 
         def sign_in_page():
@@ -157,14 +174,14 @@ def main():
         def consent(name=None):
             wait_for(page, "document.querySelector('form[action=\"/oauth/consent\"]')", "the consent page")
             if name:
-                examine(name)
+                examine_page(name)
             page.js("document.querySelector('button[value=\"allow\"]').click()")
 
         # 1. The password, then the consent page.
         request = authorize(client_a)
         sign_in_page()
         report(step="passkey offered", offered=page.js("!document.getElementById('passkey-login').hidden"))
-        examine("sign-in")
+        examine_page("sign-in")
         type_password()
         consent("consent")
         back_at_the_application("password sign-in", request)
@@ -216,7 +233,7 @@ def main():
         sign_in_page()
         type_password()
         wait_for(page, "document.getElementById('code')", "the second step")
-        examine("second-step")
+        examine_page("second-step")
         # The next step's code: the one that confirmed the app is spent.
         page.fill("code", totp.at(time.time() + 30))
         page.js("document.getElementById('code').form.requestSubmit()")
@@ -245,24 +262,24 @@ def main():
         sign_in_page()
         page.js("document.querySelector('a[href^=\"/oauth/signup\"]').click()")
         wait_for(page, "document.querySelector('form[action=\"/oauth/signup\"]')", "the sign-up page")
-        examine("sign-up")
+        examine_page("sign-up")
         page.js("history.back()")
         sign_in_page()
         page.js("document.querySelector('a[href^=\"/oauth/reset\"]').click()")
         wait_for(page, "document.querySelector('form[action=\"/oauth/reset\"]')", "the reset page")
-        examine("reset")
+        examine_page("reset")
         page.call("Page.navigate", {"url": base + "/oauth/logout"})
         wait_for(page, "document.querySelector('form[action=\"/oauth/logout/confirm\"]')", "the logout page")
-        examine("logout")
+        examine_page("logout")
         page.js("document.querySelector('form[action=\"/oauth/logout/confirm\"] button').click()")
         wait_for(page, "document.title.startsWith('Signed out')", "signed out")
-        examine("signed-out")
+        examine_page("signed-out")
         authorize(client_a)
         sign_in_page()
         report(step="after logout", signed_in_page=True)
         page.call("Page.navigate", {"url": base + "/oauth/authorize?client_id=nobody"})
         wait_for(page, "document.title.startsWith('Something is wrong')", "the error page")
-        examine("error")
+        examine_page("error")
         report(step="end", state="done")
     except Exception as e:  # reported to the test, which fails on it
         report(step="crash", state="error", status=repr(e))
