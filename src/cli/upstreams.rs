@@ -4,17 +4,28 @@
 use clap::Subcommand;
 
 use crate::app::Services;
+use crate::domain::federation::Protocol;
+
+/// Google's issuer (its discovery document names it so).
+const GOOGLE: &str = "https://accounts.google.com";
 
 #[derive(Subcommand)]
 pub enum UpstreamsCommand {
-    /// Add an OpenID Provider by its issuer URL; prints the redirect URI to
-    /// register there.
+    /// Add an OpenID Provider by its issuer URL, or GitHub (`--github`) or
+    /// Google (`--google`); prints the redirect URI to register there.
     Add {
         /// Its name in URLs (a-z, 0-9, -).
         name: String,
-        /// The issuer (its discovery document is ISSUER/.well-known/openid-configuration).
-        #[arg(long)]
-        issuer: String,
+        /// The issuer (its discovery document is ISSUER/.well-known/openid-configuration);
+        /// with --github, a GitHub Enterprise Server's URL (github.com if not given).
+        #[arg(long, required_unless_present_any = ["github", "google"])]
+        issuer: Option<String>,
+        /// GitHub: OAuth 2.0 and its REST API, not OpenID Connect.
+        #[arg(long, conflicts_with = "google")]
+        github: bool,
+        /// Google: the OpenID Provider https://accounts.google.com.
+        #[arg(long, conflicts_with = "issuer")]
+        google: bool,
         /// "Continue with ..." on the sign-in page; the name if not given.
         #[arg(long)]
         display_name: Option<String>,
@@ -24,8 +35,10 @@ pub enum UpstreamsCommand {
         /// other users of the machine see it.
         #[arg(long, env = "LATCHKEY_UPSTREAM_CLIENT_SECRET", hide_env_values = true)]
         client_secret: String,
-        /// Scopes to ask for, space-separated (`openid` is always asked).
-        #[arg(long, default_value = "openid email profile")]
+        /// Scopes to ask for, space-separated (an OpenID Provider is always
+        /// asked `openid`); default `openid email profile`, for GitHub
+        /// `read:user user:email`.
+        #[arg(long, default_value = "")]
         scopes: String,
         /// A new person whose verified address no account has gets an
         /// account (otherwise only linked accounts sign in).
@@ -35,6 +48,10 @@ pub enum UpstreamsCommand {
         /// verifies every address it asserts: docs/federation.md).
         #[arg(long)]
         trust_email_verified: bool,
+        /// Take its `amr` value `mfa` as the second factor (only for a
+        /// provider that enforces its own: docs/federation.md).
+        #[arg(long)]
+        trust_mfa: bool,
     },
     /// List upstream providers.
     List,
@@ -49,13 +66,20 @@ pub async fn run(st: &Services, command: UpstreamsCommand) -> anyhow::Result<()>
         UpstreamsCommand::Add {
             name,
             issuer,
+            github,
+            google,
             display_name,
             client_id,
             client_secret,
             scopes,
             may_create,
             trust_email_verified,
+            trust_mfa,
         } => {
+            let issuer = match (google, issuer) {
+                (true, _) => GOOGLE.to_string(),
+                (false, issuer) => issuer.unwrap_or_default(),
+            };
             let u = crate::domain::federation::NewUpstream {
                 display_name: display_name.unwrap_or_else(|| name.clone()),
                 name: name.clone(),
@@ -65,6 +89,8 @@ pub async fn run(st: &Services, command: UpstreamsCommand) -> anyhow::Result<()>
                 scopes,
                 may_create,
                 trusts_email_verified: trust_email_verified,
+                protocol: if github { Protocol::Github } else { Protocol::Oidc },
+                trusts_mfa: trust_mfa,
             };
             if !federation.add(u, crate::clock::now_ms()).await? {
                 anyhow::bail!("an upstream named {name:?} exists already");
@@ -77,14 +103,16 @@ pub async fn run(st: &Services, command: UpstreamsCommand) -> anyhow::Result<()>
         UpstreamsCommand::List => {
             for u in federation.list().await? {
                 println!(
-                    "{}\t{}\t{}\tclient {}\tscopes {:?}\tmay_create {}\ttrusts_email_verified {}",
+                    "{}\t{}\t{}\t{}\tclient {}\tscopes {:?}\tmay_create {}\ttrusts_email_verified {}\ttrusts_mfa {}",
                     u.name,
+                    u.protocol.as_str(),
                     u.display_name,
                     u.issuer,
                     u.client_id,
                     u.scopes,
                     u.may_create,
-                    u.trusts_email_verified
+                    u.trusts_email_verified,
+                    u.trusts_mfa
                 );
             }
         }

@@ -118,9 +118,16 @@ impl Login {
     /// (`federation`, which applied the linking rule, and this login's
     /// limit with [`Self::limit`] before it called the upstream): a
     /// session whose `amr` is `fed`, or the step up to the account's second
-    /// factor.
-    pub async fn upstream(&self, origin: &Origin, user: &UserRecord) -> Result<TokenPair, AuthError> {
-        self.start_session(user, None, origin, Authn::new("fed", now_ms()), false)
+    /// factor, unless `mfa`: the upstream asserted more than one factor and
+    /// is trusted for it (`amr` `fed mfa`, the second factor passed).
+    pub async fn upstream(
+        &self,
+        origin: &Origin,
+        user: &UserRecord,
+        mfa: bool,
+    ) -> Result<TokenPair, AuthError> {
+        let amr = if mfa { "fed mfa" } else { "fed" };
+        self.start_session(user, None, origin, Authn::new(amr, now_ms()), mfa)
             .await
     }
 

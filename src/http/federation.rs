@@ -13,7 +13,7 @@ use utoipa::ToSchema;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{AccountBearer, AdminToken, JsonBody};
 use super::AppState;
-use crate::domain::federation::{IdentityView, NewUpstream, UpstreamView};
+use crate::domain::federation::{IdentityView, NewUpstream, Protocol, UpstreamView};
 use crate::domain::AuthError;
 
 #[derive(Serialize, ToSchema)]
@@ -68,7 +68,7 @@ pub async fn upstreams(State(st): State<AppState>, _: AdminToken) -> Result<Json
     }))
 }
 
-/// An upstream OpenID Provider to add.
+/// An upstream provider to add.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamRequest {
@@ -76,12 +76,16 @@ pub struct UpstreamRequest {
     name: String,
     /// "Continue with ..."; the name if left out.
     display_name: Option<String>,
-    /// Its discovery document is ISSUER/.well-known/openid-configuration.
+    /// Its discovery document is ISSUER/.well-known/openid-configuration;
+    /// for `github`, github.com unless given (a GitHub
+    /// Enterprise Server's URL).
+    #[serde(default)]
     issuer: String,
     client_id: String,
     /// Stored sealed; never shown again.
     client_secret: String,
-    /// Space-separated; `openid` is always asked (default `openid email profile`).
+    /// Space-separated; an OpenID Provider is always asked `openid`
+    /// (default `openid email profile`; for `github`, `read:user user:email`).
     scopes: Option<String>,
     /// A new person whose verified address no account has gets an account.
     #[serde(default)]
@@ -89,6 +93,13 @@ pub struct UpstreamRequest {
     /// Believe its `email_verified` (docs/federation.md says when).
     #[serde(default)]
     trusts_email_verified: bool,
+    /// `oidc` (default) or `github`.
+    #[serde(default)]
+    protocol: Option<Protocol>,
+    /// Its `amr` value `mfa` counts as the second factor (an OpenID
+    /// Provider only; docs/federation.md says when).
+    #[serde(default)]
+    trusts_mfa: bool,
 }
 
 #[utoipa::path(post, path = "/admin/upstreams", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
@@ -107,9 +118,11 @@ pub async fn add_upstream(
         issuer: req.issuer,
         client_id: req.client_id,
         client_secret: req.client_secret,
-        scopes: req.scopes.unwrap_or_else(|| "openid email profile".into()),
+        scopes: req.scopes.unwrap_or_default(),
         may_create: req.may_create,
         trusts_email_verified: req.trusts_email_verified,
+        protocol: req.protocol.unwrap_or(Protocol::Oidc),
+        trusts_mfa: req.trusts_mfa,
     };
     let name = u.name.clone();
     if !st.federation.add(u, crate::clock::now_ms()).await? {

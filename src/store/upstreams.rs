@@ -22,6 +22,10 @@ pub struct UpstreamRecord {
     pub may_create: bool,
     pub trusts_email_verified: bool,
     pub created_at: i64,
+    /// `oidc` (an OpenID Provider) or `github` (GitHub's OAuth and API).
+    pub protocol: String,
+    /// Its `amr` value `mfa` counts as the account's second factor.
+    pub trusts_mfa: bool,
 }
 
 /// An upstream identity linked to an account.
@@ -47,7 +51,19 @@ pub enum UpstreamSignUp {
     Linked,
 }
 
-type UpstreamRow = (String, String, String, String, Vec<u8>, String, bool, bool, i64);
+type UpstreamRow = (
+    String,
+    String,
+    String,
+    String,
+    Vec<u8>,
+    String,
+    bool,
+    bool,
+    i64,
+    String,
+    bool,
+);
 
 fn upstream(r: UpstreamRow) -> UpstreamRecord {
     UpstreamRecord {
@@ -60,6 +76,8 @@ fn upstream(r: UpstreamRow) -> UpstreamRecord {
         may_create: r.6,
         trusts_email_verified: r.7,
         created_at: r.8,
+        protocol: r.9,
+        trusts_mfa: r.10,
     }
 }
 
@@ -78,7 +96,7 @@ fn identity(r: IdentityRow) -> IdentityRecord {
 
 const SELECT_UPSTREAM: &str =
     "SELECT name, display_name, issuer, client_id, client_secret, scopes, may_create, \
-     trusts_email_verified, created_at FROM upstreams";
+     trusts_email_verified, created_at, protocol, trusts_mfa FROM upstreams";
 const SELECT_IDENTITY: &str =
     "SELECT issuer, subject, user_id, upstream, email, created_at FROM upstream_identities";
 
@@ -88,7 +106,8 @@ impl Store {
         db_op!(self, "add_upstream", conn => {
             let n = sqlx::query(
                 "INSERT INTO upstreams (name, display_name, issuer, client_id, client_secret, scopes, may_create, \
-                 trusts_email_verified, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+                 trusts_email_verified, created_at, protocol, trusts_mfa) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
                  ON CONFLICT (name) DO NOTHING",
             )
             .bind(&u.name)
@@ -100,6 +119,8 @@ impl Store {
             .bind(u.may_create)
             .bind(u.trusts_email_verified)
             .bind(u.created_at)
+            .bind(&u.protocol)
+            .bind(u.trusts_mfa)
             .execute(&mut *conn)
             .await?
             .rows_affected();

@@ -11,8 +11,11 @@ use serde_json::{json, Value};
 use crate::common::{unique_email, TestApp, PASSWORD};
 use crate::conformance::certified::{through_certified_pages, CertifiedProvider};
 use crate::oidc::{application, exchange_code, pkce, with_query, Browser, Page, CALLBACK, ISSUER};
-use latchkey::domain::federation::NewUpstream;
+use latchkey::domain::federation::{NewUpstream, Protocol};
 use latchkey::domain::oidc::client::{ClientKind, ConsentMode};
+
+mod github;
+mod trusted_mfa;
 
 crate::on_every_backend!(
     a_new_person_signs_in_through_an_upstream_and_comes_back_to_the_same_account,
@@ -45,23 +48,39 @@ async fn upstream(app: &TestApp, may_create: bool, trust: bool) -> CertifiedProv
 
 /// Adds upstream `node` at `issuer`.
 async fn add(app: &TestApp, issuer: &str, may_create: bool, trust: bool) {
+    add_upstream(
+        app,
+        NewUpstream {
+            may_create,
+            trusts_email_verified: trust,
+            ..node(issuer)
+        },
+    )
+    .await;
+}
+
+/// Upstream `node` at `issuer`, trusted for nothing, making no accounts.
+fn node(issuer: &str) -> NewUpstream {
+    NewUpstream {
+        name: "node".into(),
+        display_name: "Node Example".into(),
+        issuer: issuer.into(),
+        client_id: UPSTREAM_CLIENT.into(),
+        client_secret: UPSTREAM_SECRET.into(),
+        scopes: "openid email".into(),
+        may_create: false,
+        trusts_email_verified: false,
+        protocol: Protocol::Oidc,
+        trusts_mfa: false,
+    }
+}
+
+async fn add_upstream(app: &TestApp, u: NewUpstream) {
     let added = app
         .services
         .features
         .federation
-        .add(
-            NewUpstream {
-                name: "node".into(),
-                display_name: "Node Example".into(),
-                issuer: issuer.into(),
-                client_id: UPSTREAM_CLIENT.into(),
-                client_secret: UPSTREAM_SECRET.into(),
-                scopes: "openid email".into(),
-                may_create,
-                trusts_email_verified: trust,
-            },
-            latchkey::clock::now_ms(),
-        )
+        .add(u, latchkey::clock::now_ms())
         .await
         .unwrap();
     assert!(added);
@@ -99,9 +118,14 @@ async fn through_upstream(
 
 /// The sign-in page's "Continue with Node Example" link.
 fn upstream_link(page: &Page) -> String {
+    link_to(page, "node")
+}
+
+/// The sign-in page's link to upstream `name`.
+fn link_to(page: &Page, name: &str) -> String {
     let at = page
         .body
-        .find("href=\"/oauth/upstream/node?")
+        .find(&format!("href=\"/oauth/upstream/{name}?"))
         .unwrap_or_else(|| panic!("the upstream's link: {}", page.body));
     let href = &page.body[at + 6..];
     href[..href.find('"').unwrap()].replace("&amp;", "&")

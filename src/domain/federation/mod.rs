@@ -22,8 +22,14 @@
 //! proof, never a key (`rule.rs`). A sign-in through an upstream is a
 //! latchkey session like any other: its `amr` is `fed`, and an account
 //! with a second factor steps up to it after the upstream (an upstream's
-//! own `amr` is not taken as a second factor).
+//! own `amr` is taken as the second factor only where the operator trusts
+//! that upstream for it: `trusts_mfa`).
+//!
+//! GitHub is no OpenID Provider: for a `github` upstream the code flow is
+//! OAuth 2.0's, and who signed in is what its REST API answers
+//! ([`github::identity`]) instead of an id_token.
 
+pub mod github;
 pub mod id_token;
 mod links;
 pub mod rule;
@@ -38,7 +44,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 pub use rule::{decide, Account, Asserted, Decision, Intent, Policy, Refusal};
-pub use upstream::Failure;
+pub use upstream::{Failure, Protocol};
 
 use super::login::Login;
 use super::sessions::{Origin, TokenPair};
@@ -66,10 +72,15 @@ pub struct NewUpstream {
     pub issuer: String,
     pub client_id: String,
     pub client_secret: String,
-    /// Space-separated; `openid` is added when missing.
+    /// Space-separated; empty: the protocol's default. `openid` is added
+    /// to an OpenID Provider's when missing.
     pub scopes: String,
     pub may_create: bool,
     pub trusts_email_verified: bool,
+    pub protocol: Protocol,
+    /// Whether its `amr` value `mfa` (RFC 8176: more than one factor)
+    /// counts as the account's second factor here.
+    pub trusts_mfa: bool,
 }
 
 impl std::fmt::Debug for NewUpstream {
@@ -93,6 +104,8 @@ pub struct UpstreamView {
     pub scopes: String,
     pub may_create: bool,
     pub trusts_email_verified: bool,
+    pub protocol: Protocol,
+    pub trusts_mfa: bool,
     /// Unix milliseconds.
     pub created_at: i64,
     /// The redirect URI to register at the upstream.
@@ -110,6 +123,8 @@ impl Federation {
             scopes: u.scopes.clone(),
             may_create: u.may_create,
             trusts_email_verified: u.trusts_email_verified,
+            protocol: Protocol::parse(&u.protocol).unwrap_or(Protocol::Oidc),
+            trusts_mfa: u.trusts_mfa,
             created_at: u.created_at,
         }
     }
@@ -232,7 +247,7 @@ impl Federation {
     }
 
     /// Adds an upstream (`false`: the name is taken).
-    pub async fn add(&self, u: NewUpstream, now: i64) -> Result<bool, AuthError> {
+    pub async fn add(&self, mut u: NewUpstream, now: i64) -> Result<bool, AuthError> {
         let bad = |m: &str| Err(AuthError::BadRequest(m.to_string()));
         let name_ok = !u.name.is_empty()
             && u.name.len() <= 32
@@ -244,6 +259,9 @@ impl Federation {
         }
         if u.display_name.trim().is_empty() || u.display_name.len() > 64 {
             return bad("display name: 1 to 64 bytes");
+        }
+        if u.issuer.is_empty() && u.protocol == Protocol::Github {
+            u.issuer = upstream::GITHUB.to_string();
         }
         match url::Url::parse(&u.issuer) {
             Ok(i) if upstream::secure_enough(&i) && i.query().is_none() && i.fragment().is_none() => {}
@@ -261,7 +279,10 @@ impl Federation {
             return bad("client id and secret: 1 to 255 and 1 to 1024 bytes");
         }
         let mut scopes: Vec<&str> = u.scopes.split_whitespace().collect();
-        if !scopes.contains(&"openid") {
+        if scopes.is_empty() {
+            scopes = u.protocol.default_scopes().split(' ').collect();
+        }
+        if u.protocol == Protocol::Oidc && !scopes.contains(&"openid") {
             scopes.insert(0, "openid");
         }
         if scopes
@@ -269,6 +290,9 @@ impl Federation {
             .any(|s| !s.bytes().all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\'))
         {
             return bad("scopes: printable, space-separated");
+        }
+        if u.protocol == Protocol::Github && u.trusts_mfa {
+            return bad("trusts_mfa: GitHub asserts no authentication methods");
         }
         let record = UpstreamRecord {
             client_secret: self.sealer.seal(u.client_secret.as_bytes(), &secret_aad(&u.name)),
@@ -280,6 +304,8 @@ impl Federation {
             may_create: u.may_create,
             trusts_email_verified: u.trusts_email_verified,
             created_at: now,
+            protocol: u.protocol.as_str().to_string(),
+            trusts_mfa: u.trusts_mfa,
         };
         let added = self.shared.store.add_upstream(&record).await?;
         self.refresh().await?;
@@ -336,6 +362,23 @@ impl Federation {
             .ok_or(FederationError::UnknownUpstream)
     }
 
+    /// Where upstream `up` signs people in: an OpenID Provider's discovery
+    /// document, or GitHub's endpoints and its API's base URL.
+    async fn endpoints(
+        &self,
+        up: &UpstreamRecord,
+    ) -> Result<(Protocol, Arc<upstream::Discovery>, Option<String>), FederationError> {
+        match Protocol::parse(&up.protocol) {
+            Some(Protocol::Oidc) => Ok((Protocol::Oidc, self.http.discovery(&up.issuer).await?, None)),
+            Some(Protocol::Github) => {
+                let (d, api) = upstream::github(&up.issuer);
+                Ok((Protocol::Github, Arc::new(d), Some(api)))
+            }
+            // Written by a later version: not guessed at.
+            None => Err(FederationError::UnknownUpstream),
+        }
+    }
+
     /// Leaves for upstream `name` to continue the pending request `authz`:
     /// the upstream's authorization URL (code flow, PKCE S256, `state`,
     /// `nonce`), and the journey sealed for the browser's cookie.
@@ -348,7 +391,7 @@ impl Federation {
     ) -> Result<Departure, FederationError> {
         self.login.limit(origin).await?;
         let up = self.upstream(name).await?;
-        let d = self.http.discovery(&up.issuer).await?;
+        let (protocol, d, _) = self.endpoints(&up).await?;
         let journey = Journey {
             upstream: up.name.clone(),
             state: random_token(),
@@ -366,9 +409,11 @@ impl Federation {
             .append_pair("redirect_uri", &self.redirect_uri(&up.name))
             .append_pair("scope", &up.scopes)
             .append_pair("state", &journey.state)
-            .append_pair("nonce", &journey.nonce)
             .append_pair("code_challenge", &challenge)
             .append_pair("code_challenge_method", "S256");
+        if protocol == Protocol::Oidc {
+            url.query_pairs_mut().append_pair("nonce", &journey.nonce);
+        }
         let sealed = self.sealer.seal(
             &serde_json::to_vec(&journey).expect("a journey serialises"),
             JOURNEY_AAD,
@@ -410,7 +455,7 @@ impl Federation {
         }
         self.login.limit(origin).await?;
         let up = self.upstream(&journey.upstream).await?;
-        let d = self.http.discovery(&up.issuer).await?;
+        let (protocol, d, api) = self.endpoints(&up).await?;
         // RFC 9207 §2.4: the issuer it names must be this upstream's, and
         // an upstream that says it names it must have.
         match back.iss.as_deref() {
@@ -439,6 +484,7 @@ impl Federation {
         let tokens = self
             .http
             .exchange(
+                protocol,
                 &d.token_endpoint,
                 (&up.client_id, &secret),
                 &[
@@ -449,13 +495,45 @@ impl Federation {
                 ],
             )
             .await?;
+        let identity = match api {
+            Some(api) => self.github_identity(&api, &tokens).await?,
+            None => self.oidc_identity(&up, &d, &tokens, &journey.nonce, now).await?,
+        };
+        self.settle(&up, identity, origin, now, true).await
+    }
+
+    /// Who signed in at GitHub: its API asked with the access token.
+    async fn github_identity(
+        &self,
+        api: &str,
+        tokens: &serde_json::Value,
+    ) -> Result<id_token::Identity, FederationError> {
+        let at = tokens["access_token"]
+            .as_str()
+            .ok_or_else(|| Failure::BadAnswer("no access_token".into()))?;
+        let user = self.http.github_api(&format!("{api}/user"), at).await?;
+        let emails = self.http.github_api(&format!("{api}/user/emails"), at).await?;
+        Ok(github::identity(&user, &emails)
+            .ok_or_else(|| Failure::BadAnswer("GET /user has no id".into()))?)
+    }
+
+    /// Who signed in at an OpenID Provider: its id_token, checked, and
+    /// userinfo for an address the id_token lacks.
+    async fn oidc_identity(
+        &self,
+        up: &UpstreamRecord,
+        d: &upstream::Discovery,
+        tokens: &serde_json::Value,
+        nonce: &str,
+        now: i64,
+    ) -> Result<id_token::Identity, FederationError> {
         let id_token = tokens["id_token"]
             .as_str()
             .ok_or_else(|| Failure::BadAnswer("no id_token".into()))?;
         let expected = id_token::Expected {
             issuer: &up.issuer,
             client_id: &up.client_id,
-            nonce: &journey.nonce,
+            nonce,
             now: now / 1000,
         };
         let mut verified = id_token::verify(id_token, &*self.http.keys(&d.jwks_uri, false).await?, &expected);
@@ -475,7 +553,7 @@ impl Federation {
                     id_token::email_of(info.as_object().expect("an object"));
             }
         }
-        self.settle(&up, identity, origin, now, true).await
+        Ok(identity)
     }
 
     /// The rule applied to an upstream identity, and what it allows done.
@@ -562,7 +640,11 @@ impl Federation {
             Decision::Refuse(r) => return Ok(Arrival::Refused(r)),
             Decision::Link(_) | Decision::AlreadyLinked => unreachable!("a sign-in links nothing"),
         };
-        Ok(Arrival::SignedIn(self.login.upstream(origin, &user).await))
+        // The upstream's multi-factor sign-in stands for the second factor
+        // only where the operator trusts it to (its `amr` is otherwise a
+        // claim latchkey cannot check).
+        let mfa = up.trusts_mfa && who.amr.iter().any(|m| m == "mfa");
+        Ok(Arrival::SignedIn(self.login.upstream(origin, &user, mfa).await))
     }
 }
 

@@ -1,10 +1,11 @@
 //! Signing in with another provider: what an upstream identity may do to
 //! local accounts, as a pure decision over what the store read (the
 //! account the identity is linked to, the account its address names) and
-//! what the provider asserted. The sign-in flow that gathers these (the
-//! upstream's code, its validated id_token) is not built yet; this is the
-//! rule it will apply, written and tested first because it is where
-//! identity services get takeovers wrong (docs/security.md, 3.18).
+//! what the provider asserted. The sign-in flow gathers these (the
+//! upstream's code, its validated id_token or GitHub's API answers: the
+//! service in `mod.rs`) and applies this rule, kept apart and tested
+//! row by row because it is where identity services get takeovers wrong
+//! (docs/security.md, 3.18).
 //!
 //! An upstream identity is keyed by (issuer, subject), never by email: an
 //! address is only ever a reason to *ask* for proof, never a key.

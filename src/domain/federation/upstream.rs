@@ -17,6 +17,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::domain::tokens::keys::Key;
@@ -55,6 +56,72 @@ pub struct Discovery {
     /// answers name it, so an answer without `iss` is not its.
     pub names_issuer: bool,
 }
+
+/// How an upstream signs people in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// An OpenID Provider: discovery, the code flow, an id_token.
+    Oidc,
+    /// GitHub (or GitHub Enterprise Server), which is no OpenID Provider:
+    /// OAuth 2.0's code flow, then its REST API for who signed in
+    /// (`GET /user`) and their addresses (`GET /user/emails`).
+    Github,
+}
+
+impl Protocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Oidc => "oidc",
+            Protocol::Github => "github",
+        }
+    }
+
+    /// As stored (anything unknown is refused as an upstream nobody can
+    /// use rather than guessed).
+    pub fn parse(s: &str) -> Option<Protocol> {
+        match s {
+            "oidc" => Some(Protocol::Oidc),
+            "github" => Some(Protocol::Github),
+            _ => None,
+        }
+    }
+
+    /// The scopes asked when the operator names none.
+    pub fn default_scopes(self) -> &'static str {
+        match self {
+            Protocol::Oidc => "openid email profile",
+            // The profile, and the addresses with their verification
+            // (`/user/emails` needs `user:email`).
+            Protocol::Github => "read:user user:email",
+        }
+    }
+}
+
+/// GitHub's endpoints for the site at `base`: github.com's own, or those
+/// of a GitHub Enterprise Server (`{base}/login/oauth/...` and the API at
+/// `{base}/api/v3`), as GitHub documents them ("Authorizing OAuth apps",
+/// "REST API endpoints for users" and "... for emails").
+pub fn github(base: &str) -> (Discovery, String) {
+    let base = base.trim_end_matches('/');
+    let api = if base == GITHUB {
+        "https://api.github.com".to_string()
+    } else {
+        format!("{base}/api/v3")
+    };
+    let d = Discovery {
+        authorization_endpoint: format!("{base}/login/oauth/authorize"),
+        token_endpoint: format!("{base}/login/oauth/access_token"),
+        jwks_uri: String::new(),
+        userinfo_endpoint: None,
+        names_issuer: false,
+    };
+    (d, api)
+}
+
+/// github.com, the issuer of a GitHub upstream unless it is an Enterprise
+/// Server.
+pub const GITHUB: &str = "https://github.com";
 
 /// Whether an upstream URL may be used: https, or http to a loopback
 /// address (a provider on the same machine, as in the tests); plain http
@@ -190,31 +257,48 @@ impl Upstreams {
         Ok(keys)
     }
 
-    /// The token request of a code (`client_secret_basic`, RFC 6749
-    /// §2.3.1): the token response.
+    /// The token request of a code: the token response. The client
+    /// authenticates with `client_secret_basic` (RFC 6749 §2.3.1) at an
+    /// OpenID Provider, and with its id and secret in the form at GitHub,
+    /// which documents only those.
     pub async fn exchange(
         &self,
+        protocol: Protocol,
         token_endpoint: &str,
         client: (&str, &str),
         form: &[(&str, &str)],
     ) -> Result<Value, Failure> {
         use base64::Engine;
-        let enc = |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
-        let basic =
-            base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", enc(client.0), enc(client.1)));
-        let body = url::form_urlencoded::Serializer::new(String::new())
-            .extend_pairs(form)
-            .finish();
-        let request = hyper::Request::post(token_endpoint)
+        let mut body = form.to_vec();
+        let mut request = hyper::Request::post(token_endpoint)
             .header(hyper::header::CONTENT_TYPE, "application/x-www-form-urlencoded")
-            .header(hyper::header::ACCEPT, "application/json")
-            .header(hyper::header::AUTHORIZATION, format!("Basic {basic}"))
+            .header(hyper::header::ACCEPT, "application/json");
+        match protocol {
+            Protocol::Oidc => {
+                let enc = |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+                let basic = base64::engine::general_purpose::STANDARD.encode(format!(
+                    "{}:{}",
+                    enc(client.0),
+                    enc(client.1)
+                ));
+                request = request.header(hyper::header::AUTHORIZATION, format!("Basic {basic}"));
+            }
+            Protocol::Github => {
+                body.push(("client_id", client.0));
+                body.push(("client_secret", client.1));
+            }
+        }
+        let body = url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(body)
+            .finish();
+        let request = request
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| Failure::BadAnswer(e.to_string()))?;
         let (status, doc) = self.send(request).await?;
         match status {
-            200 => Ok(doc),
-            400..=499 => Err(Failure::Refused(
+            // GitHub answers a refused code with 200 and an `error`.
+            200 if doc.get("error").is_none() => Ok(doc),
+            200 | 400..=499 => Err(Failure::Refused(
                 doc["error"]
                     .as_str()
                     .unwrap_or("invalid_request")
@@ -240,9 +324,29 @@ impl Upstreams {
         }
     }
 
+    /// A GET of GitHub's REST API with a user's token (its documented
+    /// headers: the media type, the API version, a `User-Agent`, which it
+    /// requires of every request).
+    pub async fn github_api(&self, url: &str, access_token: &str) -> Result<Value, Failure> {
+        let request = hyper::Request::get(url)
+            .header(hyper::header::ACCEPT, "application/vnd.github+json")
+            .header("X-GitHub-Api-Version", "2022-11-28")
+            .header(hyper::header::AUTHORIZATION, format!("Bearer {access_token}"))
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| Failure::BadAnswer(e.to_string()))?;
+        match self.send(request).await? {
+            (200, doc) => Ok(doc),
+            (s, _) => Err(Failure::BadAnswer(format!("GitHub's API answered {s}"))),
+        }
+    }
+
     /// Sends `request` within [`TIMEOUT`]: the status and the JSON answer
     /// (`Null` when the body is no JSON).
-    async fn send(&self, request: hyper::Request<Full<Bytes>>) -> Result<(u16, Value), Failure> {
+    async fn send(&self, mut request: hyper::Request<Full<Bytes>>) -> Result<(u16, Value), Failure> {
+        request.headers_mut().insert(
+            hyper::header::USER_AGENT,
+            hyper::header::HeaderValue::from_static(concat!("latchkey/", env!("CARGO_PKG_VERSION"))),
+        );
         let exchange = async {
             let response = self
                 .client

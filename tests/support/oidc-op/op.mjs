@@ -6,7 +6,8 @@
 // RP-initiated and back-channel logout, no claims parameter, requests by
 // POST too. Its development
 // sign-in pages accept any login: the account is the login given, its email
-// that login (verified, unless the login starts with "unverified").
+// that login (verified, unless the login starts with "unverified"; one that
+// starts with "mfa" asserts amr ["pwd", "mfa"]).
 //
 //   node op.mjs '{"clients": [{"client_id","client_secret","redirect_uris",
 //                 "post_logout_redirect_uris"?}], "post"?: false}'
@@ -30,7 +31,8 @@ const provider = new Provider(issuer, {
   responseTypes: ["code"],
   pkce: { required: () => true },
   scopes: ["openid", "offline_access", "email", "profile"],
-  claims: { openid: ["sub"], email: ["email", "email_verified"], profile: ["name"] },
+  // amr with openid: in the id_token when a sign-in asserts it (below).
+  claims: { openid: ["sub", "amr"], email: ["email", "email_verified"], profile: ["name"] },
   features: {
     devInteractions: { enabled: true },
     rpInitiatedLogout: { enabled: true },
@@ -58,6 +60,23 @@ const provider = new Provider(issuer, {
   // does unless webhook_allow_private_addresses is set).
   fetch: (url, { dispatcher: _guard, ...options }) => globalThis.fetch(url, options),
   cookies: { keys: ["latchkey-conformance-comparison-only"], ...(post ? { long: { sameSite: "none" } } : {}) },
+});
+
+// A login that starts with "mfa" signed in with more than one factor: its
+// id_token's amr is ["pwd", "mfa"] (the development sign-in pages assert
+// none; for the federation tests of an upstream trusted for its amr). Set
+// on the finished interaction before the authorization resumes from it.
+provider.use(async (ctx, next) => {
+  const resume = ctx.method === "GET" && /^\/auth\/([^/]+)$/.exec(ctx.path);
+  if (resume) {
+    const interaction = await provider.Interaction.find(resume[1]);
+    const login = interaction?.result?.login;
+    if (login?.accountId?.startsWith("mfa")) {
+      login.amr = ["pwd", "mfa"];
+      await interaction.save(interaction.exp - Math.floor(Date.now() / 1000));
+    }
+  }
+  await next();
 });
 
 server.on("request", provider.callback());
