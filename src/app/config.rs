@@ -43,6 +43,8 @@ pub struct Config {
     pub webhooks: WebhookSettings,
     pub mfa: MfaSettings,
     pub oidc: OidcSettings,
+    /// Where applications with their own pages come back from an upstream.
+    pub federation: crate::domain::federation::FederationSettings,
     /// Scheduled backups of the embedded database (`app::backup`).
     pub backups: crate::store::backup::BackupSettings,
 }
@@ -73,6 +75,7 @@ impl Config {
         Ok(Config {
             mfa: MfaSettings::read(src, &tokens.issuer)?,
             oidc: OidcSettings::read(src)?,
+            federation: crate::domain::federation::FederationSettings::read(src)?,
             database: DatabaseConfig::read(src, &data_dir)?,
             backups: crate::store::backup::BackupSettings::read(src)?,
             // Not `optional`: an empty value (a secret that rendered empty) is

@@ -185,6 +185,8 @@ impl Services {
             federation: Arc::new(Federation::new(
                 shared.clone(),
                 login,
+                factors.clone(),
+                config.federation.clone(),
                 upstreams,
                 &config.tokens.issuer,
             )),

@@ -22,6 +22,8 @@ pub enum ApiError {
     UnsupportedMediaType,
     NotFound,
     MethodNotAllowed,
+    /// An upstream provider could not be reached, or answered nonsense.
+    UpstreamFailed,
 }
 
 impl From<AuthError> for ApiError {
@@ -39,6 +41,11 @@ impl From<FieldError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         match self {
+            ApiError::UpstreamFailed => error_response(
+                StatusCode::BAD_GATEWAY,
+                "UPSTREAM_FAILED",
+                "the upstream provider could not be reached, or answered unexpectedly",
+            ),
             ApiError::TooLarge => error_response(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "PAYLOAD_TOO_LARGE",

@@ -3,22 +3,35 @@
 //! upstreams and links (`/admin/upstreams`, `/admin/users/{id}/identities`).
 //! The browser's way through an upstream is in `oidc/upstream.rs`.
 
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use super::error::{ApiError, ErrorBody};
-use super::extract::{AccountBearer, AdminToken, JsonBody};
+use super::extract::{AccountBearer, AdminToken, ClientOrigin, JsonBody};
 use super::AppState;
-use crate::domain::federation::{IdentityView, NewUpstream, Protocol, UpstreamView};
+use crate::domain::federation::{
+    FederationError, IdentityView, NewUpstream, Protocol, UpstreamView, JOURNEY_TTL,
+};
 use crate::domain::AuthError;
 
 #[derive(Serialize, ToSchema)]
 pub struct IdentityList {
     identities: Vec<IdentityView>,
+    /// The upstreams an identity can be linked from (`POST /auth/identities`;
+    /// in the owner's list only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    upstreams: Option<Vec<UpstreamName>>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct UpstreamName {
+    name: String,
+    display_name: String,
 }
 
 /// A path segment, or `NOT_FOUND` for one that does not decode.
@@ -35,7 +48,75 @@ pub async fn identities(
 ) -> Result<Json<IdentityList>, ApiError> {
     Ok(Json(IdentityList {
         identities: st.federation.identities(&token.claims.sub).await?,
+        upstreams: Some(
+            st.federation
+                .listed()
+                .iter()
+                .map(|u| UpstreamName {
+                    name: u.name.clone(),
+                    display_name: u.display_name.clone(),
+                })
+                .collect(),
+        ),
     }))
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LinkRequest {
+    /// The upstream's name.
+    upstream: String,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct LinkDeparture {
+    /// Where to send the browser: the upstream's authorization endpoint.
+    /// The way back ends on `/ui/account?linked={name}` or
+    /// `?link_error={linked_elsewhere|disabled|journey|failed}`.
+    url: String,
+}
+
+/// `POST /auth/identities`: starts linking an identity of an upstream to
+/// the caller's account. The answer sets the journey's cookie; the browser
+/// that made the call goes to `url` and comes back through the upstream's
+/// callback. Takes a recent sign-in (with the second factor when the
+/// account has one), as adding a factor does.
+#[utoipa::path(post, path = "/auth/identities", tag = "federation", security(("bearer" = [])),
+    request_body = LinkRequest,
+    responses((status = 200, body = LinkDeparture, description = "With the journey's cookie"),
+              (status = 401, body = ErrorBody, description = "INVALID_TOKEN, REAUTHENTICATION_REQUIRED"),
+              (status = 404, body = ErrorBody, description = "NOT_FOUND: no such upstream"),
+              (status = 429, body = ErrorBody, description = "RATE_LIMITED"),
+              (status = 502, body = ErrorBody, description = "UPSTREAM_FAILED: it cannot be reached")))]
+pub async fn start_link(
+    State(st): State<AppState>,
+    ClientOrigin(origin): ClientOrigin,
+    AccountBearer(token): AccountBearer,
+    JsonBody(req): JsonBody<LinkRequest>,
+) -> Result<Response, ApiError> {
+    let d = match st
+        .federation
+        .depart_to_link(&req.upstream, &token, &origin, crate::clock::now_ms())
+        .await
+    {
+        Ok(d) => d,
+        Err(FederationError::Auth(e)) => return Err(e.into()),
+        Err(FederationError::UnknownUpstream) => return Err(AuthError::NotFound("upstream").into()),
+        Err(e) => {
+            tracing::warn!(error = %e, "leaving for an upstream to link failed");
+            return Err(ApiError::UpstreamFailed);
+        }
+    };
+    let mut r = Json(LinkDeparture { url: d.url }).into_response();
+    r.headers_mut().append(
+        header::SET_COOKIE,
+        st.pages.set_cookie(
+            crate::http::oidc::upstream::JOURNEY,
+            &d.sealed_journey,
+            JOURNEY_TTL.as_secs(),
+        ),
+    );
+    Ok(r)
 }
 
 /// `DELETE /auth/identities/{id}`: unlinks one of the caller's.
@@ -167,6 +248,7 @@ pub async fn user_identities(
     let user = segment(id, "user")?;
     Ok(Json(IdentityList {
         identities: st.federation.identities(&user).await?,
+        upstreams: None,
     }))
 }
 
@@ -187,4 +269,110 @@ pub async fn unlink_user_identity(
         .unlink(&user, &identity, Some(&admin.claims.client_id))
         .await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// An application with its own pages starts a sign-in through an upstream.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct AppStart {
+    /// Where the browser comes back: one of the setting `upstream_return_urls`, exactly.
+    redirect_to: String,
+    /// BASE64URL(SHA-256(code_verifier)) (RFC 7636).
+    code_challenge: String,
+    /// `S256`, the only one taken.
+    code_challenge_method: Option<String>,
+    /// Given back on `redirect_to` as it came (at most 512 bytes).
+    state: Option<String>,
+}
+
+/// `GET /auth/upstream/{name}`: the start of the JSON pair for
+/// applications with their own pages (docs/federation.md). The browser is
+/// sent here (a navigation, not a `fetch`), leaves for the upstream with
+/// the journey's cookie, and comes back to `redirect_to` with `code` (or
+/// `error`) and `state`; the application redeems the code with its PKCE
+/// verifier at `POST /auth/upstream/token`.
+#[utoipa::path(get, path = "/auth/upstream/{name}", tag = "federation",
+    params(("name" = String, Path, description = "An upstream's name"), AppStart),
+    responses((status = 303, description = "To the upstream, with the journey's cookie; or to `redirect_to` with `error` when the upstream cannot be left for"),
+              (status = 400, body = ErrorBody, description = "INVALID_REQUEST: a `redirect_to` not configured, a bad challenge (never redirected)")))]
+pub async fn app_depart(
+    State(st): State<AppState>,
+    ClientOrigin(origin): ClientOrigin,
+    name: Result<Path<String>, PathRejection>,
+    query: Result<Query<AppStart>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let name = segment(name, "upstream")?;
+    let Query(q) = query.map_err(|e| AuthError::BadRequest(e.body_text()))?;
+    if q.code_challenge_method.as_deref().is_some_and(|m| m != "S256") {
+        return Err(AuthError::BadRequest("code_challenge_method: S256 only".into()).into());
+    }
+    let departed = st
+        .federation
+        .depart_for_app(
+            &name,
+            &q.redirect_to,
+            &q.code_challenge,
+            q.state.as_deref(),
+            &origin,
+            crate::clock::now_ms(),
+        )
+        .await;
+    let error = match departed {
+        Ok(d) => {
+            let mut r = (StatusCode::SEE_OTHER, [(header::LOCATION, d.url)]).into_response();
+            r.headers_mut().append(
+                header::SET_COOKIE,
+                st.pages.set_cookie(
+                    crate::http::oidc::upstream::JOURNEY,
+                    &d.sealed_journey,
+                    JOURNEY_TTL.as_secs(),
+                ),
+            );
+            return Ok(r);
+        }
+        Err(FederationError::Auth(e @ AuthError::BadRequest(_))) => return Err(e.into()),
+        Err(FederationError::UnknownUpstream) => "unknown_upstream",
+        Err(FederationError::Auth(AuthError::RateLimited(_))) => "rate_limited",
+        Err(e) => {
+            tracing::warn!(error = %e, "leaving for an upstream failed");
+            "upstream_failed"
+        }
+    };
+    // `redirect_to` was checked first: only a configured URL is sent to.
+    let mut back =
+        url::Url::parse(&q.redirect_to).map_err(|_| AuthError::BadRequest("redirect_to".into()))?;
+    back.query_pairs_mut().append_pair("error", error);
+    if let Some(s) = &q.state {
+        back.query_pairs_mut().append_pair("state", s);
+    }
+    Ok((StatusCode::SEE_OTHER, [(header::LOCATION, String::from(back))]).into_response())
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AppCodeRequest {
+    /// The `code` given to `redirect_to`.
+    code: String,
+    /// The PKCE verifier of the start's `code_challenge`.
+    code_verifier: String,
+}
+
+/// `POST /auth/upstream/token`: the end of the JSON pair: the code and
+/// its verifier, answered as `POST /auth/login` answers (tokens, or
+/// `MFA_REQUIRED` with the step up to the account's second factor).
+#[utoipa::path(post, path = "/auth/upstream/token", tag = "federation", request_body = AppCodeRequest,
+    responses((status = 200, body = crate::domain::sessions::TokenPair),
+              (status = 400, body = ErrorBody, description = "INVALID_REQUEST: a code unknown, spent, older than a minute, or not this verifier's (each spends it)"),
+              (status = 401, body = ErrorBody, description = "MFA_REQUIRED: the body adds a StepUp for POST /auth/mfa/verify"),
+              (status = 403, body = ErrorBody, description = "ACCOUNT_DISABLED")))]
+pub async fn app_token(
+    State(st): State<AppState>,
+    ClientOrigin(origin): ClientOrigin,
+    JsonBody(req): JsonBody<AppCodeRequest>,
+) -> Result<Response, ApiError> {
+    let pair = st
+        .federation
+        .redeem(&req.code, &req.code_verifier, &origin)
+        .await?;
+    Ok(super::accounts::token_response(pair))
 }

@@ -127,7 +127,7 @@ pub type AppState = Arc<ApiState>;
         mfa::rename_factor, mfa::remove_factor, mfa::recovery_codes, tokens::validate, tokens::jwks, tokens::discovery,
         oauth::token, oauth::introspect, oauth::revoke, oidc::authorize_get, oidc::authorize_post, oidc::logout_get, oidc::logout_post,
         oidc::userinfo_get, oidc::userinfo_post, oidc::consents, oidc::revoke_consent, ops::live, ops::ready, ops::openapi,
-        federation::identities, federation::unlink, federation::upstreams, federation::add_upstream,
+        federation::identities, federation::start_link, federation::app_depart, federation::app_token, federation::unlink, federation::upstreams, federation::add_upstream,
         federation::remove_upstream, federation::user_identities, federation::unlink_user_identity,
         oidc::upstream::depart, oidc::upstream::arrive,
     ),
@@ -321,8 +321,13 @@ fn routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ("/oauth/pages.js", get(oidc::pages_js)),
         ("/auth/consents", get(oidc::consents)),
         ("/auth/consents/{client_id}", delete(oidc::revoke_consent)),
-        ("/auth/identities", get(federation::identities)),
+        (
+            "/auth/identities",
+            get(federation::identities).post(federation::start_link),
+        ),
         ("/auth/identities/{id}", delete(federation::unlink)),
+        ("/auth/upstream/token", post(federation::app_token)),
+        ("/auth/upstream/{name}", get(federation::app_depart)),
         (
             "/admin/upstreams",
             get(federation::upstreams).post(federation::add_upstream),

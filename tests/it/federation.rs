@@ -14,6 +14,8 @@ use crate::oidc::{application, exchange_code, pkce, with_query, Browser, Page, C
 use latchkey::domain::federation::{NewUpstream, Protocol};
 use latchkey::domain::oidc::client::{ClientKind, ConsentMode};
 
+mod account_link;
+mod app_pair;
 mod github;
 mod trusted_mfa;
 
@@ -628,6 +630,7 @@ async fn administrators_manage_upstreams_and_links_and_never_see_a_secret(app: &
     assert_eq!(status, StatusCode::CONFLICT);
     for (field, value) in [
         ("name", "Bad Name"),
+        ("name", "token"),
         ("issuer", "http://sso.corp.example"),
         ("issuer", "ftp://x.example"),
     ] {

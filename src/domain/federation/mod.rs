@@ -47,8 +47,10 @@ pub use rule::{decide, Account, Asserted, Decision, Intent, Policy, Refusal};
 pub use upstream::{Failure, Protocol};
 
 use super::login::Login;
+use super::mfa::SecondFactors;
 use super::sessions::{Origin, TokenPair};
 use super::shared::Shared;
+use super::tokens::Verified;
 use super::AuthError;
 use crate::crypto::{b64url, b64url_decode, ct_eq, random_token, sha256, Sealer};
 use crate::store::{IdentityRecord, UpstreamRecord, UpstreamSignUp};
@@ -138,9 +140,57 @@ pub struct Journey {
     state: String,
     nonce: String,
     verifier: String,
-    /// The pending authorization request it continues (the pages' sealed `authz`).
+    /// The pending authorization request it continues (the pages' sealed
+    /// `authz`); empty for a link from the account page.
     pub authz: String,
     started_ms: i64,
+    /// The account it links the upstream identity to (from the account
+    /// page, by its signed-in owner); `None`: a sign-in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_to: Option<String>,
+    /// The application with its own pages it returns to (the JSON pair:
+    /// [`Federation::depart_for_app`]); `None`: latchkey's pages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub app: Option<AppReturn>,
+}
+
+/// Where a journey of an application with its own pages returns, and the
+/// PKCE challenge its code is bound to.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AppReturn {
+    pub redirect_to: String,
+    challenge: String,
+    /// The application's own `state`, given back as it came.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+}
+
+/// How long an application's code lives (RFC 6749 §4.1.2: short).
+pub const APP_CODE_TTL: Duration = Duration::from_secs(60);
+/// The purpose of an application's code among the store's challenges.
+const APP_CODE: &str = "upstream_code";
+
+/// Where applications with their own pages may be sent back (setting
+/// `upstream_return_urls`: exact URLs, comma-separated).
+#[derive(Clone, Debug, Default)]
+pub struct FederationSettings {
+    pub return_urls: Vec<String>,
+}
+
+impl FederationSettings {
+    pub fn read(
+        src: &impl crate::settings::Source,
+    ) -> Result<FederationSettings, crate::settings::ConfigError> {
+        Ok(FederationSettings {
+            return_urls: src.list("upstream_return_urls", |u| {
+                let url = url::Url::parse(u).map_err(|e| format!("{u:?} is not a URL: {e}"))?;
+                if url.fragment().is_some() || !matches!(url.scheme(), "https" | "http") {
+                    return Err(format!("{u:?}: an http(s) URL without a fragment"));
+                }
+                Ok(u.to_string())
+            })?,
+        })
+    }
 }
 
 /// Where to send the browser, and the journey to keep in its cookie.
@@ -179,6 +229,12 @@ pub enum Arrival {
         email: String,
     },
     Refused(Refusal),
+    /// A journey from the account page: the identity is linked to that
+    /// account now (or was already).
+    Linked,
+    /// A journey of an application with its own pages: the code it
+    /// redeems for the sign-in ([`Federation::redeem`]).
+    AppCode(String),
 }
 
 /// Why a journey through an upstream failed.
@@ -215,6 +271,8 @@ impl From<crate::store::StoreError> for FederationError {
 pub struct Federation {
     shared: Arc<Shared>,
     login: Arc<Login>,
+    factors: Arc<SecondFactors>,
+    settings: FederationSettings,
     sealer: Sealer,
     /// latchkey's issuer: the callbacks are under it.
     issuer: String,
@@ -226,10 +284,19 @@ pub struct Federation {
 
 impl Federation {
     /// `issuer`: latchkey's own (its callback is under it).
-    pub fn new(shared: Arc<Shared>, login: Arc<Login>, sealer: Sealer, issuer: &str) -> Federation {
+    pub fn new(
+        shared: Arc<Shared>,
+        login: Arc<Login>,
+        factors: Arc<SecondFactors>,
+        settings: FederationSettings,
+        sealer: Sealer,
+        issuer: &str,
+    ) -> Federation {
         Federation {
             shared,
             login,
+            factors,
+            settings,
             sealer,
             issuer: issuer.trim_end_matches('/').to_string(),
             http: upstream::Upstreams::new(),
@@ -254,8 +321,9 @@ impl Federation {
             && u.name
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-        if !name_ok {
-            return bad("name: 1 to 32 of a-z, 0-9 and -");
+        // `token` is a path of its own: `POST /auth/upstream/token`.
+        if !name_ok || u.name == "token" {
+            return bad("name: 1 to 32 of a-z, 0-9 and - (not `token`)");
         }
         if u.display_name.trim().is_empty() || u.display_name.len() > 64 {
             return bad("display name: 1 to 64 bytes");
@@ -389,6 +457,108 @@ impl Federation {
         origin: &Origin,
         now: i64,
     ) -> Result<Departure, FederationError> {
+        self.leave(name, authz, None, None, origin, now).await
+    }
+
+    /// Whether an application may be sent back to `redirect_to` (one of
+    /// `upstream_return_urls`, exactly).
+    pub fn may_return_to(&self, redirect_to: &str) -> bool {
+        self.settings.return_urls.iter().any(|u| u == redirect_to)
+    }
+
+    /// Leaves for upstream `name` for an application with its own pages:
+    /// it comes back to `redirect_to` (one of `upstream_return_urls`) with
+    /// a code that only the holder of the PKCE verifier of `challenge`
+    /// (S256) redeems, within [`APP_CODE_TTL`].
+    pub async fn depart_for_app(
+        &self,
+        name: &str,
+        redirect_to: &str,
+        challenge: &str,
+        state: Option<&str>,
+        origin: &Origin,
+        now: i64,
+    ) -> Result<Departure, FederationError> {
+        if state.is_some_and(|s| s.len() > 512) {
+            return Err(AuthError::BadRequest("state: at most 512 bytes".into()).into());
+        }
+        if !self.may_return_to(redirect_to) {
+            return Err(AuthError::BadRequest("redirect_to: not one of upstream_return_urls".into()).into());
+        }
+        let challenge_ok = challenge.len() == 43
+            && challenge
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !challenge_ok {
+            return Err(AuthError::BadRequest(
+                "code_challenge: the S256 challenge (43 base64url characters)".into(),
+            )
+            .into());
+        }
+        let app = AppReturn {
+            redirect_to: redirect_to.to_string(),
+            challenge: challenge.to_string(),
+            state: state.map(str::to_string),
+        };
+        self.leave(name, "", None, Some(app), origin, now).await
+    }
+
+    /// An application's code, with the PKCE verifier of its challenge: the
+    /// sign-in it stands for, as `POST /auth/login` answers (a session, or
+    /// the step up to the account's second factor). Single-use; a wrong
+    /// verifier spends it too.
+    pub async fn redeem(&self, code: &str, verifier: &str, origin: &Origin) -> Result<TokenPair, AuthError> {
+        let store = &self.shared.store;
+        let hash = sha256(code.as_bytes());
+        let invalid = || AuthError::BadRequest("code: unknown, spent, expired or not this verifier's".into());
+        let now = crate::clock::now_ms();
+        let Some(c) = store.challenge(&hash, APP_CODE, now).await? else {
+            return Err(invalid());
+        };
+        if !store.consume_challenge(&hash).await? {
+            return Err(invalid());
+        }
+        let challenge = c.state.unwrap_or_default();
+        if !ct_eq(
+            b64url(&sha256(verifier.as_bytes())).as_bytes(),
+            challenge.as_bytes(),
+        ) {
+            return Err(invalid());
+        }
+        let user = match c.user_id {
+            Some(id) => store.user_by_id(&id).await?,
+            None => None,
+        }
+        .ok_or_else(invalid)?;
+        self.login.upstream(origin, &user, c.amr == "fed mfa").await
+    }
+
+    /// Leaves for upstream `name` to link the identity found there to the
+    /// account of `token` (its owner, on the account page). Like adding a
+    /// second factor, it takes a recent sign-in, with the second factor
+    /// when the account has one: a stolen session must not be able to
+    /// plant a way in of its own.
+    pub async fn depart_to_link(
+        &self,
+        name: &str,
+        token: &Verified,
+        origin: &Origin,
+        now: i64,
+    ) -> Result<Departure, FederationError> {
+        self.factors.require_recent(token).await?;
+        self.leave(name, "", Some(token.claims.sub.clone()), None, origin, now)
+            .await
+    }
+
+    async fn leave(
+        &self,
+        name: &str,
+        authz: &str,
+        link_to: Option<String>,
+        app: Option<AppReturn>,
+        origin: &Origin,
+        now: i64,
+    ) -> Result<Departure, FederationError> {
         self.login.limit(origin).await?;
         let up = self.upstream(name).await?;
         let (protocol, d, _) = self.endpoints(&up).await?;
@@ -399,6 +569,8 @@ impl Federation {
             verifier: random_token(),
             authz: authz.to_string(),
             started_ms: now,
+            link_to,
+            app,
         };
         let challenge = b64url(&sha256(journey.verifier.as_bytes()));
         let mut url = url::Url::parse(&d.authorization_endpoint)
@@ -499,7 +671,70 @@ impl Federation {
             Some(api) => self.github_identity(&api, &tokens).await?,
             None => self.oidc_identity(&up, &d, &tokens, &journey.nonce, now).await?,
         };
-        self.settle(&up, identity, origin, now, true).await
+        match &journey.link_to {
+            Some(user_id) => self.settle_link(&up, identity, user_id, origin, now).await,
+            None => {
+                self.settle(&up, identity, journey.app.as_ref(), origin, now, true)
+                    .await
+            }
+        }
+    }
+
+    /// The rule applied to an upstream identity its owner links to their
+    /// own account `user_id` (`Intent::LinkTo`): whatever address it
+    /// asserts, refused only when another account holds it or this one is
+    /// disabled.
+    async fn settle_link(
+        &self,
+        up: &UpstreamRecord,
+        who: id_token::Identity,
+        user_id: &str,
+        origin: &Origin,
+        now: i64,
+    ) -> Result<Arrival, FederationError> {
+        let store = &self.shared.store;
+        let Some(me) = store.user_by_id(user_id).await? else {
+            return Err(FederationError::Journey);
+        };
+        let linked = match store.upstream_identity(&up.issuer, &who.subject).await? {
+            Some(i) => store.user_by_id(&i.user_id).await?,
+            None => None,
+        };
+        let decision = decide(
+            &Intent::LinkTo(account_of(&me)),
+            Policy {
+                trusts_email_verified: up.trusts_email_verified,
+                may_create: up.may_create,
+            },
+            Asserted {
+                has_email: who.email.is_some(),
+                email_verified: who.email_verified,
+            },
+            linked.as_ref().map(account_of).as_ref(),
+            None,
+        );
+        match decision {
+            Decision::Link(id) => {
+                let identity = IdentityRecord {
+                    issuer: up.issuer.clone(),
+                    subject: who.subject,
+                    user_id: id,
+                    upstream: up.name.clone(),
+                    email: who.email,
+                    created_at: now,
+                };
+                let ip = origin.ip.to_string();
+                if store.link_identity(&identity, Some(&ip)).await? {
+                    Ok(Arrival::Linked)
+                } else {
+                    // Linked meanwhile, to whichever account.
+                    Ok(Arrival::Refused(Refusal::LinkedElsewhere))
+                }
+            }
+            Decision::AlreadyLinked => Ok(Arrival::Linked),
+            Decision::Refuse(r) => Ok(Arrival::Refused(r)),
+            other => Err(AuthError::Internal(anyhow::anyhow!("linking decided {other:?}")).into()),
+        }
     }
 
     /// Who signed in at GitHub: its API asked with the access token.
@@ -562,6 +797,7 @@ impl Federation {
         &self,
         up: &UpstreamRecord,
         who: id_token::Identity,
+        app: Option<&AppReturn>,
         origin: &Origin,
         now: i64,
         retry: bool,
@@ -584,17 +820,12 @@ impl Federation {
             (Some(e), true) => store.user_by_email(e).await?,
             _ => None,
         };
-        let account = |u: &crate::store::UserRecord| Account {
-            id: u.id.clone(),
-            disabled: u.disabled_at.is_some(),
-            email_verified: u.email_verified_at.is_some(),
-        };
         let decision = decide(
             &Intent::SignIn,
             policy,
             asserted,
-            linked.as_ref().map(account).as_ref(),
-            by_email.as_ref().map(account).as_ref(),
+            linked.as_ref().map(account_of).as_ref(),
+            by_email.as_ref().map(account_of).as_ref(),
         );
         let ip = origin.ip.to_string();
         let user = match decision {
@@ -614,7 +845,7 @@ impl Federation {
                     // Another request made the account or the link meanwhile:
                     // deciding again on what is there now.
                     UpstreamSignUp::EmailTaken | UpstreamSignUp::Linked if retry => {
-                        return Box::pin(self.settle(up, who, origin, now, false)).await;
+                        return Box::pin(self.settle(up, who, app, origin, now, false)).await;
                     }
                     UpstreamSignUp::EmailTaken | UpstreamSignUp::Linked => {
                         return Err(AuthError::Unavailable("the account changed meanwhile".into()).into());
@@ -644,7 +875,40 @@ impl Federation {
         // only where the operator trusts it to (its `amr` is otherwise a
         // claim latchkey cannot check).
         let mfa = up.trusts_mfa && who.amr.iter().any(|m| m == "mfa");
-        Ok(Arrival::SignedIn(self.login.upstream(origin, &user, mfa).await))
+        match app {
+            None => Ok(Arrival::SignedIn(self.login.upstream(origin, &user, mfa).await)),
+            // The application's code: the decision, kept for a minute in
+            // the store (hashed), bound to its PKCE challenge; the session
+            // starts when the code is redeemed.
+            Some(app) => {
+                let code = random_token();
+                let record = crate::store::ChallengeRecord {
+                    token_hash: sha256(code.as_bytes()).to_vec(),
+                    purpose: APP_CODE.into(),
+                    user_id: Some(user.id.clone()),
+                    amr: if mfa { "fed mfa" } else { "fed" }.into(),
+                    client_id: None,
+                    user_agent: origin.user_agent.clone(),
+                    ip: Some(ip),
+                    state: Some(app.challenge.clone()),
+                    detail: Some(up.name.clone()),
+                    failures: 0,
+                    created_at: now,
+                    expires_at: now + APP_CODE_TTL.as_millis() as i64,
+                };
+                self.shared.store.create_challenge(&record).await?;
+                Ok(Arrival::AppCode(code))
+            }
+        }
+    }
+}
+
+/// An account as the rule sees it.
+fn account_of(u: &crate::store::UserRecord) -> Account {
+    Account {
+        id: u.id.clone(),
+        disabled: u.disabled_at.is_some(),
+        email_verified: u.email_verified_at.is_some(),
     }
 }
 

@@ -34,7 +34,7 @@ impl SecondFactors {
     /// Changing factors needs a recent authentication, and a second factor
     /// in it when the account has one (else a stolen session of a password
     /// alone could replace the factor).
-    async fn require_recent(&self, token: &Verified) -> Result<Vec<FactorRecord>, AuthError> {
+    pub async fn require_recent(&self, token: &Verified) -> Result<Vec<FactorRecord>, AuthError> {
         let factors = Self::confirmed(self.shared.store.factors(&token.claims.sub).await?);
         let age_ms = now_ms() - token.claims.auth_time.unwrap_or(0) * 1000;
         let recent = age_ms <= self.settings.recent_auth.as_millis() as i64;

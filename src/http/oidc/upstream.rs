@@ -10,7 +10,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
 
 use crate::clock::now_ms;
-use crate::domain::federation::{Arrival, Callback, FederationError, Refusal, JOURNEY_TTL};
+use crate::domain::federation::{AppReturn, Arrival, Callback, FederationError, Refusal, JOURNEY_TTL};
 use crate::domain::oidc::PageError;
 use crate::domain::sessions::TokenPair;
 use crate::domain::AuthError;
@@ -24,7 +24,7 @@ use super::page::{
 };
 
 /// The cookie of a journey through an upstream.
-const JOURNEY: &str = "latchkey_upstream";
+pub(crate) const JOURNEY: &str = "latchkey_upstream";
 /// The cookie of an identity to link once the person signs in to the
 /// account its address names.
 const LINK: &str = "latchkey_upstream_link";
@@ -100,6 +100,24 @@ pub async fn arrive(
         .and_then(|c| st.federation.journey(&c, now));
     let r = match journey {
         None => error_page(&st, &v, StatusCode::BAD_REQUEST, v.text(Key::UpstreamJourney)),
+        Some(journey) if journey.app.is_some() => {
+            let outcome = st.federation.arrive(&name, &journey, &back, &v.origin, now).await;
+            if let Err(e) = &outcome {
+                tracing::warn!(upstream = %journey.upstream, error = %e, "a sign-in through an upstream failed");
+            }
+            let app = journey.app.as_ref().expect("an application's journey");
+            see_other(&app_return(app, outcome))
+        }
+        Some(journey) if journey.link_to.is_some() => {
+            let outcome = st.federation.arrive(&name, &journey, &back, &v.origin, now).await;
+            if let Err(e) = &outcome {
+                tracing::warn!(upstream = %journey.upstream, error = %e, "linking through an upstream failed");
+            }
+            see_other(&format!(
+                "/ui/account?{}",
+                linked_query(&journey.upstream, outcome)
+            ))
+        }
         Some(journey) => match pending_client(&st, &mut v, &journey.authz).await {
             None => dead_end(&st, &v, PageError::Expired),
             Some(client) => {
@@ -150,6 +168,9 @@ pub async fn arrive(
                             Refusal::NoAccount | Refusal::LinkedElsewhere => Key::UpstreamNoAccount,
                         };
                         note(StatusCode::FORBIDDEN, &v.lang.format(key, &[("name", &shown)]))
+                    }
+                    Ok(Arrival::Linked | Arrival::AppCode(_)) => {
+                        error_page(&st, &v, StatusCode::BAD_REQUEST, v.text(Key::UpstreamJourney))
                     }
                     Err(FederationError::Journey) => {
                         error_page(&st, &v, StatusCode::BAD_REQUEST, v.text(Key::UpstreamJourney))
@@ -250,6 +271,48 @@ pub async fn confirm_link(
     r.headers_mut()
         .append(header::SET_COOKIE, st.pages.set_cookie(LINK, "", 0));
     r
+}
+
+/// Where a link from the account page ends: the account page, told
+/// `linked={name}` or `link_error={code}` (`linked_elsewhere`:
+/// another account holds the identity; `disabled`; `journey`: not this
+/// browser's, or too old; `failed`: the upstream failed or refused).
+fn linked_query(name: &str, outcome: Result<Arrival, FederationError>) -> String {
+    let error = match outcome {
+        Ok(Arrival::Linked) => return format!("linked={name}"),
+        Ok(Arrival::Refused(Refusal::LinkedElsewhere)) => "linked_elsewhere",
+        Ok(Arrival::Refused(Refusal::Disabled)) => "disabled",
+        Err(FederationError::Journey) => "journey",
+        Ok(_) | Err(_) => "failed",
+    };
+    format!("link_error={error}")
+}
+
+/// Where an application's journey ends: its `redirect_to` with `code`
+/// (redeemed at `POST /auth/upstream/token`), or with `error`:
+/// `link_required` (an account here has the address: the person signs in
+/// to it and links the provider from there), `unverified_email`,
+/// `no_account`, `account_disabled`, `access_denied` (at the upstream),
+/// `invalid_journey` (not this browser's, or too old), `rate_limited`,
+/// `upstream_failed`. Its `state` comes back as it was given.
+fn app_return(app: &AppReturn, outcome: Result<Arrival, FederationError>) -> String {
+    let (key, value) = match outcome {
+        Ok(Arrival::AppCode(code)) => ("code", code),
+        Ok(Arrival::ProveFirst { .. } | Arrival::ProveMailbox { .. }) => ("error", "link_required".into()),
+        Ok(Arrival::Refused(Refusal::UnverifiedEmail)) => ("error", "unverified_email".into()),
+        Ok(Arrival::Refused(Refusal::NoAccount | Refusal::LinkedElsewhere)) => ("error", "no_account".into()),
+        Ok(Arrival::Refused(Refusal::Disabled)) => ("error", "account_disabled".into()),
+        Err(FederationError::Denied(_)) => ("error", "access_denied".into()),
+        Err(FederationError::Journey) => ("error", "invalid_journey".into()),
+        Err(FederationError::Auth(AuthError::RateLimited(_))) => ("error", "rate_limited".into()),
+        Ok(Arrival::SignedIn(_) | Arrival::Linked) | Err(_) => ("error", "upstream_failed".into()),
+    };
+    let mut url = url::Url::parse(&app.redirect_to).expect("a return URL checked when the journey began");
+    url.query_pairs_mut().append_pair(key, &value);
+    if let Some(s) = &app.state {
+        url.query_pairs_mut().append_pair("state", s);
+    }
+    url.into()
 }
 
 /// The name the pages give upstream `name`.

@@ -44,6 +44,7 @@ async function signedIn(pair) {
   show("signed-in");
   await listFactors();
   await listApps();
+  await listIdentities();
   status("Signed in with " + (v.body.amr || []).join(" "), "done");
 }
 
@@ -121,6 +122,61 @@ async function listApps() {
     ul.append(li);
   }
 }
+
+// Sign-ins with other providers (GET /auth/identities): each linked
+// identity with a way to unlink it, and a way to link one more. Linking
+// leaves for the provider (POST /auth/identities gives the address and
+// sets the journey's cookie) and comes back to this page with ?linked=NAME
+// or ?link_error=CODE; this page keeps no token, so the person signs in
+// again then.
+async function listIdentities() {
+  const r = await api("GET", "/auth/identities", undefined, true);
+  if (r.status !== 200) return failed(r);
+  const ul = $("identities");
+  ul.replaceChildren();
+  for (const i of r.body.identities) {
+    const li = document.createElement("li");
+    li.dataset.upstream = i.upstream;
+    li.textContent = i.upstream + (i.email ? " (" + i.email + ")" : "") + " ";
+    const rm = document.createElement("button");
+    rm.type = "button";
+    rm.textContent = "Unlink";
+    rm.className = "remove";
+    rm.addEventListener("click", () => run(async () => {
+      const d = await api("DELETE", "/auth/identities/" + encodeURIComponent(i.id), undefined, true);
+      if (d.status !== 204) return failed(d);
+      await listIdentities();
+      status("Unlinked " + i.upstream, "done");
+    }));
+    li.append(rm);
+    ul.append(li);
+  }
+  const links = $("link-upstreams");
+  links.replaceChildren();
+  for (const u of r.body.upstreams || []) {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.dataset.upstream = u.name;
+    b.textContent = "Link " + u.display_name;
+    b.addEventListener("click", () => run(async () => {
+      const d = await api("POST", "/auth/identities", { upstream: u.name }, true);
+      if (d.status !== 200) return failed(d);
+      window.location.assign(d.body.url);
+    }));
+    links.append(b);
+  }
+}
+
+// Back from linking a provider.
+const back = new URLSearchParams(window.location.search);
+const linkErrors = {
+  linked_elsewhere: "that account is linked to another account here already",
+  disabled: "this account is disabled",
+  journey: "the link took too long, or was started in another browser",
+  failed: "the provider could not be reached, or refused",
+};
+if (back.has("linked")) status("Linked " + back.get("linked") + ". Sign in to see it.", "done");
+if (back.has("link_error")) status("Not linked: " + (linkErrors[back.get("link_error")] || "failed"), "error");
 
 function showRecovery(codes) {
   if (!codes) return;

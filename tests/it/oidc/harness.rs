@@ -229,6 +229,21 @@ impl<'a> Browser<'a> {
         self.read(r).await
     }
 
+    /// A JSON call of the page's script (`fetch`): its cookies sent, those
+    /// it sets kept, with `bearer`.
+    pub async fn post_json(&mut self, url: &str, bearer: &str, body: &serde_json::Value) -> Page {
+        let r = self
+            .http
+            .post(self.address(url))
+            .headers(self.headers())
+            .bearer_auth(bearer)
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        self.read(r).await
+    }
+
     /// Follows redirects within the provider; stops at one that leaves it
     /// (an application's URI) or at a page.
     pub async fn follow(&mut self, mut page: Page) -> Page {
