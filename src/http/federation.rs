@@ -17,6 +17,7 @@ use super::AppState;
 use crate::domain::federation::{
     FederationError, IdentityView, NewUpstream, Protocol, UpstreamView, JOURNEY_TTL,
 };
+use crate::domain::input::Password;
 use crate::domain::AuthError;
 
 #[derive(Serialize, ToSchema)]
@@ -66,6 +67,8 @@ pub async fn identities(
 pub struct LinkRequest {
     /// The upstream's name.
     upstream: String,
+    /// The account's password (not for an account without one).
+    current_password: Option<String>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -94,9 +97,14 @@ pub async fn start_link(
     AccountBearer(token): AccountBearer,
     JsonBody(req): JsonBody<LinkRequest>,
 ) -> Result<Response, ApiError> {
+    let password = req
+        .current_password
+        .as_deref()
+        .map(|p| Password::parse("current_password", p))
+        .transpose()?;
     let d = match st
         .federation
-        .depart_to_link(&req.upstream, &token, &origin, crate::clock::now_ms())
+        .depart_to_link(&req.upstream, &token, password, &origin, crate::clock::now_ms())
         .await
     {
         Ok(d) => d,
@@ -338,7 +346,9 @@ pub async fn app_depart(
             "upstream_failed"
         }
     };
-    // `redirect_to` was checked first: only a configured URL is sent to.
+    if !st.federation.may_return_to(&q.redirect_to) {
+        return Err(AuthError::BadRequest("redirect_to: not one of upstream_return_urls".into()).into());
+    }
     let mut back =
         url::Url::parse(&q.redirect_to).map_err(|_| AuthError::BadRequest("redirect_to".into()))?;
     back.query_pairs_mut().append_pair("error", error);

@@ -108,6 +108,18 @@ impl Message {
         }
     }
 
+    /// A sign-in with another provider was linked to the account.
+    pub fn identity_linked(to: &str, provider: &str) -> Message {
+        Message {
+            to: to.to_string(),
+            subject: "A sign-in was linked to your account".into(),
+            body: format!(
+                "Your {provider} account can now sign in to your account here.\n\nIf this was not you, \
+                 sign in, unlink it, change your password, and contact the service's support.\n"
+            ),
+        }
+    }
+
     pub fn password_reset(to: &str, code: &str) -> Message {
         Message {
             to: to.to_string(),

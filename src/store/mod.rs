@@ -43,7 +43,7 @@ pub use sessions::{
     KeepSessions, LiveRotation, NewSession, RefreshRecord, SessionRecord, SessionStart, MAX_LISTED_SESSIONS,
 };
 pub use settings::{DatabaseConfig, DatabaseUrl};
-pub use upstreams::{IdentityRecord, UpstreamRecord, UpstreamSignUp};
+pub use upstreams::{IdentityRecord, LinkNotice, UpstreamRecord, UpstreamSignUp};
 pub use users::{EmailChange, ImportOutcome, ImportedUser, UserFilter, UserRecord};
 pub use webhooks::{Attempted, DeliveryRecord, DeliveryRow, WebhookRecord};
 

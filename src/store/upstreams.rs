@@ -4,6 +4,7 @@
 use sqlx::Connection;
 
 use super::events::record_event;
+use super::outbox::{recipient, INSERT_OUTBOX};
 use super::{db_op, Event, Store, StoreResult};
 
 /// An upstream OpenID Provider, as configured.
@@ -39,6 +40,13 @@ pub struct IdentityRecord {
     /// The address it asserted when it was linked.
     pub email: Option<String>,
     pub created_at: i64,
+}
+
+/// The mail that tells an account an identity was linked to it.
+pub struct LinkNotice<'a> {
+    pub email: &'a str,
+    /// The message, sealed for the outbox.
+    pub sealed: &'a [u8],
 }
 
 /// What [`Store::sign_up_upstream`] did.
@@ -179,14 +187,29 @@ impl Store {
     }
 
     /// Links an identity to its account, with the `identity.linked` event
-    /// (`false`: the identity is linked already, to whichever account).
-    pub async fn link_identity(&self, i: &IdentityRecord, ip: Option<&str>) -> StoreResult<bool> {
+    /// and, given one, the notice mailed to the account (sealed), in one
+    /// transaction (`false`: the identity is linked already, to whichever
+    /// account; nothing written).
+    pub async fn link_identity(
+        &self,
+        i: &IdentityRecord,
+        ip: Option<&str>,
+        notice: Option<&LinkNotice<'_>>,
+    ) -> StoreResult<bool> {
         db_op!(self, "link_identity", conn => {
             let mut tx = conn.begin().await?;
             let n = insert_identity!(tx, i);
             if n != 1 {
                 tx.rollback().await?;
                 return Ok(false);
+            }
+            if let Some(notice) = notice {
+                sqlx::query(INSERT_OUTBOX)
+                    .bind(notice.sealed)
+                    .bind(i.created_at)
+                    .bind(&recipient(notice.email)[..])
+                    .execute(&mut *tx)
+                    .await?;
             }
             let reason = i.upstream.as_str();
             record_event!(tx, &Event::new("identity.linked", i.created_at).user(&i.user_id).ip(ip).reason(reason));

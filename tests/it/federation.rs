@@ -17,6 +17,7 @@ use latchkey::domain::oidc::client::{ClientKind, ConsentMode};
 mod account_link;
 mod app_pair;
 mod github;
+mod keycloak;
 mod trusted_mfa;
 
 crate::on_every_backend!(
@@ -499,7 +500,12 @@ async fn an_account_with_a_second_factor_steps_up_after_the_upstream(app: &TestA
         email: Some(email.clone()),
         created_at: latchkey::clock::now_ms(),
     };
-    assert!(app.services.store.link_identity(&identity, None).await.unwrap());
+    assert!(app
+        .services
+        .store
+        .link_identity(&identity, None, None)
+        .await
+        .unwrap());
     let mut browser = Browser::new(app);
     let (page, verifier) = through_upstream(&mut browser, app, &op, &email).await;
     assert_eq!(page.status, StatusCode::OK);
@@ -543,7 +549,12 @@ async fn link(app: &TestApp, user_id: &str, subject: &str) {
         email: None,
         created_at: latchkey::clock::now_ms(),
     };
-    assert!(app.services.store.link_identity(&identity, None).await.unwrap());
+    assert!(app
+        .services
+        .store
+        .link_identity(&identity, None, None)
+        .await
+        .unwrap());
 }
 
 /// `GET /auth/identities` lists the caller's links, `DELETE` removes one

@@ -37,6 +37,7 @@ pub fn identity(user: &Value, emails: &Value) -> Option<Identity> {
         email_verified,
         // GitHub asserts no authentication methods.
         amr: Vec::new(),
+        auth_time: None,
     })
 }
 

@@ -40,6 +40,8 @@ pub struct Identity {
     pub email_verified: bool,
     /// Its `amr` values (RFC 8176), as asserted.
     pub amr: Vec<String>,
+    /// When the person signed in there (`auth_time`, Unix seconds).
+    pub auth_time: Option<i64>,
 }
 
 /// Why an id_token is refused.
@@ -108,6 +110,7 @@ pub fn check_claims(c: &Value, e: &Expected) -> Result<Identity, Invalid> {
             .and_then(Value::as_array)
             .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
             .unwrap_or_default(),
+        auth_time: c.get("auth_time").and_then(Value::as_i64),
     })
 }
 

@@ -166,9 +166,11 @@ impl Federation {
         origin: &Origin,
         now: i64,
     ) -> Result<bool, AuthError> {
-        let Some((link, _)) = self.pending_link(sealed_link, user_id, now).await? else {
+        let Some((link, up)) = self.pending_link(sealed_link, user_id, now).await? else {
             return Ok(false);
         };
+        // `pending_link` checked that the account's address is this one.
+        let to = link.email.clone().unwrap_or_default();
         let identity = IdentityRecord {
             issuer: link.issuer,
             subject: link.subject,
@@ -177,11 +179,34 @@ impl Federation {
             email: link.email,
             created_at: now,
         };
-        Ok(self
+        self.link_and_tell(&identity, &up.display_name, &to, origin).await
+    }
+
+    /// Links `identity`, and mails the account's address `to` that it was
+    /// (in the link's transaction: a link nobody is told of is what an
+    /// attacker with a stolen session would want). `false`: it is linked
+    /// already, to whichever account.
+    pub(super) async fn link_and_tell(
+        &self,
+        identity: &IdentityRecord,
+        display_name: &str,
+        to: &str,
+        origin: &Origin,
+    ) -> Result<bool, AuthError> {
+        let sealed = crate::mail::Message::identity_linked(to, display_name).seal(&self.shared.outbox.sealer);
+        let notice = crate::store::LinkNotice {
+            email: to,
+            sealed: &sealed,
+        };
+        let linked = self
             .shared
             .store
-            .link_identity(&identity, Some(&origin.ip.to_string()))
-            .await?)
+            .link_identity(identity, Some(&origin.ip.to_string()), Some(&notice))
+            .await?;
+        if linked {
+            self.shared.outbox.wake();
+        }
+        Ok(linked)
     }
 
     /// The identities linked to an account.

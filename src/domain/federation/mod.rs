@@ -147,11 +147,24 @@ pub struct Journey {
     /// The account it links the upstream identity to (from the account
     /// page, by its signed-in owner); `None`: a sign-in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub link_to: Option<String>,
+    pub link_to: Option<LinkTo>,
+    /// The upstream's issuer when the journey began: an upstream removed
+    /// and added again under the same name with another issuer meanwhile
+    /// gets none of this journey's answers.
+    #[serde(default)]
+    issuer: String,
     /// The application with its own pages it returns to (the JSON pair:
     /// [`Federation::depart_for_app`]); `None`: latchkey's pages.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub app: Option<AppReturn>,
+}
+
+/// The account a journey from the account page links to, and the session
+/// that started it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LinkTo {
+    user_id: String,
+    session_id: String,
 }
 
 /// Where a journey of an application with its own pages returns, and the
@@ -184,8 +197,11 @@ impl FederationSettings {
         Ok(FederationSettings {
             return_urls: src.list("upstream_return_urls", |u| {
                 let url = url::Url::parse(u).map_err(|e| format!("{u:?} is not a URL: {e}"))?;
-                if url.fragment().is_some() || !matches!(url.scheme(), "https" | "http") {
-                    return Err(format!("{u:?}: an http(s) URL without a fragment"));
+                // A code travels in it: https, or http to this machine only.
+                if url.fragment().is_some() || !upstream::secure_enough(&url) {
+                    return Err(format!(
+                        "{u:?}: an https URL without a fragment (http only on a loopback address)"
+                    ));
                 }
                 Ok(u.to_string())
             })?,
@@ -328,8 +344,13 @@ impl Federation {
         if u.display_name.trim().is_empty() || u.display_name.len() > 64 {
             return bad("display name: 1 to 64 bytes");
         }
-        if u.issuer.is_empty() && u.protocol == Protocol::Github {
-            u.issuer = upstream::GITHUB.to_string();
+        if u.protocol == Protocol::Github {
+            // A site's URL, without the trailing slash: identities are keyed
+            // by it, so one spelling only.
+            u.issuer = match u.issuer.trim_end_matches('/') {
+                "" => upstream::GITHUB.to_string(),
+                site => site.to_string(),
+            };
         }
         match url::Url::parse(&u.issuer) {
             Ok(i) if upstream::secure_enough(&i) && i.query().is_none() && i.fragment().is_none() => {}
@@ -536,25 +557,32 @@ impl Federation {
     /// Leaves for upstream `name` to link the identity found there to the
     /// account of `token` (its owner, on the account page). Like adding a
     /// second factor, it takes a recent sign-in, with the second factor
-    /// when the account has one: a stolen session must not be able to
-    /// plant a way in of its own.
+    /// when the account has one, and the current password when it has
+    /// one: a stolen session must not be able to plant a way in of its
+    /// own. The session must still be live when the browser comes back.
     pub async fn depart_to_link(
         &self,
         name: &str,
         token: &Verified,
+        password: Option<crate::domain::input::Password>,
         origin: &Origin,
         now: i64,
     ) -> Result<Departure, FederationError> {
-        self.factors.require_recent(token).await?;
-        self.leave(name, "", Some(token.claims.sub.clone()), None, origin, now)
-            .await
+        self.factors
+            .authorize_new_way_in(token, origin.ip, password)
+            .await?;
+        let to = LinkTo {
+            user_id: token.claims.sub.clone(),
+            session_id: token.claims.sid.clone(),
+        };
+        self.leave(name, "", Some(to), None, origin, now).await
     }
 
     async fn leave(
         &self,
         name: &str,
         authz: &str,
-        link_to: Option<String>,
+        link_to: Option<LinkTo>,
         app: Option<AppReturn>,
         origin: &Origin,
         now: i64,
@@ -571,6 +599,7 @@ impl Federation {
             started_ms: now,
             link_to,
             app,
+            issuer: up.issuer.clone(),
         };
         let challenge = b64url(&sha256(journey.verifier.as_bytes()));
         let mut url = url::Url::parse(&d.authorization_endpoint)
@@ -627,6 +656,9 @@ impl Federation {
         }
         self.login.limit(origin).await?;
         let up = self.upstream(&journey.upstream).await?;
+        if up.issuer != journey.issuer {
+            return Err(FederationError::Journey);
+        }
         let (protocol, d, api) = self.endpoints(&up).await?;
         // RFC 9207 §2.4: the issuer it names must be this upstream's, and
         // an upstream that says it names it must have.
@@ -672,7 +704,8 @@ impl Federation {
             None => self.oidc_identity(&up, &d, &tokens, &journey.nonce, now).await?,
         };
         match &journey.link_to {
-            Some(user_id) => self.settle_link(&up, identity, user_id, origin, now).await,
+            Some(to) if self.shared.revocations.is_revoked(&to.session_id) => Err(FederationError::Journey),
+            Some(to) => self.settle_link(&up, identity, &to.user_id, origin, now).await,
             None => {
                 self.settle(&up, identity, journey.app.as_ref(), origin, now, true)
                     .await
@@ -723,8 +756,10 @@ impl Federation {
                     email: who.email,
                     created_at: now,
                 };
-                let ip = origin.ip.to_string();
-                if store.link_identity(&identity, Some(&ip)).await? {
+                if self
+                    .link_and_tell(&identity, &up.display_name, &me.email, origin)
+                    .await?
+                {
                     Ok(Arrival::Linked)
                 } else {
                     // Linked meanwhile, to whichever account.
@@ -871,10 +906,7 @@ impl Federation {
             Decision::Refuse(r) => return Ok(Arrival::Refused(r)),
             Decision::Link(_) | Decision::AlreadyLinked => unreachable!("a sign-in links nothing"),
         };
-        // The upstream's multi-factor sign-in stands for the second factor
-        // only where the operator trusts it to (its `amr` is otherwise a
-        // claim latchkey cannot check).
-        let mfa = up.trusts_mfa && who.amr.iter().any(|m| m == "mfa");
+        let mfa = rule::second_factor_asserted(up.trusts_mfa, &who.amr, who.auth_time, now);
         match app {
             None => Ok(Arrival::SignedIn(self.login.upstream(origin, &user, mfa).await)),
             // The application's code: the decision, kept for a minute in

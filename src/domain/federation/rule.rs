@@ -156,6 +156,27 @@ pub fn decide(
     }
 }
 
+/// How recent an upstream's multi-factor sign-in must be to stand for
+/// the second factor here: a journey's length.
+pub const MFA_FRESH_MS: i64 = 600_000;
+
+/// Whether an upstream's sign-in stands for the account's second factor:
+/// only where the operator trusts that upstream for it (`trusts_mfa`: its
+/// `amr` is otherwise a claim latchkey cannot check), only when it says
+/// `mfa` (RFC 8176: more than one factor; `otp` or `hwk` alone are one),
+/// and only when that sign-in happened during this journey (`auth_time`
+/// at most [`MFA_FRESH_MS`] before `now`, ms): a days-old single sign-on
+/// session there is no fresh second factor here.
+pub fn second_factor_asserted(
+    trusts_mfa: bool,
+    amr: &[String],
+    auth_time_secs: Option<i64>,
+    now: i64,
+) -> bool {
+    let fresh = auth_time_secs.is_some_and(|t| (-60_000..=MFA_FRESH_MS).contains(&(now - t * 1000)));
+    trusts_mfa && fresh && amr.iter().any(|m| m == "mfa")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -382,5 +403,33 @@ mod tests {
             decide(&link_a, untrusting, unverified, None, Some(&b)),
             Decision::Link("a".into())
         );
+    }
+
+    #[test]
+    fn an_upstreams_mfa_stands_for_the_second_factor_only_when_trusted_asserted_and_fresh() {
+        let now = 1_800_000_000_000;
+        let mfa = vec!["pwd".to_string(), "mfa".to_string()];
+        let one = vec!["pwd".to_string(), "otp".to_string()];
+        let just_now = Some(now / 1000 - 5);
+        assert!(second_factor_asserted(true, &mfa, just_now, now));
+        assert!(!second_factor_asserted(false, &mfa, just_now, now), "not trusted");
+        assert!(!second_factor_asserted(true, &one, just_now, now), "no mfa");
+        assert!(!second_factor_asserted(true, &[], just_now, now));
+        assert!(!second_factor_asserted(true, &mfa, None, now), "no auth_time");
+        let yesterday = Some(now / 1000 - 86_400);
+        assert!(
+            !second_factor_asserted(true, &mfa, yesterday, now),
+            "an old session there"
+        );
+        let edge = Some((now - MFA_FRESH_MS) / 1000);
+        assert!(second_factor_asserted(true, &mfa, edge, now));
+        assert!(!second_factor_asserted(
+            true,
+            &mfa,
+            Some((now - MFA_FRESH_MS) / 1000 - 1),
+            now
+        ));
+        let ahead = Some(now / 1000 + 3_600);
+        assert!(!second_factor_asserted(true, &mfa, ahead, now), "from the future");
     }
 }

@@ -34,7 +34,7 @@ impl SecondFactors {
     /// Changing factors needs a recent authentication, and a second factor
     /// in it when the account has one (else a stolen session of a password
     /// alone could replace the factor).
-    pub async fn require_recent(&self, token: &Verified) -> Result<Vec<FactorRecord>, AuthError> {
+    async fn require_recent(&self, token: &Verified) -> Result<Vec<FactorRecord>, AuthError> {
         let factors = Self::confirmed(self.shared.store.factors(&token.claims.sub).await?);
         let age_ms = now_ms() - token.claims.auth_time.unwrap_or(0) * 1000;
         let recent = age_ms <= self.settings.recent_auth.as_millis() as i64;
@@ -46,6 +46,20 @@ impl SecondFactors {
             });
         }
         Ok(factors)
+    }
+
+    /// What adding any way in takes (a second factor, or an identity of
+    /// another provider linked from the account page): a recent sign-in,
+    /// with the second factor when the account has one, and the current
+    /// password when it has one. The account.
+    pub async fn authorize_new_way_in(
+        &self,
+        token: &Verified,
+        ip: IpAddr,
+        password: Option<Password>,
+    ) -> Result<crate::store::UserRecord, AuthError> {
+        self.require_recent(token).await?;
+        self.passwords.check_current(token, ip, password).await
     }
 
     /// Starts a TOTP enrolment: a new secret, shown once. Adding a factor

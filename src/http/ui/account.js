@@ -159,7 +159,8 @@ async function listIdentities() {
     b.dataset.upstream = u.name;
     b.textContent = "Link " + u.display_name;
     b.addEventListener("click", () => run(async () => {
-      const d = await api("POST", "/auth/identities", { upstream: u.name }, true);
+      const password = $("current-password").value;
+      const d = await api("POST", "/auth/identities", { upstream: u.name, current_password: password || undefined }, true);
       if (d.status !== 200) return failed(d);
       window.location.assign(d.body.url);
     }));
@@ -175,7 +176,9 @@ const linkErrors = {
   journey: "the link took too long, or was started in another browser",
   failed: "the provider could not be reached, or refused",
 };
-if (back.has("linked")) status("Linked " + back.get("linked") + ". Sign in to see it.", "done");
+// The name only as an upstream's name can be (the URL is anyone's to write).
+const linkedName = /^[a-z0-9-]{1,32}$/.test(back.get("linked") || "") ? back.get("linked") : "the provider";
+if (back.has("linked")) status("Linked " + linkedName + ". Sign in to see it.", "done");
 if (back.has("link_error")) status("Not linked: " + (linkErrors[back.get("link_error")] || "failed"), "error");
 
 function showRecovery(codes) {

@@ -12,7 +12,7 @@ use super::{
 };
 use crate::common::{unique_email, TestApp, PASSWORD};
 use crate::conformance::certified::{through_certified_pages, CertifiedProvider};
-use crate::oidc::{application, exchange_code, Browser};
+use crate::oidc::{application, exchange_code, Browser, Page};
 use latchkey::domain::oidc::client::{ClientKind, ConsentMode};
 
 crate::on_every_backend!(
@@ -32,13 +32,29 @@ async fn untrusted_upstream(app: &TestApp) -> CertifiedProvider {
     op
 }
 
-/// From the account page with `token`: leaves for upstream `node`, signs
-/// in there as `login`, and comes back: where latchkey sends the browser.
+/// From the account page with `token` (and the account's password):
+/// leaves for upstream `node`, signs in there as `login`, and comes back:
+/// where latchkey sends the browser.
 async fn link_from_account_page(app: &TestApp, op: &CertifiedProvider, token: &str, login: &str) -> String {
     let mut browser = Browser::new(app);
-    let start = browser
-        .post_json("/auth/identities", token, &json!({"upstream": "node"}))
-        .await;
+    let start = start_link(&mut browser, token).await;
+    back_through_node(app, op, &mut browser, &start, login).await
+}
+
+async fn start_link(browser: &mut Browser<'_>, token: &str) -> Page {
+    let body = json!({"upstream": "node", "current_password": PASSWORD});
+    browser.post_json("/auth/identities", token, &body).await
+}
+
+/// The link started with `start` (in `browser`), through the upstream as
+/// `login` and back: where latchkey sends the browser.
+async fn back_through_node(
+    app: &TestApp,
+    op: &CertifiedProvider,
+    browser: &mut Browser<'_>,
+    start: &Page,
+    login: &str,
+) -> String {
     assert_eq!(start.status, StatusCode::OK, "{}", start.body);
     assert!(
         browser.cookies.contains_key("latchkey_upstream"),
@@ -90,6 +106,7 @@ async fn a_signed_in_person_links_an_upstream_identity_to_their_own_account_and_
         json!([{"name": "node", "display_name": "Node Example"}])
     );
 
+    let mail_before = app.count("SELECT COUNT(*) FROM outbox").await;
     let to = link_from_account_page(app, &op, token, &upstream_login).await;
     assert_eq!(to, "/ui/account?linked=node");
     let user = app.user(&email).await;
@@ -101,6 +118,8 @@ async fn a_signed_in_person_links_an_upstream_identity_to_their_own_account_and_
         user.id
     );
     assert_eq!(app.count(&events).await, 1);
+    let mail = app.count("SELECT COUNT(*) FROM outbox").await - mail_before;
+    assert_eq!(mail, 1, "the owner is told");
 
     let (back, verifier) = through_upstream(&mut Browser::new(app), app, &op, &upstream_login).await;
     let callback = back
@@ -140,28 +159,62 @@ async fn a_signed_in_person_links_an_upstream_identity_to_their_own_account_and_
         .is_empty());
 }
 
-/// A session that predates the account's second factor cannot link: a
-/// stolen session must not plant a way in. Nothing leaves for the
-/// upstream, no journey is set.
+/// What a stolen session cannot do: start a link without the account's
+/// password, or at all once the account has a second factor the session
+/// did not pass (nothing leaves for the upstream, no journey is set); nor
+/// finish one it started after it was signed out.
 #[tokio::test]
-async fn linking_takes_a_sign_in_with_the_second_factor_when_the_account_has_one() {
+async fn linking_takes_the_password_a_live_session_and_the_second_factor_when_the_account_has_one() {
     let app = TestApp::embedded(&[]).await;
-    let _op = untrusted_upstream(&app).await;
+    let op = untrusted_upstream(&app).await;
     let email = unique_email("link-mfa");
     app.register_verified(&email, PASSWORD).await;
     let session: Value = app.login(&email, PASSWORD).await.json().await.unwrap();
     let token = session["access_token"].as_str().unwrap();
+    let mut browser = Browser::new(&app);
+    for body in [
+        json!({"upstream": "node"}),
+        json!({"upstream": "node", "current_password": "not-the-password-1"}),
+    ] {
+        let start = browser.post_json("/auth/identities", token, &body).await;
+        assert_eq!(start.status, StatusCode::UNAUTHORIZED, "{}", start.body);
+        assert!(start.body.contains("INVALID_CREDENTIALS"), "{}", start.body);
+    }
+    assert!(browser.cookies.is_empty());
+
+    // Signed out between the start and the way back: nothing linked.
+    let start = start_link(&mut browser, token).await;
+    let r = app
+        .http
+        .post(app.url("/auth/logout"))
+        .json(&json!({"refresh_token": session["refresh_token"]}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    let to = back_through_node(&app, &op, &mut browser, &start, &unique_email("elsewhere")).await;
+    assert_eq!(to, "/ui/account?link_error=journey");
+    assert_eq!(linked(&app).await, 0);
+
+    let session: Value = app.login(&email, PASSWORD).await.json().await.unwrap();
+    let token = session["access_token"].as_str().unwrap();
     crate::mfa::enrol_totp(&app, token).await;
     let mut browser = Browser::new(&app);
-    let start = browser
-        .post_json("/auth/identities", token, &json!({"upstream": "node"}))
-        .await;
+    let start = start_link(&mut browser, token).await;
     assert_eq!(start.status, StatusCode::UNAUTHORIZED, "{}", start.body);
     assert!(start.body.contains("REAUTHENTICATION_REQUIRED"), "{}", start.body);
     assert!(browser.cookies.is_empty());
 
     let start = browser
-        .post_json("/auth/identities", token, &json!({"upstream": "nobody"}))
+        .post_json(
+            "/auth/identities",
+            token,
+            &json!({"upstream": "nobody", "current_password": PASSWORD}),
+        )
         .await;
-    assert_eq!(start.status, StatusCode::UNAUTHORIZED, "the recency comes first");
+    assert_eq!(
+        start.status,
+        StatusCode::UNAUTHORIZED,
+        "the second factor comes first"
+    );
 }

@@ -184,7 +184,12 @@ async fn an_application_is_sent_back_only_to_its_configured_url_and_told_what_fa
         email: None,
         created_at: latchkey::clock::now_ms(),
     };
-    assert!(app.services.store.link_identity(&identity, None).await.unwrap());
+    assert!(app
+        .services
+        .store
+        .link_identity(&identity, None, None)
+        .await
+        .unwrap());
     let back = through(&app, &op, &challenge, &login).await;
     let (status, body) = redeem(&app, &query(&back)["code"].clone(), &verifier).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");

@@ -26,6 +26,7 @@ async fn an_upstream_trusted_for_mfa_stands_for_the_second_factor_only_when_it_a
         "client_id": UPSTREAM_CLIENT,
         "client_secret": UPSTREAM_SECRET,
         "redirect_uris": [CALLBACK_HERE],
+        "require_auth_time": true,
     }]))
     .await;
     add_upstream(
@@ -55,7 +56,12 @@ async fn an_upstream_trusted_for_mfa_stands_for_the_second_factor_only_when_it_a
             email: None,
             created_at: latchkey::clock::now_ms(),
         };
-        assert!(app.services.store.link_identity(&identity, None).await.unwrap());
+        assert!(app
+            .services
+            .store
+            .link_identity(&identity, None, None)
+            .await
+            .unwrap());
     }
 
     let (back, verifier) = through_upstream(&mut Browser::new(app), app, &op, &strong).await;
