@@ -129,7 +129,7 @@ pub type AppState = Arc<ApiState>;
         oidc::userinfo_get, oidc::userinfo_post, oidc::consents, oidc::revoke_consent, ops::live, ops::ready, ops::openapi,
         federation::identities, federation::start_link, federation::app_depart, federation::app_token, federation::unlink, federation::upstreams, federation::add_upstream,
         federation::remove_upstream, federation::user_identities, federation::unlink_user_identity,
-        oidc::upstream::depart, oidc::upstream::arrive,
+        oidc::upstream::depart, oidc::upstream::arrive, oidc::upstream::backchannel_logout,
     ),
     components(schemas(crate::domain::mfa::StepUp)),
     modifiers(&BearerAuth, &CommonResponses)
@@ -304,6 +304,10 @@ fn routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ("/oauth/mfa", post(oidc::mfa)),
         ("/oauth/passkey", post(oidc::passkey)),
         ("/oauth/upstream/{name}/callback", get(oidc::upstream_arrive)),
+        (
+            "/oauth/upstream/{name}/backchannel-logout",
+            post(oidc::upstream::backchannel_logout),
+        ),
         ("/oauth/upstream/{name}", get(oidc::upstream_depart)),
         ("/oauth/link", post(oidc::confirm_link)),
         ("/oauth/signup", get(oidc::signup_form).post(oidc::signup)),

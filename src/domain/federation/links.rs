@@ -6,10 +6,15 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::id_token::Identity;
-use super::{Federation, JOURNEY_TTL};
+use super::id_token::{self, Identity};
+use super::{
+    account_of, decide, Arrival, Asserted, Decision, Departure, Federation, FederationError, Intent, Policy,
+    Refusal, JOURNEY_TTL,
+};
 use crate::crypto::{b64url, b64url_decode, ct_eq};
+use crate::domain::input::Password;
 use crate::domain::sessions::Origin;
+use crate::domain::tokens::Verified;
 use crate::domain::AuthError;
 use crate::store::{IdentityRecord, UpstreamRecord};
 
@@ -254,5 +259,102 @@ impl Federation {
             return Err(AuthError::NotFound("identity"));
         }
         Ok(())
+    }
+}
+
+/// The account a journey from the account page links to, and the session
+/// that started it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LinkTo {
+    user_id: String,
+    session_id: String,
+}
+
+impl Federation {
+    /// Leaves for upstream `name` to link the identity found there to the
+    /// account of `token` (its owner, on the account page). Like adding a
+    /// second factor, it takes a recent sign-in, with the second factor
+    /// when the account has one, and the current password when it has
+    /// one: a stolen session must not be able to plant a way in of its
+    /// own. The session must still be live when the browser comes back.
+    pub async fn depart_to_link(
+        &self,
+        name: &str,
+        token: &Verified,
+        password: Option<Password>,
+        origin: &Origin,
+        now: i64,
+    ) -> Result<Departure, FederationError> {
+        self.factors
+            .authorize_new_way_in(token, origin.ip, password)
+            .await?;
+        let to = LinkTo {
+            user_id: token.claims.sub.clone(),
+            session_id: token.claims.sid.clone(),
+        };
+        self.leave(name, "", Some(to), None, origin, now).await
+    }
+
+    /// The rule applied to an upstream identity its owner links to their
+    /// own account `user_id` (`Intent::LinkTo`): whatever address it
+    /// asserts, refused only when another account holds it or this one is
+    /// disabled.
+    pub(super) async fn settle_link(
+        &self,
+        up: &UpstreamRecord,
+        who: id_token::Identity,
+        to: &LinkTo,
+        origin: &Origin,
+        now: i64,
+    ) -> Result<Arrival, FederationError> {
+        // Signed out since it began: the journey is over.
+        if self.shared.revocations.is_revoked(&to.session_id) {
+            return Err(FederationError::Journey);
+        }
+        let store = &self.shared.store;
+        let Some(me) = store.user_by_id(&to.user_id).await? else {
+            return Err(FederationError::Journey);
+        };
+        let linked = match store.upstream_identity(&up.issuer, &who.subject).await? {
+            Some(i) => store.user_by_id(&i.user_id).await?,
+            None => None,
+        };
+        let decision = decide(
+            &Intent::LinkTo(account_of(&me)),
+            Policy {
+                trusts_email_verified: up.trusts_email_verified,
+                may_create: up.may_create,
+            },
+            Asserted {
+                has_email: who.email.is_some(),
+                email_verified: who.email_verified,
+            },
+            linked.as_ref().map(account_of).as_ref(),
+            None,
+        );
+        match decision {
+            Decision::Link(id) => {
+                let identity = IdentityRecord {
+                    issuer: up.issuer.clone(),
+                    subject: who.subject,
+                    user_id: id,
+                    upstream: up.name.clone(),
+                    email: who.email,
+                    created_at: now,
+                };
+                if self
+                    .link_and_tell(&identity, &up.display_name, &me.email, origin)
+                    .await?
+                {
+                    Ok(Arrival::Linked)
+                } else {
+                    // Linked meanwhile, to whichever account.
+                    Ok(Arrival::Refused(Refusal::LinkedElsewhere))
+                }
+            }
+            Decision::AlreadyLinked => Ok(Arrival::Linked),
+            Decision::Refuse(r) => Ok(Arrival::Refused(r)),
+            other => Err(AuthError::Internal(anyhow::anyhow!("linking decided {other:?}")).into()),
+        }
     }
 }

@@ -29,15 +29,20 @@
 //! OAuth 2.0's, and who signed in is what its REST API answers
 //! ([`github::identity`]) instead of an id_token.
 
+mod apps;
 pub mod github;
 pub mod id_token;
 mod links;
+pub mod logout;
+mod registry;
 pub mod rule;
 pub mod upstream;
 
-pub use links::{IdentityView, LinkOffer};
+pub use apps::{AppReturn, FederationSettings, APP_CODE_TTL};
+pub use links::{IdentityView, LinkOffer, LinkTo};
+pub use registry::{NewUpstream, UpstreamView};
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -50,7 +55,6 @@ use super::login::Login;
 use super::mfa::SecondFactors;
 use super::sessions::{Origin, TokenPair};
 use super::shared::Shared;
-use super::tokens::Verified;
 use super::AuthError;
 use crate::crypto::{b64url, b64url_decode, ct_eq, random_token, sha256, Sealer};
 use crate::store::{IdentityRecord, UpstreamRecord, UpstreamSignUp};
@@ -59,78 +63,9 @@ use crate::store::{IdentityRecord, UpstreamRecord, UpstreamSignUp};
 pub const JOURNEY_TTL: Duration = Duration::from_secs(600);
 /// The largest journey cookie value.
 const MAX_JOURNEY: usize = 3800;
-/// How long the list of upstreams is kept between reads of the database
-/// (the sign-in page shows it).
-const LIST_KEEP: Duration = Duration::from_secs(5);
 /// The associated data of sealed client secrets and journeys.
 const SECRET_AAD: &[u8] = b"latchkey upstream client secret";
 const JOURNEY_AAD: &[u8] = b"latchkey upstream journey";
-
-/// An upstream as an operator adds it.
-#[derive(Clone)]
-pub struct NewUpstream {
-    pub name: String,
-    pub display_name: String,
-    pub issuer: String,
-    pub client_id: String,
-    pub client_secret: String,
-    /// Space-separated; empty: the protocol's default. `openid` is added
-    /// to an OpenID Provider's when missing.
-    pub scopes: String,
-    pub may_create: bool,
-    pub trusts_email_verified: bool,
-    pub protocol: Protocol,
-    /// Whether its `amr` value `mfa` (RFC 8176: more than one factor)
-    /// counts as the account's second factor here.
-    pub trusts_mfa: bool,
-}
-
-impl std::fmt::Debug for NewUpstream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NewUpstream")
-            .field("name", &self.name)
-            .field("issuer", &self.issuer)
-            .field("client_id", &self.client_id)
-            .field("client_secret", &"(hidden)")
-            .finish_non_exhaustive()
-    }
-}
-
-/// An upstream as it is shown (never its secret).
-#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
-pub struct UpstreamView {
-    pub name: String,
-    pub display_name: String,
-    pub issuer: String,
-    pub client_id: String,
-    pub scopes: String,
-    pub may_create: bool,
-    pub trusts_email_verified: bool,
-    pub protocol: Protocol,
-    pub trusts_mfa: bool,
-    /// Unix milliseconds.
-    pub created_at: i64,
-    /// The redirect URI to register at the upstream.
-    pub redirect_uri: String,
-}
-
-impl Federation {
-    fn view(&self, u: &UpstreamRecord) -> UpstreamView {
-        UpstreamView {
-            redirect_uri: self.redirect_uri(&u.name),
-            name: u.name.clone(),
-            display_name: u.display_name.clone(),
-            issuer: u.issuer.clone(),
-            client_id: u.client_id.clone(),
-            scopes: u.scopes.clone(),
-            may_create: u.may_create,
-            trusts_email_verified: u.trusts_email_verified,
-            protocol: Protocol::parse(&u.protocol).unwrap_or(Protocol::Oidc),
-            trusts_mfa: u.trusts_mfa,
-            created_at: u.created_at,
-        }
-    }
-}
 
 /// A sign-in's journey through an upstream: what the callback must
 /// match, sealed into a cookie of the browser that left.
@@ -157,56 +92,6 @@ pub struct Journey {
     /// [`Federation::depart_for_app`]); `None`: latchkey's pages.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub app: Option<AppReturn>,
-}
-
-/// The account a journey from the account page links to, and the session
-/// that started it.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct LinkTo {
-    user_id: String,
-    session_id: String,
-}
-
-/// Where a journey of an application with its own pages returns, and the
-/// PKCE challenge its code is bound to.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct AppReturn {
-    pub redirect_to: String,
-    challenge: String,
-    /// The application's own `state`, given back as it came.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub state: Option<String>,
-}
-
-/// How long an application's code lives (RFC 6749 §4.1.2: short).
-pub const APP_CODE_TTL: Duration = Duration::from_secs(60);
-/// The purpose of an application's code among the store's challenges.
-const APP_CODE: &str = "upstream_code";
-
-/// Where applications with their own pages may be sent back (setting
-/// `upstream_return_urls`: exact URLs, comma-separated).
-#[derive(Clone, Debug, Default)]
-pub struct FederationSettings {
-    pub return_urls: Vec<String>,
-}
-
-impl FederationSettings {
-    pub fn read(
-        src: &impl crate::settings::Source,
-    ) -> Result<FederationSettings, crate::settings::ConfigError> {
-        Ok(FederationSettings {
-            return_urls: src.list("upstream_return_urls", |u| {
-                let url = url::Url::parse(u).map_err(|e| format!("{u:?} is not a URL: {e}"))?;
-                // A code travels in it: https, or http to this machine only.
-                if url.fragment().is_some() || !upstream::secure_enough(&url) {
-                    return Err(format!(
-                        "{u:?}: an https URL without a fragment (http only on a loopback address)"
-                    ));
-                }
-                Ok(u.to_string())
-            })?,
-        })
-    }
 }
 
 /// Where to send the browser, and the journey to keep in its cookie.
@@ -329,118 +214,6 @@ impl Federation {
         format!("{}/oauth/upstream/{name}/callback", self.issuer)
     }
 
-    /// Adds an upstream (`false`: the name is taken).
-    pub async fn add(&self, mut u: NewUpstream, now: i64) -> Result<bool, AuthError> {
-        let bad = |m: &str| Err(AuthError::BadRequest(m.to_string()));
-        let name_ok = !u.name.is_empty()
-            && u.name.len() <= 32
-            && u.name
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-        // `token` is a path of its own: `POST /auth/upstream/token`.
-        if !name_ok || u.name == "token" {
-            return bad("name: 1 to 32 of a-z, 0-9 and - (not `token`)");
-        }
-        if u.display_name.trim().is_empty() || u.display_name.len() > 64 {
-            return bad("display name: 1 to 64 bytes");
-        }
-        if u.protocol == Protocol::Github {
-            // A site's URL, without the trailing slash: identities are keyed
-            // by it, so one spelling only.
-            u.issuer = match u.issuer.trim_end_matches('/') {
-                "" => upstream::GITHUB.to_string(),
-                site => site.to_string(),
-            };
-        }
-        match url::Url::parse(&u.issuer) {
-            Ok(i) if upstream::secure_enough(&i) && i.query().is_none() && i.fragment().is_none() => {}
-            _ => {
-                return bad(
-                    "issuer: an https URL without query or fragment (http only on a loopback address)",
-                )
-            }
-        }
-        if u.client_id.is_empty()
-            || u.client_id.len() > 255
-            || u.client_secret.is_empty()
-            || u.client_secret.len() > 1024
-        {
-            return bad("client id and secret: 1 to 255 and 1 to 1024 bytes");
-        }
-        let mut scopes: Vec<&str> = u.scopes.split_whitespace().collect();
-        if scopes.is_empty() {
-            scopes = u.protocol.default_scopes().split(' ').collect();
-        }
-        if u.protocol == Protocol::Oidc && !scopes.contains(&"openid") {
-            scopes.insert(0, "openid");
-        }
-        if scopes
-            .iter()
-            .any(|s| !s.bytes().all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\'))
-        {
-            return bad("scopes: printable, space-separated");
-        }
-        if u.protocol == Protocol::Github && u.trusts_mfa {
-            return bad("trusts_mfa: GitHub asserts no authentication methods");
-        }
-        let record = UpstreamRecord {
-            client_secret: self.sealer.seal(u.client_secret.as_bytes(), &secret_aad(&u.name)),
-            name: u.name,
-            display_name: u.display_name.trim().to_string(),
-            issuer: u.issuer,
-            client_id: u.client_id,
-            scopes: scopes.join(" "),
-            may_create: u.may_create,
-            trusts_email_verified: u.trusts_email_verified,
-            created_at: now,
-            protocol: u.protocol.as_str().to_string(),
-            trusts_mfa: u.trusts_mfa,
-        };
-        let added = self.shared.store.add_upstream(&record).await?;
-        self.refresh().await?;
-        Ok(added)
-    }
-
-    pub async fn list(&self) -> Result<Vec<UpstreamView>, AuthError> {
-        Ok(self
-            .shared
-            .store
-            .upstreams()
-            .await?
-            .iter()
-            .map(|u| self.view(u))
-            .collect())
-    }
-
-    /// Removes an upstream (`false`: no such name).
-    pub async fn remove(&self, name: &str) -> Result<bool, AuthError> {
-        let removed = self.shared.store.remove_upstream(name).await?;
-        self.refresh().await?;
-        Ok(removed)
-    }
-
-    /// The upstreams the sign-in page lists, as read at most a few seconds
-    /// ago: without waiting (a page is drawn without a database read); a
-    /// list older than that is read again in the background.
-    pub fn listed(self: &Arc<Self>) -> Arc<Vec<UpstreamRecord>> {
-        let (at, list) = self.list.lock().unwrap().clone();
-        if at.elapsed() >= LIST_KEEP && !self.refreshing.swap(true, Ordering::AcqRel) {
-            let me = self.clone();
-            tokio::spawn(async move {
-                let _ = me.refresh().await;
-                me.refreshing.store(false, Ordering::Release);
-            });
-        }
-        list
-    }
-
-    /// Reads the list of upstreams again (at start, and after a change).
-    pub async fn refresh(&self) -> Result<(), AuthError> {
-        let list = Arc::new(self.shared.store.upstreams().await?);
-        *self.list.lock().unwrap() = (Instant::now(), list);
-        Ok(())
-    }
-
     async fn upstream(&self, name: &str) -> Result<UpstreamRecord, FederationError> {
         self.shared
             .store
@@ -479,103 +252,6 @@ impl Federation {
         now: i64,
     ) -> Result<Departure, FederationError> {
         self.leave(name, authz, None, None, origin, now).await
-    }
-
-    /// Whether an application may be sent back to `redirect_to` (one of
-    /// `upstream_return_urls`, exactly).
-    pub fn may_return_to(&self, redirect_to: &str) -> bool {
-        self.settings.return_urls.iter().any(|u| u == redirect_to)
-    }
-
-    /// Leaves for upstream `name` for an application with its own pages:
-    /// it comes back to `redirect_to` (one of `upstream_return_urls`) with
-    /// a code that only the holder of the PKCE verifier of `challenge`
-    /// (S256) redeems, within [`APP_CODE_TTL`].
-    pub async fn depart_for_app(
-        &self,
-        name: &str,
-        redirect_to: &str,
-        challenge: &str,
-        state: Option<&str>,
-        origin: &Origin,
-        now: i64,
-    ) -> Result<Departure, FederationError> {
-        if state.is_some_and(|s| s.len() > 512) {
-            return Err(AuthError::BadRequest("state: at most 512 bytes".into()).into());
-        }
-        if !self.may_return_to(redirect_to) {
-            return Err(AuthError::BadRequest("redirect_to: not one of upstream_return_urls".into()).into());
-        }
-        let challenge_ok = challenge.len() == 43
-            && challenge
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-        if !challenge_ok {
-            return Err(AuthError::BadRequest(
-                "code_challenge: the S256 challenge (43 base64url characters)".into(),
-            )
-            .into());
-        }
-        let app = AppReturn {
-            redirect_to: redirect_to.to_string(),
-            challenge: challenge.to_string(),
-            state: state.map(str::to_string),
-        };
-        self.leave(name, "", None, Some(app), origin, now).await
-    }
-
-    /// An application's code, with the PKCE verifier of its challenge: the
-    /// sign-in it stands for, as `POST /auth/login` answers (a session, or
-    /// the step up to the account's second factor). Single-use; a wrong
-    /// verifier spends it too.
-    pub async fn redeem(&self, code: &str, verifier: &str, origin: &Origin) -> Result<TokenPair, AuthError> {
-        let store = &self.shared.store;
-        let hash = sha256(code.as_bytes());
-        let invalid = || AuthError::BadRequest("code: unknown, spent, expired or not this verifier's".into());
-        let now = crate::clock::now_ms();
-        let Some(c) = store.challenge(&hash, APP_CODE, now).await? else {
-            return Err(invalid());
-        };
-        if !store.consume_challenge(&hash).await? {
-            return Err(invalid());
-        }
-        let challenge = c.state.unwrap_or_default();
-        if !ct_eq(
-            b64url(&sha256(verifier.as_bytes())).as_bytes(),
-            challenge.as_bytes(),
-        ) {
-            return Err(invalid());
-        }
-        let user = match c.user_id {
-            Some(id) => store.user_by_id(&id).await?,
-            None => None,
-        }
-        .ok_or_else(invalid)?;
-        self.login.upstream(origin, &user, c.amr == "fed mfa").await
-    }
-
-    /// Leaves for upstream `name` to link the identity found there to the
-    /// account of `token` (its owner, on the account page). Like adding a
-    /// second factor, it takes a recent sign-in, with the second factor
-    /// when the account has one, and the current password when it has
-    /// one: a stolen session must not be able to plant a way in of its
-    /// own. The session must still be live when the browser comes back.
-    pub async fn depart_to_link(
-        &self,
-        name: &str,
-        token: &Verified,
-        password: Option<crate::domain::input::Password>,
-        origin: &Origin,
-        now: i64,
-    ) -> Result<Departure, FederationError> {
-        self.factors
-            .authorize_new_way_in(token, origin.ip, password)
-            .await?;
-        let to = LinkTo {
-            user_id: token.claims.sub.clone(),
-            session_id: token.claims.sid.clone(),
-        };
-        self.leave(name, "", Some(to), None, origin, now).await
     }
 
     async fn leave(
@@ -680,7 +356,7 @@ impl Federation {
             .ok_or(FederationError::Journey)?;
         let secret = self
             .sealer
-            .open(&up.client_secret, &secret_aad(&up.name))
+            .open(&up.client_secret, &registry::secret_aad(&up.name))
             .ok_or_else(|| {
                 AuthError::Internal(anyhow::anyhow!("upstream {}: its secret does not open", up.name))
             })?;
@@ -704,71 +380,11 @@ impl Federation {
             None => self.oidc_identity(&up, &d, &tokens, &journey.nonce, now).await?,
         };
         match &journey.link_to {
-            Some(to) if self.shared.revocations.is_revoked(&to.session_id) => Err(FederationError::Journey),
-            Some(to) => self.settle_link(&up, identity, &to.user_id, origin, now).await,
+            Some(to) => self.settle_link(&up, identity, to, origin, now).await,
             None => {
                 self.settle(&up, identity, journey.app.as_ref(), origin, now, true)
                     .await
             }
-        }
-    }
-
-    /// The rule applied to an upstream identity its owner links to their
-    /// own account `user_id` (`Intent::LinkTo`): whatever address it
-    /// asserts, refused only when another account holds it or this one is
-    /// disabled.
-    async fn settle_link(
-        &self,
-        up: &UpstreamRecord,
-        who: id_token::Identity,
-        user_id: &str,
-        origin: &Origin,
-        now: i64,
-    ) -> Result<Arrival, FederationError> {
-        let store = &self.shared.store;
-        let Some(me) = store.user_by_id(user_id).await? else {
-            return Err(FederationError::Journey);
-        };
-        let linked = match store.upstream_identity(&up.issuer, &who.subject).await? {
-            Some(i) => store.user_by_id(&i.user_id).await?,
-            None => None,
-        };
-        let decision = decide(
-            &Intent::LinkTo(account_of(&me)),
-            Policy {
-                trusts_email_verified: up.trusts_email_verified,
-                may_create: up.may_create,
-            },
-            Asserted {
-                has_email: who.email.is_some(),
-                email_verified: who.email_verified,
-            },
-            linked.as_ref().map(account_of).as_ref(),
-            None,
-        );
-        match decision {
-            Decision::Link(id) => {
-                let identity = IdentityRecord {
-                    issuer: up.issuer.clone(),
-                    subject: who.subject,
-                    user_id: id,
-                    upstream: up.name.clone(),
-                    email: who.email,
-                    created_at: now,
-                };
-                if self
-                    .link_and_tell(&identity, &up.display_name, &me.email, origin)
-                    .await?
-                {
-                    Ok(Arrival::Linked)
-                } else {
-                    // Linked meanwhile, to whichever account.
-                    Ok(Arrival::Refused(Refusal::LinkedElsewhere))
-                }
-            }
-            Decision::AlreadyLinked => Ok(Arrival::Linked),
-            Decision::Refuse(r) => Ok(Arrival::Refused(r)),
-            other => Err(AuthError::Internal(anyhow::anyhow!("linking decided {other:?}")).into()),
         }
     }
 
@@ -909,28 +525,9 @@ impl Federation {
         let mfa = rule::second_factor_asserted(up.trusts_mfa, &who.amr, who.auth_time, now);
         match app {
             None => Ok(Arrival::SignedIn(self.login.upstream(origin, &user, mfa).await)),
-            // The application's code: the decision, kept for a minute in
-            // the store (hashed), bound to its PKCE challenge; the session
-            // starts when the code is redeemed.
-            Some(app) => {
-                let code = random_token();
-                let record = crate::store::ChallengeRecord {
-                    token_hash: sha256(code.as_bytes()).to_vec(),
-                    purpose: APP_CODE.into(),
-                    user_id: Some(user.id.clone()),
-                    amr: if mfa { "fed mfa" } else { "fed" }.into(),
-                    client_id: None,
-                    user_agent: origin.user_agent.clone(),
-                    ip: Some(ip),
-                    state: Some(app.challenge.clone()),
-                    detail: Some(up.name.clone()),
-                    failures: 0,
-                    created_at: now,
-                    expires_at: now + APP_CODE_TTL.as_millis() as i64,
-                };
-                self.shared.store.create_challenge(&record).await?;
-                Ok(Arrival::AppCode(code))
-            }
+            Some(app) => Ok(Arrival::AppCode(
+                self.issue_app_code(app, up, &user, mfa, origin, now).await?,
+            )),
         }
     }
 }
@@ -942,8 +539,4 @@ fn account_of(u: &crate::store::UserRecord) -> Account {
         disabled: u.disabled_at.is_some(),
         email_verified: u.email_verified_at.is_some(),
     }
-}
-
-fn secret_aad(name: &str) -> Vec<u8> {
-    [SECRET_AAD, b" ", name.as_bytes()].concat()
 }

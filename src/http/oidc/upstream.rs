@@ -7,7 +7,7 @@
 
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 
 use crate::clock::now_ms;
 use crate::domain::federation::{AppReturn, Arrival, Callback, FederationError, Refusal, JOURNEY_TTL};
@@ -337,4 +337,62 @@ fn failure(v: &Visit, name: &str, e: &FederationError) -> (StatusCode, String) {
             (StatusCode::BAD_GATEWAY, text(Key::UpstreamFailed))
         }
     }
+}
+
+/// The form of an upstream's back-channel logout.
+#[derive(serde::Deserialize, utoipa::ToSchema)]
+pub struct LogoutForm {
+    logout_token: String,
+}
+
+/// `POST /oauth/upstream/{name}/backchannel-logout`: upstream `name`
+/// signed someone out (OpenID Connect Back-Channel Logout 1.0); the
+/// sessions of theirs that began through an upstream end. `200` when the
+/// token is good (whether or not it ended anything), `400` otherwise
+/// (§2.8), never cached.
+#[utoipa::path(post, path = "/oauth/upstream/{name}/backchannel-logout", tag = "federation",
+    params(("name" = String, Path, description = "An upstream's name")),
+    request_body(content = LogoutForm, content_type = "application/x-www-form-urlencoded"),
+    responses((status = 200, description = "Done"),
+              (status = 400, description = "`invalid_request`: no logout token, or one refused (signature, issuer, audience, age, event)")))]
+pub async fn backchannel_logout(
+    State(st): State<AppState>,
+    Path(name): Path<String>,
+    form: Result<axum::Form<LogoutForm>, axum::extract::rejection::FormRejection>,
+) -> Response {
+    let outcome = match form {
+        Ok(axum::Form(f)) => st
+            .federation
+            .upstream_logout(&name, &f.logout_token, now_ms())
+            .await
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e.body_text()),
+    };
+    let (status, body) = match outcome {
+        Ok(ended) => {
+            tracing::info!(upstream = %name.chars().filter(char::is_ascii_alphanumeric).take(32).collect::<String>(),
+                ended, "an upstream's back-channel logout");
+            (StatusCode::OK, String::new())
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "an upstream's logout token was refused");
+            (
+                StatusCode::BAD_REQUEST,
+                serde_json::json!({"error": "invalid_request", "error_description": "the logout token is refused"})
+                    .to_string(),
+            )
+        }
+    };
+    let mut r = (status, body).into_response();
+    r.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
+    if status != StatusCode::OK {
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("application/json"),
+        );
+    }
+    r
 }

@@ -171,8 +171,9 @@ impl Keycloak {
     }
 
     /// The realm of this test: latchkey's confidential client (code flow,
-    /// PKCE S256) and `users` (username, address, verified).
-    async fn realm(&self, users: &[(&str, &str, bool)]) {
+    /// PKCE S256, back-channel logout to `logout_url`) and `users`
+    /// (username, address, verified).
+    async fn realm(&self, logout_url: &str, users: &[(&str, &str, bool)]) {
         let users: Vec<Value> = users
             .iter()
             .map(|(name, email, verified)| {
@@ -187,7 +188,8 @@ impl Keycloak {
                 "clientId": "latchkey", "secret": CLIENT_SECRET, "publicClient": false,
                 "standardFlowEnabled": true, "directAccessGrantsEnabled": false,
                 "redirectUris": [CALLBACK_HERE],
-                "attributes": {"pkce.code.challenge.method": "S256"},
+                "attributes": {"pkce.code.challenge.method": "S256", "backchannel.logout.url": logout_url,
+                               "backchannel.logout.session.required": "true"},
             }],
             "users": users,
         });
@@ -206,23 +208,41 @@ impl Keycloak {
     async fn set_email(&self, username: &str, email: &str) {
         let admin = self.admin().await;
         let http = reqwest::Client::new();
-        let users: Value = http
+        let id = self.user_id(&admin, username).await;
+        let r = http
+            .put(format!("{}/admin/realms/{REALM}/users/{id}", self.base))
+            .bearer_auth(&admin)
+            .json(&json!({"email": email, "emailVerified": true}))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.status());
+    }
+
+    async fn user_id(&self, admin: &str, username: &str) -> String {
+        let users: Value = reqwest::Client::new()
             .get(format!(
                 "{}/admin/realms/{REALM}/users?exact=true&username={username}",
                 self.base
             ))
-            .bearer_auth(&admin)
+            .bearer_auth(admin)
             .send()
             .await
             .unwrap()
             .json()
             .await
             .unwrap();
-        let id = users[0]["id"].as_str().unwrap();
-        let r = http
-            .put(format!("{}/admin/realms/{REALM}/users/{id}", self.base))
+        users[0]["id"].as_str().unwrap().to_string()
+    }
+
+    /// What a Keycloak administrator can do: sign a user out of every
+    /// session (Keycloak then posts its clients' back-channel logouts).
+    async fn sign_out(&self, username: &str) {
+        let admin = self.admin().await;
+        let id = self.user_id(&admin, username).await;
+        let r = reqwest::Client::new()
+            .post(format!("{}/admin/realms/{REALM}/users/{id}/logout", self.base))
             .bearer_auth(&admin)
-            .json(&json!({"email": email, "emailVerified": true}))
             .send()
             .await
             .unwrap();
@@ -290,8 +310,8 @@ fn form_action(body: &str) -> String {
 
 /// Every scenario against one Keycloak (its start-up is the cost).
 #[tokio::test]
-async fn keycloak_as_the_upstream_makes_accounts_links_after_proof_and_hands_no_account_to_its_administrator()
-{
+async fn keycloak_as_the_upstream_makes_accounts_links_after_proof_signs_out_and_hands_no_account_to_its_administrator(
+) {
     let app = TestApp::embedded(&[]).await;
     let app_secret = application(&app, "app", ClientKind::Confidential, ConsentMode::Skip).await;
     let kc = Keycloak::start().await;
@@ -299,13 +319,16 @@ async fn keycloak_as_the_upstream_makes_accounts_links_after_proof_and_hands_no_
     let victim = unique_email("kc-victim");
     let carol = unique_email("kc-carol");
     let mallory = unique_email("kc-mallory");
-    kc.realm(&[
-        ("alice", &alice, true),
-        ("bob", &unique_email("kc-bob"), false),
-        ("carol", &carol, true),
-        ("mallory", &mallory, true),
-        ("trent", &unique_email("kc-trent"), true),
-    ])
+    kc.realm(
+        &app.url("/oauth/upstream/keycloak/backchannel-logout"),
+        &[
+            ("alice", &alice, true),
+            ("bob", &unique_email("kc-bob"), false),
+            ("carol", &carol, true),
+            ("mallory", &mallory, true),
+            ("trent", &unique_email("kc-trent"), true),
+        ],
+    )
     .await;
     add_upstream(
         &app,
@@ -336,6 +359,7 @@ async fn keycloak_as_the_upstream_makes_accounts_links_after_proof_and_hands_no_
     let id = claims(tokens["id_token"].as_str().unwrap());
     assert_eq!(id["email"], alice.as_str());
     assert_eq!(id["amr"], json!(["fed"]));
+    let alices_token = tokens["access_token"].as_str().unwrap().to_string();
     let account = app.user(&alice).await;
     let (back, _) = through_keycloak(&mut Browser::new(&app), &app, &kc, "alice").await;
     assert!(back.location.is_some_and(|l| l.starts_with(CALLBACK)));
@@ -407,4 +431,21 @@ async fn keycloak_as_the_upstream_makes_accounts_links_after_proof_and_hands_no_
         .await
         .unwrap()
         .is_empty());
+
+    // Signed out at Keycloak (by its administrator): Keycloak's
+    // back-channel logout ends alice's sessions here that began there.
+    assert_eq!(
+        app.get_bearer("/auth/validate", &alices_token).await.status(),
+        StatusCode::OK
+    );
+    kc.sign_out("alice").await;
+    let mut ended = false;
+    for _ in 0..100 {
+        if app.get_bearer("/auth/validate", &alices_token).await.status() == StatusCode::UNAUTHORIZED {
+            ended = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(ended, "signed out at Keycloak, signed out here");
 }

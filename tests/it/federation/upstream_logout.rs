@@ -1,0 +1,157 @@
+//! An upstream's back-channel logout (OpenID Connect Back-Channel Logout
+//! 1.0): node-oidc-provider, told latchkey's
+//! `/oauth/upstream/node/backchannel-logout` as its client's
+//! `backchannel_logout_uri`, posts a logout token when the person signs out
+//! there; latchkey ends the sessions that began with a sign-in through the
+//! upstream, and refuses a token it cannot trust.
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use super::{add, authorize_url, upstream_link, CALLBACK_HERE, UPSTREAM_CLIENT, UPSTREAM_SECRET};
+use crate::common::{unique_email, TestApp, PASSWORD};
+use crate::conformance::certified::{through_certified_pages, CertifiedProvider};
+use crate::oidc::{application, exchange_code, hidden, pkce, Browser};
+use latchkey::domain::oidc::client::{ClientKind, ConsentMode};
+
+crate::on_every_backend!(signing_out_at_the_upstream_ends_the_sessions_that_began_there_and_no_others,);
+
+/// A person signs in to one account with their password, and through
+/// node (linked to it). Signing out at node ends the
+/// session that began there (its access token refused at once, its
+/// refresh token spent) and leaves the password session alone. A logout
+/// token that is not node's, or is replayed to another upstream's
+/// endpoint, is refused with `400`.
+async fn signing_out_at_the_upstream_ends_the_sessions_that_began_there_and_no_others(app: &TestApp) {
+    let app_secret = application(app, "app", ClientKind::Confidential, ConsentMode::Skip).await;
+    let op = CertifiedProvider::start(json!([{
+        "client_id": UPSTREAM_CLIENT,
+        "client_secret": UPSTREAM_SECRET,
+        "redirect_uris": [CALLBACK_HERE],
+        "backchannel_logout_uri": app.url("/oauth/upstream/node/backchannel-logout"),
+    }]))
+    .await;
+    add(app, &op.issuer, true, true).await;
+    // An account with a password, linked to a person at node.
+    let email = unique_email("fed-logout");
+    app.register_verified(&email, PASSWORD).await;
+    let user = app.user(&email).await;
+    let login = unique_email("fed-logout-there");
+    let identity = latchkey::store::IdentityRecord {
+        issuer: op.issuer.clone(),
+        subject: login.clone(),
+        user_id: user.id.clone(),
+        upstream: "node".into(),
+        email: None,
+        created_at: latchkey::clock::now_ms(),
+    };
+    assert!(app
+        .services
+        .store
+        .link_identity(&identity, None, None)
+        .await
+        .unwrap());
+    let password: Value = app.login(&email, PASSWORD).await.json().await.unwrap();
+    let password = password["access_token"].as_str().unwrap().to_string();
+
+    // Through node, keeping its browser (its session there).
+    let mut browser = Browser::new(app);
+    let (verifier, challenge) = pkce();
+    let page = browser.get(&authorize_url(&challenge)).await;
+    let page = browser.follow(page).await;
+    let leave = browser.get(&upstream_link(&page)).await;
+    let mut there = Browser::elsewhere(app, &op.issuer);
+    let page = there.get(&leave.location.unwrap()).await;
+    let page = there.follow(page).await;
+    let back = through_certified_pages(&mut there, page, &login, CALLBACK_HERE).await;
+    let page = browser.get(&back.location.unwrap()).await;
+    let page = browser.follow(page).await;
+    let tokens = exchange_code(
+        app,
+        "app",
+        &app_secret,
+        page.location.as_deref().unwrap(),
+        &verifier,
+    )
+    .await;
+    let federated = tokens["access_token"].as_str().unwrap().to_string();
+    assert_eq!(
+        app.get_bearer("/auth/validate", &federated).await.status(),
+        StatusCode::OK
+    );
+
+    // Forged and misdirected tokens first: nothing ends.
+    let forged = "eyJhbGciOiJub25lIn0.eyJpc3MiOiJ4In0.";
+    for (path, token) in [
+        ("/oauth/upstream/node/backchannel-logout", forged),
+        ("/oauth/upstream/nobody/backchannel-logout", forged),
+    ] {
+        let r = app
+            .http
+            .post(app.url(path))
+            .form(&[("logout_token", token)])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(r.json::<Value>().await.unwrap()["error"], "invalid_request");
+    }
+    let r = app
+        .http
+        .post(app.url("/oauth/upstream/node/backchannel-logout"))
+        .form(&[("other", "x")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        app.get_bearer("/auth/validate", &federated).await.status(),
+        StatusCode::OK
+    );
+
+    // Signing out at node: its page, its button.
+    let page = there.get("/session/end").await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let form = [
+        ("xsrf", hidden(&page.body, "xsrf")),
+        ("logout", "yes".to_string()),
+    ];
+    let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    there.post("/session/end/confirm", &form).await;
+    let mut refused = false;
+    for _ in 0..100 {
+        if app.get_bearer("/auth/validate", &federated).await.status() == StatusCode::UNAUTHORIZED {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(refused, "the session that began at node ended");
+    let r = app
+        .http
+        .post(app.url("/oauth/token"))
+        .basic_auth("app", Some(&app_secret))
+        .form(&[
+            ("grant_type", "refresh_token"),
+            (
+                "refresh_token",
+                tokens["refresh_token"].as_str().unwrap_or("none"),
+            ),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        app.get_bearer("/auth/validate", &password).await.status(),
+        StatusCode::OK,
+        "the password session stays"
+    );
+    let ended = app
+        .count(&format!(
+            "SELECT COUNT(*) FROM events WHERE user_id = '{}' AND kind = 'session.ended' AND reason = 'upstream_logout'",
+            user.id
+        ))
+        .await;
+    assert!(ended >= 1, "{ended}");
+}
