@@ -174,6 +174,13 @@ async fn a_new_person_signs_in_through_an_upstream_and_comes_back_to_the_same_ac
     let secret = application(app, "app", ClientKind::Confidential, ConsentMode::Skip).await;
     let op = upstream(app, true, true).await;
     let email = unique_email("fed-new");
+    // "Continue with ..." on the sign-up page as on the sign-in page.
+    let mut elsewhere = Browser::new(app);
+    let page = elsewhere.get(&authorize_url(&pkce().1)).await;
+    let page = elsewhere.follow(page).await;
+    let authz = crate::oidc::hidden(&page.body, "authz");
+    let signup = elsewhere.get(&format!("/oauth/signup?authz={authz}")).await;
+    assert_eq!(upstream_link(&signup), upstream_link(&page), "{}", signup.body);
     let mut browser = Browser::new(app);
     let (back, verifier) = through_upstream(&mut browser, app, &op, &email).await;
     let callback = back

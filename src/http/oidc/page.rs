@@ -263,9 +263,13 @@ pub(super) fn login_page(
         Some((s, m)) => (s, message(m, s.is_client_error() || s.is_server_error())),
         None => (StatusCode::OK, String::new()),
     };
-    // "Continue with ..." for each upstream provider.
-    let upstreams: String = st
-        .federation
+    pending_page(st, v, client, status, Key::TitleSignIn, "login.html", pending, email, &msg)
+}
+
+/// "Continue with ..." for each upstream provider (the sign-in and sign-up
+/// pages show them).
+fn upstream_links(st: &AppState, v: &Visit, pending: &str) -> String {
+    st.federation
         .listed()
         .iter()
         .map(|u| {
@@ -276,18 +280,7 @@ pub(super) fn login_page(
                 escape(&v.lang.format(Key::ContinueWith, &[("name", &u.display_name)]))
             )
         })
-        .collect();
-    pending_page_with(
-        st,
-        v,
-        client,
-        status,
-        (Key::TitleSignIn, "login.html"),
-        pending,
-        email,
-        &msg,
-        &[("upstreams", &upstreams)],
-    )
+        .collect()
 }
 
 /// A page of a pending sign-in that carries its form's hidden fields (the
@@ -304,30 +297,15 @@ pub(super) fn pending_page(
     email: &str,
     msg: &str,
 ) -> Response {
-    pending_page_with(st, v, client, status, (title, template), pending, email, msg, &[])
-}
-
-/// [`pending_page`] with values of its template's own (`extra`).
-#[allow(clippy::too_many_arguments)]
-fn pending_page_with(
-    st: &AppState,
-    v: &Visit,
-    client: &ClientView,
-    status: StatusCode,
-    (title, template): (Key, &str),
-    pending: &str,
-    email: &str,
-    msg: &str,
-    extra: &[(&str, &str)],
-) -> Response {
-    let mut values = vec![
+    let upstreams = upstream_links(st, v, pending);
+    let values = [
         ("client", client.name.as_str()),
         ("message", msg),
         ("authz", pending),
         ("csrf", v.csrf.as_str()),
         ("email", email),
+        ("upstreams", upstreams.as_str()),
     ];
-    values.extend_from_slice(extra);
     v.finish(
         st,
         st.pages.page(
