@@ -52,6 +52,13 @@ pub enum UpstreamsCommand {
         /// provider that enforces its own: docs/federation.md).
         #[arg(long)]
         trust_mfa: bool,
+        /// The claim that carries the address (default `email`; its
+        /// `email_verified` says whether it is verified).
+        #[arg(long, default_value = "")]
+        email_claim: String,
+        /// The claim that carries the name of an account made (default `name`).
+        #[arg(long, default_value = "")]
+        name_claim: String,
     },
     /// List upstream providers.
     List,
@@ -75,6 +82,8 @@ pub async fn run(st: &Services, command: UpstreamsCommand) -> anyhow::Result<()>
             may_create,
             trust_email_verified,
             trust_mfa,
+            email_claim,
+            name_claim,
         } => {
             let issuer = match (google, issuer) {
                 (true, _) => GOOGLE.to_string(),
@@ -91,6 +100,8 @@ pub async fn run(st: &Services, command: UpstreamsCommand) -> anyhow::Result<()>
                 trusts_email_verified: trust_email_verified,
                 protocol: if github { Protocol::Github } else { Protocol::Oidc },
                 trusts_mfa: trust_mfa,
+                email_claim,
+                name_claim,
             };
             if !federation.add(u, crate::clock::now_ms()).await? {
                 anyhow::bail!("an upstream named {name:?} exists already");

@@ -117,16 +117,17 @@ impl Login {
     /// A login through an upstream provider that signed `user` in
     /// (`federation`, which applied the linking rule, and this login's
     /// limit with [`Self::limit`] before it called the upstream): a
-    /// session whose `amr` is `fed`, or the step up to the account's second
-    /// factor, unless `mfa`: the upstream asserted more than one factor and
-    /// is trusted for it (`amr` `fed mfa`, the second factor passed).
+    /// session whose `amr` is `amr` (`fed`, and what a trusted upstream
+    /// asserted: `federation::rule::session_amr`), or the step up to the
+    /// account's second factor, unless `mfa`: the upstream asserted more
+    /// than one factor and is trusted for it (the second factor passed).
     pub async fn upstream(
         &self,
         origin: &Origin,
         user: &UserRecord,
+        amr: &str,
         mfa: bool,
     ) -> Result<TokenPair, AuthError> {
-        let amr = if mfa { "fed mfa" } else { "fed" };
         self.start_session(user, None, origin, Authn::new(amr, now_ms()), mfa)
             .await
     }

@@ -189,6 +189,12 @@ pub struct UpstreamRequest {
     /// Provider only; docs/federation.md says when).
     #[serde(default)]
     trusts_mfa: bool,
+    /// The claim that carries the address (default `email`).
+    #[serde(default)]
+    email_claim: String,
+    /// The claim that carries the name of an account made (default `name`).
+    #[serde(default)]
+    name_claim: String,
 }
 
 #[utoipa::path(post, path = "/admin/upstreams", tag = "admin", security(("oauth2" = ["latchkey:admin"])),
@@ -212,6 +218,8 @@ pub async fn add_upstream(
         trusts_email_verified: req.trusts_email_verified,
         protocol: req.protocol.unwrap_or(Protocol::Oidc),
         trusts_mfa: req.trusts_mfa,
+        email_claim: req.email_claim,
+        name_claim: req.name_claim,
     };
     let name = u.name.clone();
     if !st.federation.add(u, crate::clock::now_ms()).await? {

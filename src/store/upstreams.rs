@@ -27,6 +27,9 @@ pub struct UpstreamRecord {
     pub protocol: String,
     /// Its `amr` value `mfa` counts as the account's second factor.
     pub trusts_mfa: bool,
+    /// The claims that carry the address and the name.
+    pub email_claim: String,
+    pub name_claim: String,
 }
 
 /// An upstream identity linked to an account.
@@ -71,6 +74,8 @@ type UpstreamRow = (
     i64,
     String,
     bool,
+    String,
+    String,
 );
 
 fn upstream(r: UpstreamRow) -> UpstreamRecord {
@@ -86,6 +91,8 @@ fn upstream(r: UpstreamRow) -> UpstreamRecord {
         created_at: r.8,
         protocol: r.9,
         trusts_mfa: r.10,
+        email_claim: r.11,
+        name_claim: r.12,
     }
 }
 
@@ -104,7 +111,7 @@ fn identity(r: IdentityRow) -> IdentityRecord {
 
 const SELECT_UPSTREAM: &str =
     "SELECT name, display_name, issuer, client_id, client_secret, scopes, may_create, \
-     trusts_email_verified, created_at, protocol, trusts_mfa FROM upstreams";
+     trusts_email_verified, created_at, protocol, trusts_mfa, email_claim, name_claim FROM upstreams";
 const SELECT_IDENTITY: &str =
     "SELECT issuer, subject, user_id, upstream, email, created_at FROM upstream_identities";
 
@@ -114,8 +121,8 @@ impl Store {
         db_op!(self, "add_upstream", conn => {
             let n = sqlx::query(
                 "INSERT INTO upstreams (name, display_name, issuer, client_id, client_secret, scopes, may_create, \
-                 trusts_email_verified, created_at, protocol, trusts_mfa) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+                 trusts_email_verified, created_at, protocol, trusts_mfa, email_claim, name_claim) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
                  ON CONFLICT (name) DO NOTHING",
             )
             .bind(&u.name)
@@ -129,6 +136,8 @@ impl Store {
             .bind(u.created_at)
             .bind(&u.protocol)
             .bind(u.trusts_mfa)
+            .bind(&u.email_claim)
+            .bind(&u.name_claim)
             .execute(&mut *conn)
             .await?
             .rows_affected();
@@ -260,6 +269,7 @@ impl Store {
         &self,
         user_id: &str,
         i: &IdentityRecord,
+        name: Option<&str>,
         ip: Option<&str>,
     ) -> StoreResult<UpstreamSignUp> {
         let email = i.email.as_deref().unwrap_or_default();
@@ -267,12 +277,13 @@ impl Store {
             let mut tx = conn.begin().await?;
             let n = sqlx::query(
                 "INSERT INTO users (id, email, name, password_hash, email_verified_at, created_at, updated_at) \
-                 VALUES ($1, $2, NULL, $3, $4, $4, $4) ON CONFLICT (email) DO NOTHING",
+                 VALUES ($1, $2, $5, $3, $4, $4, $4) ON CONFLICT (email) DO NOTHING",
             )
             .bind(user_id)
             .bind(email)
             .bind(super::UNUSABLE_PASSWORD)
             .bind(i.created_at)
+            .bind(name)
             .execute(&mut *tx)
             .await?
             .rows_affected();

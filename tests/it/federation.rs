@@ -76,6 +76,8 @@ fn node(issuer: &str) -> NewUpstream {
         trusts_email_verified: false,
         protocol: Protocol::Oidc,
         trusts_mfa: false,
+        email_claim: String::new(),
+        name_claim: String::new(),
     }
 }
 

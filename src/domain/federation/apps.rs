@@ -135,11 +135,13 @@ impl Federation {
             None => None,
         }
         .ok_or_else(invalid)?;
-        self.login.upstream(origin, &user, c.amr == "fed mfa").await
+        let mfa = c.amr.split(' ').any(|m| m == "mfa");
+        self.login.upstream(origin, &user, &c.amr, mfa).await
     }
 
     /// The code of an application's sign-in of `user` through `up` (the
-    /// rule allowed it; `mfa`: the upstream stands for the second factor):
+    /// rule allowed it; `amr`: the session's, with `mfa` when the upstream
+    /// stands for the second factor):
     /// kept for [`APP_CODE_TTL`] in the store, hashed, bound to the
     /// application's challenge; the session starts when it is redeemed.
     pub(super) async fn issue_app_code(
@@ -147,7 +149,7 @@ impl Federation {
         app: &AppReturn,
         up: &UpstreamRecord,
         user: &UserRecord,
-        mfa: bool,
+        amr: &str,
         origin: &Origin,
         now: i64,
     ) -> Result<String, AuthError> {
@@ -156,7 +158,7 @@ impl Federation {
             token_hash: sha256(code.as_bytes()).to_vec(),
             purpose: APP_CODE.into(),
             user_id: Some(user.id.clone()),
-            amr: if mfa { "fed mfa" } else { "fed" }.into(),
+            amr: amr.into(),
             client_id: None,
             user_agent: origin.user_agent.clone(),
             ip: Some(origin.ip.to_string()),

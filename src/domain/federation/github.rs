@@ -38,6 +38,12 @@ pub fn identity(user: &Value, emails: &Value) -> Option<Identity> {
         // GitHub asserts no authentication methods.
         amr: Vec::new(),
         auth_time: None,
+        // The profile's name, else the login.
+        name: ["name", "login"].iter().find_map(|k| {
+            user[*k]
+                .as_str()
+                .and_then(|n| crate::domain::input::parse_name("name", Some(n)).ok().flatten())
+        }),
     })
 }
 
@@ -61,6 +67,12 @@ mod tests {
         assert_eq!(i.email.as_deref(), Some("octo@example.com"));
         assert!(i.email_verified);
         assert!(i.amr.is_empty());
+        assert_eq!(i.name.as_deref(), Some("The Octocat"));
+        let nameless = json!({"login": "octocat", "id": 1, "name": null});
+        assert_eq!(
+            identity(&nameless, &emails).unwrap().name.as_deref(),
+            Some("octocat")
+        );
     }
 
     #[test]

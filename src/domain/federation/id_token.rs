@@ -27,6 +27,24 @@ pub struct Expected<'a> {
     pub nonce: &'a str,
     /// Unix seconds.
     pub now: i64,
+    /// The claims that carry the address and the name.
+    pub mapping: Mapping<'a>,
+}
+
+/// Which claims carry the account's address and name (per upstream;
+/// `email_verified` says whether the address claim's value is verified).
+#[derive(Clone, Copy, Debug)]
+pub struct Mapping<'a> {
+    pub email: &'a str,
+    pub name: &'a str,
+}
+
+impl Mapping<'static> {
+    /// OpenID Connect's standard claims (Core §5.1).
+    pub const STANDARD: Mapping<'static> = Mapping {
+        email: "email",
+        name: "name",
+    };
 }
 
 /// What the upstream asserted about the person.
@@ -42,6 +60,8 @@ pub struct Identity {
     pub amr: Vec<String>,
     /// When the person signed in there (`auth_time`, Unix seconds).
     pub auth_time: Option<i64>,
+    /// Their name, as asserted (given to an account made for them).
+    pub name: Option<String>,
 }
 
 /// Why an id_token is refused.
@@ -103,8 +123,9 @@ pub fn check_claims(c: &Value, e: &Expected) -> Result<Identity, Invalid> {
     if subject.is_empty() || subject.len() > 255 {
         return Err(Invalid::NoSubject);
     }
-    let (email, email_verified) = email_of(c);
+    let (email, email_verified) = email_of(c, &e.mapping);
     Ok(Identity {
+        name: name_of(c, &e.mapping),
         subject: subject.to_string(),
         email,
         email_verified,
@@ -119,14 +140,21 @@ pub fn check_claims(c: &Value, e: &Expected) -> Result<Identity, Invalid> {
 
 /// The address a set of claims asserts (an id_token's or userinfo's), and
 /// whether it says it is verified.
-pub fn email_of(c: &serde_json::Map<String, Value>) -> (Option<String>, bool) {
+pub fn email_of(c: &serde_json::Map<String, Value>, m: &Mapping) -> (Option<String>, bool) {
     let email = c
-        .get("email")
+        .get(m.email)
         .and_then(Value::as_str)
         .and_then(|e| crate::domain::input::Email::parse("email", e).ok())
         .map(|e| e.as_str().to_string());
     let verified = email.is_some() && c.get("email_verified") == Some(&Value::Bool(true));
     (email, verified)
+}
+
+/// The name a set of claims asserts, if it is one an account may have
+/// (at most 200 characters, none invisible or direction-changing).
+pub fn name_of(c: &serde_json::Map<String, Value>, m: &Mapping) -> Option<String> {
+    let raw = c.get(m.name).and_then(Value::as_str)?;
+    crate::domain::input::parse_name("name", Some(raw)).ok().flatten()
 }
 
 /// An id_token, its signature checked with a key of `keys` (by `kid`),
@@ -181,6 +209,7 @@ mod tests {
             client_id: "latchkey",
             nonce: "n-1",
             now: NOW,
+            mapping: Mapping::STANDARD,
         }
     }
 
@@ -308,5 +337,26 @@ mod tests {
             body.split('.').nth(1).unwrap()
         );
         assert_eq!(verify(&unsigned, &keys, &expected()), Err(Invalid::Malformed));
+    }
+
+    #[test]
+    fn the_address_and_the_name_come_from_the_claims_the_upstream_is_mapped_to() {
+        let c = with(json!({"upn": "Ann@Corp.example", "display": "Ann Corp", "name": "\u{202e}evil"}));
+        let e = Expected {
+            mapping: Mapping {
+                email: "upn",
+                name: "display",
+            },
+            ..expected()
+        };
+        let a = check_claims(&c, &e).unwrap();
+        assert_eq!(a.email.as_deref(), Some("ann@corp.example"));
+        assert!(a.email_verified, "its email_verified speaks for the mapped claim");
+        assert_eq!(a.name.as_deref(), Some("Ann Corp"));
+        let a = check_claims(&c, &expected()).unwrap();
+        assert_eq!(
+            a.name, None,
+            "a name with a direction-changing character is no name"
+        );
     }
 }

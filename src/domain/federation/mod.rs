@@ -421,6 +421,10 @@ impl Federation {
             client_id: &up.client_id,
             nonce,
             now: now / 1000,
+            mapping: id_token::Mapping {
+                email: &up.email_claim,
+                name: &up.name_claim,
+            },
         };
         let mut verified = id_token::verify(id_token, &*self.http.keys(&d.jwks_uri, false).await?, &expected);
         if verified == Err(id_token::Invalid::UnknownKey) {
@@ -435,8 +439,11 @@ impl Federation {
                 if info["sub"].as_str() != Some(identity.subject.as_str()) {
                     return Err(Failure::BadAnswer("userinfo names another subject".into()).into());
                 }
-                (identity.email, identity.email_verified) =
-                    id_token::email_of(info.as_object().expect("an object"));
+                let info = info.as_object().expect("userinfo answers an object");
+                (identity.email, identity.email_verified) = id_token::email_of(info, &expected.mapping);
+                identity.name = identity
+                    .name
+                    .or_else(|| id_token::name_of(info, &expected.mapping));
             }
         }
         Ok(identity)
@@ -491,7 +498,10 @@ impl Federation {
                     email: who.email.clone(),
                     created_at: now,
                 };
-                match store.sign_up_upstream(&id, &identity, Some(&ip)).await? {
+                match store
+                    .sign_up_upstream(&id, &identity, who.name.as_deref(), Some(&ip))
+                    .await?
+                {
                     UpstreamSignUp::Created => {}
                     // Another request made the account or the link meanwhile:
                     // deciding again on what is there now.
@@ -522,11 +532,13 @@ impl Federation {
             Decision::Refuse(r) => return Ok(Arrival::Refused(r)),
             Decision::Link(_) | Decision::AlreadyLinked => unreachable!("a sign-in links nothing"),
         };
-        let mfa = rule::second_factor_asserted(up.trusts_mfa, &who.amr, who.auth_time, now);
+        let (amr, mfa) = rule::session_amr(up.trusts_mfa, &who.amr, who.auth_time, now);
         match app {
-            None => Ok(Arrival::SignedIn(self.login.upstream(origin, &user, mfa).await)),
+            None => Ok(Arrival::SignedIn(
+                self.login.upstream(origin, &user, &amr, mfa).await,
+            )),
             Some(app) => Ok(Arrival::AppCode(
-                self.issue_app_code(app, up, &user, mfa, origin, now).await?,
+                self.issue_app_code(app, up, &user, &amr, origin, now).await?,
             )),
         }
     }

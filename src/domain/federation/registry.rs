@@ -33,6 +33,12 @@ pub struct NewUpstream {
     /// Whether its `amr` value `mfa` (RFC 8176: more than one factor)
     /// counts as the account's second factor here.
     pub trusts_mfa: bool,
+    /// The claim of the id_token (or userinfo) that carries the address;
+    /// empty: `email`. Its `email_verified` says whether it is verified.
+    pub email_claim: String,
+    /// The claim that carries the name given to an account made for the
+    /// person; empty: `name`.
+    pub name_claim: String,
 }
 
 impl std::fmt::Debug for NewUpstream {
@@ -58,6 +64,8 @@ pub struct UpstreamView {
     pub trusts_email_verified: bool,
     pub protocol: Protocol,
     pub trusts_mfa: bool,
+    pub email_claim: String,
+    pub name_claim: String,
     /// Unix milliseconds.
     pub created_at: i64,
     /// The redirect URI to register at the upstream.
@@ -77,6 +85,8 @@ impl Federation {
             trusts_email_verified: u.trusts_email_verified,
             protocol: Protocol::parse(&u.protocol).unwrap_or(Protocol::Oidc),
             trusts_mfa: u.trusts_mfa,
+            email_claim: u.email_claim.clone(),
+            name_claim: u.name_claim.clone(),
             created_at: u.created_at,
         }
     }
@@ -147,6 +157,8 @@ impl Federation {
             created_at: now,
             protocol: u.protocol.as_str().to_string(),
             trusts_mfa: u.trusts_mfa,
+            email_claim: claim(&u.email_claim, "email")?,
+            name_claim: claim(&u.name_claim, "name")?,
         };
         let added = self.shared.store.add_upstream(&record).await?;
         self.refresh().await?;
@@ -196,4 +208,16 @@ impl Federation {
 
 pub(super) fn secret_aad(name: &str) -> Vec<u8> {
     [SECRET_AAD, b" ", name.as_bytes()].concat()
+}
+
+/// A claim name as given (`default` when empty): 1 to 64 printable
+/// characters.
+fn claim(given: &str, default: &str) -> Result<String, AuthError> {
+    let name = if given.is_empty() { default } else { given };
+    if name.len() > 64 || !name.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(AuthError::BadRequest(format!(
+            "{default}_claim: 1 to 64 printable characters"
+        )));
+    }
+    Ok(name.to_string())
 }

@@ -177,6 +177,38 @@ pub fn second_factor_asserted(
     trusts_mfa && fresh && amr.iter().any(|m| m == "mfa")
 }
 
+/// The authentication methods of RFC 8176's registry (§2): the values an
+/// upstream's `amr` may add to a session's here.
+const REGISTERED_AMR: [&str; 21] = [
+    "face", "fpt", "geo", "hwk", "iris", "kba", "mca", "mfa", "otp", "pin", "pop", "pwd", "rba", "retina",
+    "sc", "sms", "swk", "tel", "user", "vbm", "wia",
+];
+
+/// A session's `amr` after a sign-in through an upstream, and whether it
+/// passed the account's second factor: `fed`, then, for an upstream
+/// trusted for its `amr` (`trusts_mfa`), the registered values it asserted
+/// (`mfa` only when [`second_factor_asserted`]: fresh). An upstream not
+/// trusted for them adds nothing: its claims would read as methods
+/// latchkey saw.
+pub fn session_amr(
+    trusts_mfa: bool,
+    amr: &[String],
+    auth_time_secs: Option<i64>,
+    now: i64,
+) -> (String, bool) {
+    let mfa = second_factor_asserted(trusts_mfa, amr, auth_time_secs, now);
+    let mut out = vec!["fed"];
+    if trusts_mfa {
+        for m in amr {
+            let keep = REGISTERED_AMR.contains(&m.as_str()) && (m != "mfa" || mfa);
+            if keep && !out.contains(&m.as_str()) {
+                out.push(m.as_str());
+            }
+        }
+    }
+    (out.join(" "), mfa)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -403,6 +435,31 @@ mod tests {
             decide(&link_a, untrusting, unverified, None, Some(&b)),
             Decision::Link("a".into())
         );
+    }
+
+    #[test]
+    fn a_session_records_fed_and_only_a_trusted_upstreams_registered_methods() {
+        let now = 1_800_000_000_000;
+        let fresh = Some(now / 1000);
+        let old = Some(now / 1000 - 86_400);
+        let amr = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            session_amr(false, &amr(&["pwd", "mfa"]), fresh, now),
+            ("fed".into(), false)
+        );
+        assert_eq!(
+            session_amr(true, &amr(&["pwd", "mfa"]), fresh, now),
+            ("fed pwd mfa".into(), true)
+        );
+        assert_eq!(
+            session_amr(true, &amr(&["pwd", "mfa"]), old, now),
+            ("fed pwd".into(), false)
+        );
+        assert_eq!(
+            session_amr(true, &amr(&["pwd", "made-up", "fed", "pwd", "hwk"]), fresh, now),
+            ("fed pwd hwk".into(), false)
+        );
+        assert_eq!(session_amr(true, &[], fresh, now), ("fed".into(), false));
     }
 
     #[test]

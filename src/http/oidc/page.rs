@@ -263,7 +263,17 @@ pub(super) fn login_page(
         Some((s, m)) => (s, message(m, s.is_client_error() || s.is_server_error())),
         None => (StatusCode::OK, String::new()),
     };
-    pending_page(st, v, client, status, Key::TitleSignIn, "login.html", pending, email, &msg)
+    pending_page(
+        st,
+        v,
+        client,
+        status,
+        Key::TitleSignIn,
+        "login.html",
+        pending,
+        email,
+        &msg,
+    )
 }
 
 /// "Continue with ..." for each upstream provider (the sign-in and sign-up

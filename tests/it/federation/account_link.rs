@@ -106,7 +106,7 @@ async fn a_signed_in_person_links_an_upstream_identity_to_their_own_account_and_
         json!([{"name": "node", "display_name": "Node Example"}])
     );
 
-    let mail_before = app.count("SELECT COUNT(*) FROM outbox").await;
+    let mails_before = app.mails_to(&email).len();
     let to = link_from_account_page(app, &op, token, &upstream_login).await;
     assert_eq!(to, "/ui/account?linked=node");
     let user = app.user(&email).await;
@@ -118,8 +118,12 @@ async fn a_signed_in_person_links_an_upstream_identity_to_their_own_account_and_
         user.id
     );
     assert_eq!(app.count(&events).await, 1);
-    let mail = app.count("SELECT COUNT(*) FROM outbox").await - mail_before;
-    assert_eq!(mail, 1, "the owner is told");
+    let (subject, body) = app.wait_for_mail(&email, mails_before + 1).await;
+    assert_eq!(
+        subject, "A sign-in was linked to your account",
+        "the owner is told"
+    );
+    assert!(body.contains("Node Example"), "{body}");
 
     let (back, verifier) = through_upstream(&mut Browser::new(app), app, &op, &upstream_login).await;
     let callback = back

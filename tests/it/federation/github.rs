@@ -147,6 +147,7 @@ async fn a_github_account_signs_in_by_its_id_and_comes_back_to_the_same_account_
     assert_eq!(id["amr"], json!(["fed"]));
     assert_eq!(id["email"], email.as_str());
     let account = app.user(&email).await;
+    assert_eq!(account.name.as_deref(), Some("Mona"), "GitHub's profile name");
     let links = app.services.store.identities_of(&account.id).await.unwrap();
     assert_eq!(links.len(), 1);
     assert_eq!(
@@ -277,6 +278,8 @@ async fn github_upstream(app: &TestApp) -> GitHubSite {
             trusts_email_verified: true,
             protocol: Protocol::Github,
             trusts_mfa: false,
+            email_claim: String::new(),
+            name_claim: String::new(),
         },
     )
     .await;

@@ -343,6 +343,8 @@ async fn keycloak_as_the_upstream_makes_accounts_links_after_proof_signs_out_and
             trusts_email_verified: true,
             protocol: Protocol::Oidc,
             trusts_mfa: false,
+            email_claim: String::new(),
+            name_claim: String::new(),
         },
     )
     .await;
@@ -361,6 +363,7 @@ async fn keycloak_as_the_upstream_makes_accounts_links_after_proof_signs_out_and
     assert_eq!(id["amr"], json!(["fed"]));
     let alices_token = tokens["access_token"].as_str().unwrap().to_string();
     let account = app.user(&alice).await;
+    assert_eq!(account.name.as_deref(), Some("alice Tester"), "its name claim");
     let (back, _) = through_keycloak(&mut Browser::new(&app), &app, &kc, "alice").await;
     assert!(back.location.is_some_and(|l| l.starts_with(CALLBACK)));
     assert_eq!(accounts().await, 1);

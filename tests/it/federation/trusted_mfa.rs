@@ -71,7 +71,11 @@ async fn an_upstream_trusted_for_mfa_stands_for_the_second_factor_only_when_it_a
     let tokens = exchange_code(app, "app", &app_secret, &callback, &verifier).await;
     let id = claims(tokens["id_token"].as_str().unwrap());
     assert_eq!(id["sub"], user.id.as_str());
-    assert_eq!(id["amr"], json!(["fed", "mfa"]), "{id}");
+    assert_eq!(
+        id["amr"],
+        json!(["fed", "pwd", "mfa"]),
+        "what node asserted, after fed: {id}"
+    );
     assert_eq!(id["acr"], "2");
 
     let (page, _) = through_upstream(&mut Browser::new(app), app, &op, &weak).await;
