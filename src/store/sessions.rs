@@ -639,20 +639,28 @@ impl Store {
     /// Revokes every live session of the user that began with a sign-in
     /// through an upstream provider (its `amr` starts with `fed`: the
     /// sessions of its browser and of the applications it signed in to),
-    /// after that upstream's back-channel logout; returns the revoked ids.
+    /// after that upstream's back-channel logout, and the sign-ins of the
+    /// user still in flight; returns the revoked ids.
     pub async fn revoke_federated_sessions(&self, user_id: &str, now: i64) -> StoreResult<Vec<String>> {
         let reason = "upstream_logout";
         db_op!(self, "revoke_federated_sessions", conn => {
             let mut tx = conn.begin().await?;
             let ids: Vec<(String,)> = sqlx::query_as(
                 "UPDATE sessions SET revoked_at = $2, revoked_reason = $3 \
-                 WHERE user_id = $1 AND revoked_at IS NULL AND (amr = 'fed' OR amr LIKE 'fed %') RETURNING id",
+                 WHERE user_id = $1 AND revoked_at IS NULL AND expires_at > $2 \
+                 AND (amr = 'fed' OR amr LIKE 'fed %') RETURNING id",
             )
             .bind(user_id)
             .bind(now)
             .bind(reason)
             .fetch_all(&mut *tx)
             .await?;
+            // Nor may a sign-in in flight finish: one waiting for its second
+            // factor, an application's code not yet redeemed.
+            sqlx::query("DELETE FROM mfa_challenges WHERE user_id = $1 AND purpose IN ('login', 'upstream_code')")
+                .bind(user_id)
+                .execute(&mut *tx)
+                .await?;
             let ids: Vec<String> = ids.into_iter().map(|r| r.0).collect();
             for id in &ids {
                 let e = super::Event::new("session.ended", now).user(user_id).session(id).reason(reason);

@@ -284,9 +284,21 @@ fn clients_keys_and_upstreams_commands() {
     let printed = String::from_utf8(out.stdout).unwrap();
     assert!(out.status.success(), "{printed}");
     assert!(printed.contains("/oauth/upstream/corp/callback"), "{printed}");
+    let mut github = latchkey(dir.path());
+    github
+        .env("LATCHKEY_UPSTREAM_CLIENT_SECRET", "github-secret-value")
+        .args(["upstreams", "add", "github", "--github", "--client-id", "Iv1.abc"]);
+    let out = github.output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let (_, list, _) = run(&["upstreams", "list"]);
     assert!(
-        list.starts_with("corp\tCorp SSO\thttps://sso.corp.example"),
+        list.starts_with("corp\toidc\tCorp SSO\thttps://sso.corp.example"),
+        "{list}"
+    );
+    assert!(
+        list.contains(
+            "github\tgithub\tgithub\thttps://github.com\tclient Iv1.abc\tscopes \"read:user user:email\""
+        ),
         "{list}"
     );
     assert!(!list.contains("upstream-secret-value") && !printed.contains("upstream-secret-value"));

@@ -146,7 +146,11 @@ pub fn email_of(c: &serde_json::Map<String, Value>, m: &Mapping) -> (Option<Stri
         .and_then(Value::as_str)
         .and_then(|e| crate::domain::input::Email::parse("email", e).ok())
         .map(|e| e.as_str().to_string());
-    let verified = email.is_some() && c.get("email_verified") == Some(&Value::Bool(true));
+    // `email_verified` speaks for the `email` claim only (Core §5.1): an
+    // address from another claim (a username an upstream's user may set to
+    // anything) is never taken as verified.
+    let verified =
+        email.is_some() && m.email == "email" && c.get("email_verified") == Some(&Value::Bool(true));
     (email, verified)
 }
 
@@ -351,7 +355,7 @@ mod tests {
         };
         let a = check_claims(&c, &e).unwrap();
         assert_eq!(a.email.as_deref(), Some("ann@corp.example"));
-        assert!(a.email_verified, "its email_verified speaks for the mapped claim");
+        assert!(!a.email_verified, "email_verified speaks for `email` only");
         assert_eq!(a.name.as_deref(), Some("Ann Corp"));
         let a = check_claims(&c, &expected()).unwrap();
         assert_eq!(

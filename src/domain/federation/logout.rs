@@ -50,11 +50,13 @@ pub fn check(c: &Value, issuer: &str, client_id: &str, now: i64) -> Result<Logge
         return Err(Invalid::Audience);
     }
     match c.get("iat").and_then(Value::as_i64) {
-        Some(iat) if iat <= now + LEEWAY_SECS && iat >= now - MAX_AGE_SECS => {}
+        Some(iat) if iat <= now.saturating_add(LEEWAY_SECS) && iat >= now.saturating_sub(MAX_AGE_SECS) => {}
         _ => return Err(Invalid::IssuedAt),
     }
     if let Some(exp) = c.get("exp") {
-        let live = exp.as_i64().is_some_and(|exp| exp + LEEWAY_SECS > now);
+        let live = exp
+            .as_i64()
+            .is_some_and(|exp| exp.saturating_add(LEEWAY_SECS) > now);
         if !live {
             return Err(Invalid::Expired);
         }
@@ -86,8 +88,14 @@ impl Federation {
         &self,
         name: &str,
         logout_token: &str,
+        origin: &crate::domain::sessions::Origin,
         now: i64,
     ) -> Result<usize, FederationError> {
+        // Nothing is fetched for what is not even a JWS, and no client
+        // address makes latchkey call upstreams without limit.
+        jsonwebtoken::decode_header(logout_token)
+            .map_err(|_| FederationError::IdToken(Invalid::Malformed))?;
+        self.login.limit(origin).await?;
         let up = self.upstream(name).await?;
         let (protocol, d, _) = self.endpoints(&up).await?;
         if protocol != Protocol::Oidc {

@@ -145,6 +145,9 @@ impl Federation {
         if u.protocol == Protocol::Github && u.trusts_mfa {
             return bad("trusts_mfa: GitHub asserts no authentication methods");
         }
+        if u.protocol == Protocol::Github && !(u.email_claim.is_empty() && u.name_claim.is_empty()) {
+            return bad("email_claim, name_claim: GitHub's are its API's (the primary address, the name)");
+        }
         let record = UpstreamRecord {
             client_secret: self.sealer.seal(u.client_secret.as_bytes(), &secret_aad(&u.name)),
             name: u.name,

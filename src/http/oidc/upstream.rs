@@ -14,7 +14,7 @@ use crate::domain::federation::{AppReturn, Arrival, Callback, FederationError, R
 use crate::domain::oidc::PageError;
 use crate::domain::sessions::TokenPair;
 use crate::domain::AuthError;
-use crate::http::extract::ClientIp;
+use crate::http::extract::{ClientIp, ClientOrigin};
 use crate::http::pages::i18n::{Key, Lang};
 use crate::http::AppState;
 
@@ -357,13 +357,14 @@ pub struct LogoutForm {
               (status = 400, description = "`invalid_request`: no logout token, or one refused (signature, issuer, audience, age, event)")))]
 pub async fn backchannel_logout(
     State(st): State<AppState>,
+    ClientOrigin(origin): ClientOrigin,
     Path(name): Path<String>,
     form: Result<axum::Form<LogoutForm>, axum::extract::rejection::FormRejection>,
 ) -> Response {
     let outcome = match form {
         Ok(axum::Form(f)) => st
             .federation
-            .upstream_logout(&name, &f.logout_token, now_ms())
+            .upstream_logout(&name, &f.logout_token, &origin, now_ms())
             .await
             .map_err(|e| e.to_string()),
         Err(e) => Err(e.body_text()),
