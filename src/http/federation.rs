@@ -17,7 +17,6 @@ use super::AppState;
 use crate::domain::federation::{
     FederationError, IdentityView, NewUpstream, Protocol, UpstreamView, JOURNEY_TTL,
 };
-use crate::domain::input::Password;
 use crate::domain::AuthError;
 
 #[derive(Serialize, ToSchema)]
@@ -68,6 +67,7 @@ pub struct LinkRequest {
     /// The upstream's name.
     upstream: String,
     /// The account's password (not for an account without one).
+    #[schema(schema_with = super::schema::current_password)]
     current_password: Option<String>,
 }
 
@@ -100,7 +100,7 @@ pub async fn start_link(
     let password = req
         .current_password
         .as_deref()
-        .map(|p| Password::parse("current_password", p))
+        .map(super::accounts::current_password)
         .transpose()?;
     let d = match st
         .federation
