@@ -551,20 +551,21 @@ async fn an_account_with_a_second_factor_steps_up_after_the_upstream(app: &TestA
 /// Links an identity of upstream `node` (subject `subject`) to `user_id`,
 /// as a sign-in through it would have.
 async fn link(app: &TestApp, user_id: &str, subject: &str) {
+    link_at(app, "https://upstream.example", user_id, subject).await;
+}
+
+/// Links the identity (`issuer`, `subject`) of upstream `node` to `user_id`.
+async fn link_at(app: &TestApp, issuer: &str, user_id: &str, subject: &str) {
     let identity = latchkey::store::IdentityRecord {
-        issuer: "https://upstream.example".into(),
+        issuer: issuer.into(),
         subject: subject.into(),
         user_id: user_id.into(),
         upstream: "node".into(),
         email: None,
         created_at: latchkey::clock::now_ms(),
     };
-    assert!(app
-        .services
-        .store
-        .link_identity(&identity, None, None)
-        .await
-        .unwrap());
+    let store = &app.services.store;
+    assert!(store.link_identity(&identity, None, None).await.unwrap());
 }
 
 /// `GET /auth/identities` lists the caller's links, `DELETE` removes one

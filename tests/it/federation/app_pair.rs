@@ -176,20 +176,7 @@ async fn an_application_is_sent_back_only_to_its_configured_url_and_told_what_fa
     let session: Value = app.login(&email, PASSWORD).await.json().await.unwrap();
     crate::mfa::enrol_totp(&app, session["access_token"].as_str().unwrap()).await;
     let login = unique_email("app-mfa-there");
-    let identity = latchkey::store::IdentityRecord {
-        issuer: op.issuer.clone(),
-        subject: login.clone(),
-        user_id: app.user(&email).await.id,
-        upstream: "node".into(),
-        email: None,
-        created_at: latchkey::clock::now_ms(),
-    };
-    assert!(app
-        .services
-        .store
-        .link_identity(&identity, None, None)
-        .await
-        .unwrap());
+    super::link_at(&app, &op.issuer, &app.user(&email).await.id, &login).await;
     let back = through(&app, &op, &challenge, &login).await;
     let (status, body) = redeem(&app, &query(&back)["code"].clone(), &verifier).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");

@@ -48,20 +48,7 @@ async fn an_upstream_trusted_for_mfa_stands_for_the_second_factor_only_when_it_a
     let strong = unique_email("mfa");
     let weak = unique_email("pwd");
     for subject in [&strong, &weak] {
-        let identity = latchkey::store::IdentityRecord {
-            issuer: op.issuer.clone(),
-            subject: subject.clone(),
-            user_id: user.id.clone(),
-            upstream: "node".into(),
-            email: None,
-            created_at: latchkey::clock::now_ms(),
-        };
-        assert!(app
-            .services
-            .store
-            .link_identity(&identity, None, None)
-            .await
-            .unwrap());
+        super::link_at(app, &op.issuer, &user.id, &subject).await;
     }
 
     let (back, verifier) = through_upstream(&mut Browser::new(app), app, &op, &strong).await;

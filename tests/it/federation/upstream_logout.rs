@@ -37,20 +37,7 @@ async fn signing_out_at_the_upstream_ends_the_sessions_that_began_there_and_no_o
     app.register_verified(&email, PASSWORD).await;
     let user = app.user(&email).await;
     let login = unique_email("fed-logout-there");
-    let identity = latchkey::store::IdentityRecord {
-        issuer: op.issuer.clone(),
-        subject: login.clone(),
-        user_id: user.id.clone(),
-        upstream: "node".into(),
-        email: None,
-        created_at: latchkey::clock::now_ms(),
-    };
-    assert!(app
-        .services
-        .store
-        .link_identity(&identity, None, None)
-        .await
-        .unwrap());
+    super::link_at(app, &op.issuer, &user.id, &login).await;
     let password: Value = app.login(&email, PASSWORD).await.json().await.unwrap();
     let password = password["access_token"].as_str().unwrap().to_string();
 
