@@ -48,7 +48,7 @@ async fn an_upstream_trusted_for_mfa_stands_for_the_second_factor_only_when_it_a
     let strong = unique_email("mfa");
     let weak = unique_email("pwd");
     for subject in [&strong, &weak] {
-        super::link_at(app, &op.issuer, &user.id, &subject).await;
+        super::link_at(app, &op.issuer, &user.id, subject).await;
     }
 
     let (back, verifier) = through_upstream(&mut Browser::new(app), app, &op, &strong).await;
