@@ -83,9 +83,11 @@ pub enum Invalid {
     IssuedAt,
     Nonce,
     NoSubject,
-    /// A logout token without the back-channel logout event, or with a
-    /// `nonce` (which would make it pass for an id_token).
+    /// A logout token without the back-channel logout event or a `jti`,
+    /// or with a `nonce` (which would make it pass for an id_token).
     NotLogout,
+    /// A logout token taken before (its `jti`).
+    Replayed,
 }
 
 /// The claims of an id_token whose signature checked out, against what

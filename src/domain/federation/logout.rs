@@ -33,6 +33,8 @@ pub const MAX_AGE_SECS: i64 = 600;
 pub struct LoggedOut {
     pub subject: Option<String>,
     pub session: Option<String>,
+    /// Its `jti`: a token is taken once.
+    pub id: String,
 }
 
 /// The claims of a logout token whose signature checked out.
@@ -74,6 +76,7 @@ pub fn check(c: &Value, issuer: &str, client_id: &str, now: i64) -> Result<Logge
     let out = LoggedOut {
         subject: text("sub"),
         session: text("sid"),
+        id: text("jti").ok_or(Invalid::NotLogout)?,
     };
     if out.subject.is_none() && out.session.is_none() {
         return Err(Invalid::NoSubject);
@@ -107,10 +110,21 @@ impl Federation {
         }
         let claims = claims.map_err(FederationError::IdToken)?;
         let out = check(&claims, &up.issuer, &up.client_id, now / 1000).map_err(FederationError::IdToken)?;
+        // Each token once (§2.6 lets a relying party refuse a `jti` seen
+        // before): a captured one replayed later would end the sessions
+        // started since. Kept as long as a token is young enough to pass.
+        let store = &self.shared.store;
+        let seen = crate::crypto::sha256(format!("{}\n{}", up.issuer, out.id).as_bytes());
+        let keep_until = now + (MAX_AGE_SECS + 2 * LEEWAY_SECS) * 1000;
+        if !store
+            .claim_challenge(&seen, "upstream_logout", now, keep_until)
+            .await?
+        {
+            return Err(FederationError::IdToken(Invalid::Replayed));
+        }
         let Some(subject) = out.subject else {
             return Ok(0);
         };
-        let store = &self.shared.store;
         let Some(identity) = store.upstream_identity(&up.issuer, &subject).await? else {
             return Ok(0);
         };
@@ -192,6 +206,12 @@ mod tests {
             Err(Invalid::NotLogout)
         );
         assert_eq!(judged(with(json!({"nonce": "n-1"}))), Err(Invalid::NotLogout));
+    }
+
+    #[test]
+    fn a_logout_token_without_its_id_is_refused() {
+        assert_eq!(judged(with(json!({"jti": null}))), Err(Invalid::NotLogout));
+        assert_eq!(judged(with(json!({"jti": ""}))), Err(Invalid::NotLogout));
     }
 
     #[test]
