@@ -13,10 +13,9 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::error::{ApiError, ErrorBody};
 use super::extract::{AccountBearer, AdminToken, ClientOrigin, JsonBody};
+use super::oidc::upstream::with_journey;
 use super::AppState;
-use crate::domain::federation::{
-    FederationError, IdentityView, NewUpstream, Protocol, UpstreamView, JOURNEY_TTL,
-};
+use crate::domain::federation::{FederationError, IdentityView, NewUpstream, Protocol, UpstreamView};
 use crate::domain::AuthError;
 
 #[derive(Serialize, ToSchema)]
@@ -83,11 +82,11 @@ pub struct LinkDeparture {
 /// the caller's account. The answer sets the journey's cookie; the browser
 /// that made the call goes to `url` and comes back through the upstream's
 /// callback. Takes a recent sign-in (with the second factor when the
-/// account has one), as adding a factor does.
+/// account has one) and the current password, as adding a factor does.
 #[utoipa::path(post, path = "/auth/identities", tag = "federation", security(("bearer" = [])),
     request_body = LinkRequest,
     responses((status = 200, body = LinkDeparture, description = "With the journey's cookie"),
-              (status = 401, body = ErrorBody, description = "INVALID_TOKEN, REAUTHENTICATION_REQUIRED"),
+              (status = 401, body = ErrorBody, description = "INVALID_TOKEN, REAUTHENTICATION_REQUIRED, INVALID_CREDENTIALS (the current password)"),
               (status = 404, body = ErrorBody, description = "NOT_FOUND: no such upstream"),
               (status = 429, body = ErrorBody, description = "RATE_LIMITED"),
               (status = 502, body = ErrorBody, description = "UPSTREAM_FAILED: it cannot be reached")))]
@@ -115,16 +114,8 @@ pub async fn start_link(
             return Err(ApiError::UpstreamFailed);
         }
     };
-    let mut r = Json(LinkDeparture { url: d.url }).into_response();
-    r.headers_mut().append(
-        header::SET_COOKIE,
-        st.pages.set_cookie(
-            crate::http::oidc::upstream::JOURNEY,
-            &d.sealed_journey,
-            JOURNEY_TTL.as_secs(),
-        ),
-    );
-    Ok(r)
+    let url = d.url.clone();
+    Ok(with_journey(&st, Json(LinkDeparture { url }).into_response(), &d))
 }
 
 /// `DELETE /auth/identities/{id}`: unlinks one of the caller's.
@@ -335,16 +326,8 @@ pub async fn app_depart(
         .await;
     let error = match departed {
         Ok(d) => {
-            let mut r = (StatusCode::SEE_OTHER, [(header::LOCATION, d.url)]).into_response();
-            r.headers_mut().append(
-                header::SET_COOKIE,
-                st.pages.set_cookie(
-                    crate::http::oidc::upstream::JOURNEY,
-                    &d.sealed_journey,
-                    JOURNEY_TTL.as_secs(),
-                ),
-            );
-            return Ok(r);
+            let to = (StatusCode::SEE_OTHER, [(header::LOCATION, d.url.clone())]).into_response();
+            return Ok(with_journey(&st, to, &d));
         }
         Err(FederationError::Auth(e @ AuthError::BadRequest(_))) => return Err(e.into()),
         Err(FederationError::UnknownUpstream) => "unknown_upstream",

@@ -10,7 +10,9 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use crate::clock::now_ms;
-use crate::domain::federation::{AppReturn, Arrival, Callback, FederationError, Refusal, JOURNEY_TTL};
+use crate::domain::federation::{
+    AppReturn, Arrival, Callback, Departure, FederationError, Refusal, JOURNEY_TTL,
+};
 use crate::domain::oidc::PageError;
 use crate::domain::sessions::TokenPair;
 use crate::domain::AuthError;
@@ -28,6 +30,18 @@ pub(crate) const JOURNEY: &str = "latchkey_upstream";
 /// The cookie of an identity to link once the person signs in to the
 /// account its address names.
 const LINK: &str = "latchkey_upstream_link";
+
+/// `r` with the journey's cookie of departure `d` (the browser that
+/// leaves is the one that may come back: the pages, the account page's
+/// link and the applications' JSON pair all leave this way).
+pub(crate) fn with_journey(st: &AppState, mut r: Response, d: &Departure) -> Response {
+    r.headers_mut().append(
+        header::SET_COOKIE,
+        st.pages
+            .set_cookie(JOURNEY, &d.sealed_journey, JOURNEY_TTL.as_secs()),
+    );
+    r
+}
 
 /// `GET /oauth/upstream/{name}?authz=...`: leaves for the upstream.
 #[utoipa::path(get, path = "/oauth/upstream/{name}", tag = "federation",
@@ -52,15 +66,7 @@ pub async fn depart(
         return dead_end(&st, &v, PageError::Expired);
     };
     match st.federation.depart(&name, &p.authz, &v.origin, now_ms()).await {
-        Ok(d) => {
-            let mut r = see_other(&d.url);
-            r.headers_mut().append(
-                header::SET_COOKIE,
-                st.pages
-                    .set_cookie(JOURNEY, &d.sealed_journey, JOURNEY_TTL.as_secs()),
-            );
-            v.finish(&st, r)
-        }
+        Ok(d) => v.finish(&st, with_journey(&st, see_other(&d.url), &d)),
         Err(e) => {
             // Logged by a name the operator gave, never one from the URL.
             if let Some(known) = st.federation.listed().iter().find(|u| u.name == name) {
