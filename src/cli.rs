@@ -1,4 +1,5 @@
-//! The command line: `serve`, `migrate`, `clients`, `keys`, `users`, `gateway`.
+//! The command line: `serve`, `migrate`, `backup`, `restore`, `secret`, `clients`, `keys`, `users`,
+//! `webhooks`, `upstreams`, `gateway`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,7 +12,9 @@ use crate::app::config::Config;
 use crate::app::{Application, Services};
 use crate::lifecycle::Program;
 
+mod secret;
 mod upstreams;
+pub use secret::SecretCommand;
 pub use upstreams::UpstreamsCommand;
 
 #[derive(Parser)]
@@ -46,6 +49,11 @@ pub enum Command {
         /// not by `latchkey backup`); every other check still applies.
         #[arg(long)]
         unsealed: bool,
+    },
+    /// Rotate the master secret (docs/operations.md).
+    Secret {
+        #[command(subcommand)]
+        command: SecretCommand,
     },
     /// Manage OAuth clients.
     Clients {
@@ -395,6 +403,7 @@ async fn run(command: Command, config: Config, started: Instant) -> anyhow::Resu
             }
             Ok(())
         }
+        Command::Secret { command } => secret::run(&config, command).await,
         Command::Upstreams { command } => upstreams::run(&*Services::build(config).await?, command).await,
         Command::Keys { command } => {
             let st = Services::build(config).await?;

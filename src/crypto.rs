@@ -2,6 +2,7 @@
 //! sealing (AES-256-GCM) and the master secret. No primitive is written here.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -75,13 +76,48 @@ pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && bool::from(a.ct_eq(b))
 }
 
-/// A key for HMAC-SHA256, used for keyed hashes of codes and the credential cache.
+/// A key for HMAC-SHA256, used for keyed hashes of codes and the credential
+/// cache. One derived from the master secret also holds the same key of the
+/// secrets before it ([`Keyring`]): [`MacKey::mac`] uses the current key
+/// only, [`MacKey::macs`] gives the MAC under each, for checking a value
+/// keyed before a rotation.
 #[derive(Clone)]
-pub struct MacKey(hmac::Key);
+pub struct MacKey {
+    current: hmac::Key,
+    older: Arc<[hmac::Key]>,
+}
+
+fn hmac_key(key: &[u8]) -> hmac::Key {
+    hmac::Key::new(hmac::HMAC_SHA256, key)
+}
+
+fn mac_with(key: &hmac::Key, parts: &[&[u8]]) -> [u8; 32] {
+    let mut ctx = hmac::Context::with_key(key);
+    for p in parts {
+        // Length-prefix every part so that ("ab","c") and ("a","bc") differ.
+        ctx.update(&(p.len() as u64).to_be_bytes());
+        ctx.update(p);
+    }
+    let tag = ctx.sign();
+    let mut out = [0u8; 32];
+    out.copy_from_slice(tag.as_ref());
+    out
+}
 
 impl MacKey {
     pub fn new(key: &[u8]) -> Self {
-        MacKey(hmac::Key::new(hmac::HMAC_SHA256, key))
+        MacKey {
+            current: hmac_key(key),
+            older: Arc::from([]),
+        }
+    }
+
+    /// `keys[0]` keys everything new; the others only check.
+    fn ring(keys: &[[u8; 32]]) -> Self {
+        MacKey {
+            current: hmac_key(&keys[0]),
+            older: keys[1..].iter().map(|k| hmac_key(k)).collect(),
+        }
     }
 
     pub fn random() -> Self {
@@ -89,22 +125,31 @@ impl MacKey {
     }
 
     pub fn mac(&self, parts: &[&[u8]]) -> [u8; 32] {
-        let mut ctx = hmac::Context::with_key(&self.0);
-        for p in parts {
-            // Length-prefix every part so that ("ab","c") and ("a","bc") differ.
-            ctx.update(&(p.len() as u64).to_be_bytes());
-            ctx.update(p);
-        }
-        let tag = ctx.sign();
-        let mut out = [0u8; 32];
-        out.copy_from_slice(tag.as_ref());
-        out
+        mac_with(&self.current, parts)
+    }
+
+    /// The MAC of `parts` under the current key, then under each older
+    /// one: a stored value keyed before a rotation matches one of them.
+    pub fn macs<'a>(&'a self, parts: &'a [&'a [u8]]) -> impl Iterator<Item = [u8; 32]> + 'a {
+        std::iter::once(&self.current)
+            .chain(self.older.iter())
+            .map(move |k| mac_with(k, parts))
+    }
+
+    /// Whether `tag` (all of a MAC, or its first bytes) is the MAC of
+    /// `parts` under any of the keys, compared in constant time.
+    pub fn verify(&self, parts: &[&[u8]], tag: &[u8]) -> bool {
+        // Every key is tried, so the time does not tell which one matched.
+        self.macs(parts).fold(false, |ok, mac| {
+            ok | (tag.len() <= mac.len() && ct_eq(&mac[..tag.len()], tag))
+        })
     }
 
     /// An HMAC computed over bytes given in pieces, as they come (a file
     /// of any size, chunk by chunk). No length prefixes: the bytes as one.
+    /// Under the current key only.
     pub fn stream(&self) -> MacStream {
-        MacStream(hmac::Context::with_key(&self.0))
+        MacStream(hmac::Context::with_key(&self.current))
     }
 }
 
@@ -124,13 +169,54 @@ impl MacStream {
 }
 
 /// Authenticated encryption with a random nonce; output is `nonce || ciphertext || tag`.
-pub struct Sealer(LessSafeKey);
+/// One derived from the master secret also holds the same key of the
+/// secrets before it ([`Keyring`]): it seals under the current key and
+/// opens under any (AES-GCM's tag tells a wrong key, so trying is safe).
+pub struct Sealer {
+    current: LessSafeKey,
+    older: Vec<LessSafeKey>,
+}
+
+fn aead_key(key: &[u8; 32]) -> LessSafeKey {
+    LessSafeKey::new(UnboundKey::new(&AES_256_GCM, key).expect("32-byte key"))
+}
+
+fn open_with(key: &LessSafeKey, sealed: &[u8], aad: &[u8]) -> Option<Vec<u8>> {
+    if sealed.len() < NONCE_LEN {
+        return None;
+    }
+    let (nonce, rest) = sealed.split_at(NONCE_LEN);
+    let nonce = Nonce::try_assume_unique_for_key(nonce).ok()?;
+    let mut buf = rest.to_vec();
+    let plain = key.open_in_place(nonce, Aad::from(aad), &mut buf).ok()?;
+    Some(plain.to_vec())
+}
+
+/// What [`Sealer::reseal`] made of a sealed value.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Resealed {
+    /// Sealed under the current key already: nothing to do.
+    Current,
+    /// Opened under an older key: here it is, sealed under the current one.
+    Now(Vec<u8>),
+    /// No key here opens it (damaged, or sealed under a secret not held).
+    Unopenable,
+}
 
 impl Sealer {
     pub fn new(key: &[u8; 32]) -> Self {
-        Sealer(LessSafeKey::new(
-            UnboundKey::new(&AES_256_GCM, key).expect("32-byte key"),
-        ))
+        Sealer {
+            current: aead_key(key),
+            older: Vec::new(),
+        }
+    }
+
+    /// `keys[0]` seals; every key opens.
+    fn ring(keys: &[[u8; 32]]) -> Self {
+        Sealer {
+            current: aead_key(&keys[0]),
+            older: keys[1..].iter().map(aead_key).collect(),
+        }
     }
 
     /// A sealer whose key is derived from a high-entropy token (used to keep a
@@ -143,7 +229,7 @@ impl Sealer {
     pub fn seal(&self, plaintext: &[u8], aad: &[u8]) -> Vec<u8> {
         let nonce_bytes = random_bytes::<NONCE_LEN>();
         let mut buf = plaintext.to_vec();
-        self.0
+        self.current
             .seal_in_place_append_tag(
                 Nonce::assume_unique_for_key(nonce_bytes),
                 Aad::from(aad),
@@ -156,15 +242,114 @@ impl Sealer {
     }
 
     pub fn open(&self, sealed: &[u8], aad: &[u8]) -> Option<Vec<u8>> {
-        if sealed.len() < NONCE_LEN {
+        std::iter::once(&self.current)
+            .chain(&self.older)
+            .find_map(|k| open_with(k, sealed, aad))
+    }
+
+    /// `sealed` under the current key: as it is if it already was, sealed
+    /// again if an older key opens it (`latchkey secret rotate`).
+    pub fn reseal(&self, sealed: &[u8], aad: &[u8]) -> Resealed {
+        if open_with(&self.current, sealed, aad).is_some() {
+            return Resealed::Current;
+        }
+        match self.older.iter().find_map(|k| open_with(k, sealed, aad)) {
+            Some(plain) => Resealed::Now(self.seal(&plain, aad)),
+            None => Resealed::Unopenable,
+        }
+    }
+}
+
+/// The master secrets an instance holds. `current` seals and keys
+/// everything new; each of `previous` (secrets before a rotation, until
+/// `latchkey secret retire`) still opens and checks what it sealed or keyed.
+/// `retired` are the keyed hashes' keys of secrets already retired, kept
+/// (sealed under the current secret, in the database) because what they
+/// keyed cannot be keyed again: recovery codes and refresh tokens are held
+/// by their owners, only their MACs here. docs/operations.md, "The master
+/// secret".
+#[derive(Clone)]
+pub struct Keyring {
+    pub current: Vec<u8>,
+    pub previous: Vec<Vec<u8>>,
+    pub retired: Vec<RetiredMacKeys>,
+}
+
+/// The keys of a retired secret that outlive it (see [`Keyring`]).
+#[derive(Clone, PartialEq, Eq)]
+pub struct RetiredMacKeys {
+    pub codes: [u8; 32],
+    pub refresh_tokens: [u8; 32],
+}
+
+const CODES_LABEL: &[u8] = b"latchkey/codes/v1";
+const REFRESH_LABEL: &[u8] = b"latchkey/refresh-tokens/v1";
+
+impl RetiredMacKeys {
+    pub fn of(master: &[u8]) -> Self {
+        RetiredMacKeys {
+            codes: subkey(master, CODES_LABEL),
+            refresh_tokens: subkey(master, REFRESH_LABEL),
+        }
+    }
+
+    /// Their stored form: 64 bytes each, one after the other.
+    pub fn to_bytes(list: &[RetiredMacKeys]) -> Vec<u8> {
+        list.iter()
+            .flat_map(|k| k.codes.iter().chain(&k.refresh_tokens))
+            .copied()
+            .collect()
+    }
+
+    pub fn from_bytes(bytes: &[u8]) -> Option<Vec<RetiredMacKeys>> {
+        if bytes.len() % 64 != 0 {
             return None;
         }
-        let (nonce, rest) = sealed.split_at(NONCE_LEN);
-        let nonce = Nonce::try_assume_unique_for_key(nonce).ok()?;
-        let mut buf = rest.to_vec();
-        let plain = self.0.open_in_place(nonce, Aad::from(aad), &mut buf).ok()?;
-        Some(plain.to_vec())
+        Some(
+            bytes
+                .chunks(64)
+                .map(|c| RetiredMacKeys {
+                    codes: c[..32].try_into().expect("32 bytes"),
+                    refresh_tokens: c[32..].try_into().expect("32 bytes"),
+                })
+                .collect(),
+        )
     }
+}
+
+impl Keyring {
+    pub fn single(master: &[u8]) -> Self {
+        Keyring {
+            current: master.to_vec(),
+            previous: Vec::new(),
+            retired: Vec::new(),
+        }
+    }
+
+    fn secrets(&self) -> impl Iterator<Item = &[u8]> {
+        std::iter::once(self.current.as_slice()).chain(self.previous.iter().map(Vec::as_slice))
+    }
+
+    /// The purpose's key of every secret, the current one first.
+    fn subkeys(&self, label: &[u8]) -> Vec<[u8; 32]> {
+        self.secrets().map(|m| subkey(m, label)).collect()
+    }
+
+    /// [`Self::subkeys`], then the retired secrets' keys of the purpose.
+    fn mac_keys(&self, label: &[u8], retired: impl Fn(&RetiredMacKeys) -> [u8; 32]) -> MacKey {
+        let mut keys = self.subkeys(label);
+        keys.extend(self.retired.iter().map(retired));
+        MacKey::ring(&keys)
+    }
+}
+
+fn subkey(master: &[u8], label: &[u8]) -> [u8; 32] {
+    MacKey::new(master).mac(&[label])
+}
+
+/// The check value of a master secret (see [`ServerKeys::secret_check`]).
+pub fn secret_check(master: &[u8]) -> [u8; 32] {
+    subkey(master, b"latchkey/secret-check/v1")
 }
 
 /// Keys derived from the master secret, one per purpose.
@@ -188,7 +373,13 @@ pub struct ServerKeys {
     /// A value that names the master secret without revealing it: stored in
     /// the database by the first instance, compared by every later one.
     pub secret_check: [u8; 32],
+    /// The check values of the keyring's previous secrets, in its order.
+    pub previous_checks: Vec<[u8; 32]>,
+    /// Sealing of the retired secrets' keys kept in the database
+    /// ([`RetiredMacKeys`]).
+    pub retired: Sealer,
     /// The seal of a backup's bytes (`latchkey backup`, docs/backup.md).
+    /// The current secret's only: a backup seals one state of one secret.
     pub backups: MacKey,
     /// Sealing of upstream providers' client secrets at rest, and of a
     /// sign-in's journey through an upstream (its cookie,
@@ -197,19 +388,28 @@ pub struct ServerKeys {
 }
 
 impl ServerKeys {
+    /// The keys of one master secret, with nothing before it.
     pub fn derive(master: &[u8]) -> Self {
-        let root = MacKey::new(master);
+        Self::of_ring(&Keyring::single(master))
+    }
+
+    /// The keys of a keyring: each seals or keys under the current secret,
+    /// and opens or checks under every secret of the ring.
+    pub fn of_ring(ring: &Keyring) -> Self {
+        let sealer = |label: &[u8]| Sealer::ring(&ring.subkeys(label));
         ServerKeys {
-            codes: MacKey::new(&root.mac(&[b"latchkey/codes/v1"])),
-            outbox: Sealer::new(&root.mac(&[b"latchkey/outbox/v1"])),
-            signing_keys: Sealer::new(&root.mac(&[b"latchkey/signing-keys/v1"])),
-            factors: Sealer::new(&root.mac(&[b"latchkey/factors/v1"])),
-            ceremonies: Sealer::new(&root.mac(&[b"latchkey/passkey-ceremony/v1"])),
-            refresh_tokens: MacKey::new(&root.mac(&[b"latchkey/refresh-tokens/v1"])),
-            authorizations: Sealer::new(&root.mac(&[b"latchkey/authorizations/v1"])),
-            secret_check: root.mac(&[b"latchkey/secret-check/v1"]),
-            backups: MacKey::new(&root.mac(&[b"latchkey/backups/v1"])),
-            upstreams: Sealer::new(&root.mac(&[b"latchkey/upstreams/v1"])),
+            codes: ring.mac_keys(CODES_LABEL, |r| r.codes),
+            outbox: sealer(b"latchkey/outbox/v1"),
+            signing_keys: sealer(b"latchkey/signing-keys/v1"),
+            factors: sealer(b"latchkey/factors/v1"),
+            ceremonies: sealer(b"latchkey/passkey-ceremony/v1"),
+            refresh_tokens: ring.mac_keys(REFRESH_LABEL, |r| r.refresh_tokens),
+            authorizations: sealer(b"latchkey/authorizations/v1"),
+            secret_check: secret_check(&ring.current),
+            previous_checks: ring.previous.iter().map(|m| secret_check(m)).collect(),
+            retired: sealer(b"latchkey/retired-keys/v1"),
+            backups: MacKey::new(&subkey(&ring.current, b"latchkey/backups/v1")),
+            upstreams: sealer(b"latchkey/upstreams/v1"),
         }
     }
 }
@@ -311,6 +511,92 @@ mod tests {
         *bad.last_mut().unwrap() ^= 1;
         assert!(s.open(&bad, b"aad").is_none());
         assert!(Sealer::new(&[8u8; 32]).open(&sealed, b"aad").is_none());
+    }
+
+    #[test]
+    fn a_ring_seals_under_its_current_secret_and_opens_under_each() {
+        let old = ServerKeys::derive(b"the old master secret, 32 bytes!");
+        let ring = Keyring {
+            current: b"the new master secret, 32 bytes!".to_vec(),
+            previous: vec![b"the old master secret, 32 bytes!".to_vec()],
+            retired: Vec::new(),
+        };
+        let both = ServerKeys::of_ring(&ring);
+        let new = ServerKeys::derive(&ring.current);
+        let sealed_before = old.factors.seal(b"totp", b"f1");
+        assert_eq!(both.factors.open(&sealed_before, b"f1").unwrap(), b"totp");
+        assert!(both.factors.open(&sealed_before, b"f2").is_none());
+        assert!(new.factors.open(&sealed_before, b"f1").is_none());
+        // What the ring seals opens under the new secret alone.
+        let sealed_after = both.factors.seal(b"totp", b"f1");
+        assert!(new.factors.open(&sealed_after, b"f1").is_some());
+        assert!(old.factors.open(&sealed_after, b"f1").is_none());
+        // Resealing: the old value moves, a current one stays, a foreign one is named.
+        match both.factors.reseal(&sealed_before, b"f1") {
+            Resealed::Now(v) => assert_eq!(new.factors.open(&v, b"f1").unwrap(), b"totp"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(both.factors.reseal(&sealed_after, b"f1"), Resealed::Current);
+        let foreign = ServerKeys::derive(b"somebody else's secret, 32 bytes")
+            .factors
+            .seal(b"x", b"f1");
+        assert_eq!(both.factors.reseal(&foreign, b"f1"), Resealed::Unopenable);
+        // Each purpose has its own key: the outbox's does not open a factor.
+        assert!(both.outbox.open(&sealed_before, b"f1").is_none());
+    }
+
+    #[test]
+    fn a_ring_keys_macs_under_its_current_secret_and_checks_them_under_each_and_the_retired() {
+        let old_secret = b"the old master secret, 32 bytes!";
+        let old = ServerKeys::derive(old_secret);
+        let before = old.codes.mac(&[b"code", b"123456"]);
+        let ring = Keyring {
+            current: b"the new master secret, 32 bytes!".to_vec(),
+            previous: vec![old_secret.to_vec()],
+            retired: Vec::new(),
+        };
+        let both = ServerKeys::of_ring(&ring);
+        assert_ne!(both.codes.mac(&[b"code", b"123456"]), before);
+        assert!(both.codes.verify(&[b"code", b"123456"], &before));
+        assert!(
+            both.codes.verify(&[b"code", b"123456"], &before[..16]),
+            "a truncated tag"
+        );
+        assert!(!both.codes.verify(&[b"code", b"654321"], &before));
+        assert!(
+            !both.refresh_tokens.verify(&[b"code", b"123456"], &before),
+            "another purpose"
+        );
+        // Retired: the secret is gone, its MAC keys stay.
+        let retired = Keyring {
+            current: ring.current.clone(),
+            previous: Vec::new(),
+            retired: RetiredMacKeys::from_bytes(&RetiredMacKeys::to_bytes(&[RetiredMacKeys::of(old_secret)]))
+                .unwrap(),
+        };
+        let after = ServerKeys::of_ring(&retired);
+        assert!(after.codes.verify(&[b"code", b"123456"], &before));
+        assert_eq!(after.codes.macs(&[b"code", b"123456"]).count(), 2);
+        assert!(
+            after.factors.open(&old.factors.seal(b"x", b"a"), b"a").is_none(),
+            "nothing sealed opens"
+        );
+        assert!(RetiredMacKeys::from_bytes(&[0u8; 63]).is_none());
+    }
+
+    #[test]
+    fn one_secret_derives_the_keys_it_always_did() {
+        // The keys before keyrings: HMAC(master, label). Changing them would
+        // make every stored hash and sealed value unreadable.
+        let master = b"a master secret of 32 bytes here";
+        let root = MacKey::new(master);
+        let keys = ServerKeys::derive(master);
+        assert_eq!(keys.secret_check, root.mac(&[b"latchkey/secret-check/v1"]));
+        let codes = MacKey::new(&root.mac(&[b"latchkey/codes/v1"]));
+        assert_eq!(keys.codes.mac(&[b"x"]), codes.mac(&[b"x"]));
+        let factors = Sealer::new(&root.mac(&[b"latchkey/factors/v1"]));
+        assert!(keys.factors.open(&factors.seal(b"s", b"a"), b"a").is_some());
+        assert!(keys.previous_checks.is_empty());
     }
 
     #[test]

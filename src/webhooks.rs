@@ -60,7 +60,8 @@ const BATCH: i64 = 20;
 const POLL: Duration = Duration::from_secs(1);
 const TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_BACKOFF_MS: i64 = 3_600_000;
-const AAD: &[u8] = b"latchkey/webhook";
+/// The associated data of a sealed webhook secret.
+pub const AAD: &[u8] = b"latchkey/webhook";
 
 /// Retries of webhook deliveries, and where they may go.
 #[derive(Clone, Debug)]
@@ -173,7 +174,7 @@ pub fn seal_secret(secret: &str, sealer: &Sealer) -> Vec<u8> {
     sealer.seal(secret.as_bytes(), AAD)
 }
 
-fn open_secret(sealed: &[u8], sealer: &Sealer) -> Option<String> {
+pub fn open_secret(sealed: &[u8], sealer: &Sealer) -> Option<String> {
     String::from_utf8(sealer.open(sealed, AAD)?).ok()
 }
 

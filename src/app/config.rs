@@ -30,6 +30,10 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// Master secret (32+ bytes). Unset: read or create `<data_dir>/secret.key`.
     pub secret_key: Option<Secret<Vec<u8>>>,
+    /// Master secrets before a rotation that still open what they sealed,
+    /// comma-separated (`LATCHKEY_PREVIOUS_SECRET_KEYS`). Unset with
+    /// `secret_key` unset: read `<data_dir>/secret.previous` (`app::keyring`).
+    pub previous_secret_keys: Vec<Secret<Vec<u8>>>,
     pub shutdown_timeout: Duration,
     pub http: HttpSettings,
     pub database: DatabaseConfig,
@@ -81,6 +85,9 @@ impl Config {
             // Not `optional`: an empty value (a secret that rendered empty) is
             // an error, never a silent fallback to `<data_dir>/secret.key`.
             secret_key: src.get("secret_key", None, |s| parse_secret_key(s).map(Some))?,
+            previous_secret_keys: src.get("previous_secret_keys", Vec::new(), |s| {
+                s.split(',').map(|one| parse_secret_key(one.trim())).collect()
+            })?,
             shutdown_timeout: src.get("shutdown_timeout_secs", Duration::from_secs(10), secs(0, 600))?,
             redis: RedisConfig::read(src)?,
             mail: MailSettings::read(src)?,
@@ -150,6 +157,27 @@ mod tests {
     fn an_empty_secret_key_is_refused_not_taken_for_unset() {
         let err = Config::from_sources(&Sources::from_pairs([("secret_key", "")])).unwrap_err();
         assert!(err.to_string().contains("LATCHKEY_SECRET_KEY"), "{err}");
+    }
+
+    #[test]
+    fn previous_secret_keys_are_a_comma_separated_list_of_secrets_each_checked() {
+        let two =
+            "dGhlLW5leHQtbWFzdGVyLXNlY3JldC0zMi1ieXRlcyE=, dGhlLW9sZC1tYXN0ZXItc2VjcmV0LTMyLWJ5dGVzISE=";
+        let c = Config::from_sources(&Sources::from_pairs([("previous_secret_keys", two)])).unwrap();
+        assert_eq!(c.previous_secret_keys.len(), 2);
+        assert!(Config::from_sources(&Sources::from_pairs([]))
+            .unwrap()
+            .previous_secret_keys
+            .is_empty());
+        for bad in ["c2hvcnQ=", "dGhlLW5leHQtbWFzdGVyLXNlY3JldC0zMi1ieXRlcyE=,"] {
+            let err =
+                Config::from_sources(&Sources::from_pairs([("previous_secret_keys", bad)])).unwrap_err();
+            let line = err.to_string();
+            assert!(
+                line.contains("LATCHKEY_PREVIOUS_SECRET_KEYS") && !line.contains(bad),
+                "{line}"
+            );
+        }
     }
 
     #[test]

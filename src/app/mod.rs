@@ -6,6 +6,7 @@
 pub mod backup;
 pub mod config;
 mod housekeeping;
+pub mod keyring;
 mod services;
 
 pub use services::Services;

@@ -9,7 +9,7 @@ use tokio::sync::Notify;
 
 use super::config::Config;
 use crate::cache::{RedisHandle, Revocations, UserCache};
-use crate::crypto::{load_master_secret, ServerKeys};
+use crate::crypto::ServerKeys;
 use crate::domain::admin::Admin;
 use crate::domain::clients::Clients;
 use crate::domain::codebook::CodeBook;
@@ -76,11 +76,6 @@ impl Services {
             Some(r) => Some(RedisHandle::connect(r).await?),
             None => None,
         };
-        let master = load_master_secret(
-            config.secret_key.as_ref().map(|s| s.expose().as_slice()),
-            &config.data_dir,
-        )
-        .context("loading the master secret (LATCHKEY_SECRET_KEY or <data_dir>/secret.key)")?;
         let ServerKeys {
             codes,
             outbox,
@@ -89,11 +84,10 @@ impl Services {
             ceremonies,
             refresh_tokens,
             authorizations,
-            secret_check,
             backups,
             upstreams,
-        } = ServerKeys::derive(&master);
-        check_master_secret(&store, &secret_check, &signing_keys).await?;
+            ..
+        } = super::keyring::load(&config, &store).await?;
         let users = Arc::new(UserCache::new(100_000, Duration::from_secs(60)));
         let retention = config.tokens.access_ttl + Duration::from_secs(LEEWAY_SECS as u64);
         let revocations = Arc::new(Revocations::new(redis.clone(), retention));
@@ -261,52 +255,8 @@ impl Services {
 /// without the service (a backup, a restore): a secret that is not there
 /// is an error, never made up.
 pub(super) fn server_keys(config: &Config) -> anyhow::Result<ServerKeys> {
-    let master = crate::crypto::read_master_secret(
-        config.secret_key.as_ref().map(|s| s.expose().as_slice()),
-        &config.data_dir,
-    )
-    .context("loading the master secret (LATCHKEY_SECRET_KEY or <data_dir>/secret.key)")?
-    .with_context(|| {
-        format!(
-            "no master secret: set LATCHKEY_SECRET_KEY, or LATCHKEY_DATA_DIR to where the service keeps \
-             secret.key ({} has none)",
-            config.data_dir.display()
-        )
-    })?;
-    Ok(ServerKeys::derive(&master))
-}
-
-/// Refuses to run under another master secret than the database was
-/// initialised with: the check value stored by the first instance must match.
-/// A database from before the check value existed gets it now, unless its
-/// signing keys show it was initialised under another secret (none unseals
-/// here): the first instance to start must not decide for the others.
-async fn check_master_secret(
-    store: &Store,
-    check: &[u8; 32],
-    sealer: &crate::crypto::Sealer,
-) -> anyhow::Result<()> {
-    let mismatch = || {
-        anyhow::anyhow!(
-            "LATCHKEY_SECRET_KEY: this database was initialised under another master secret; \
-             every instance must use the same LATCHKEY_SECRET_KEY (or the same <data_dir>/secret.key)"
-        )
-    };
-    let stored = match store.installation_get("secret_check").await? {
-        Some(v) => v,
-        None => {
-            let keys = store.signing_keys().await?;
-            if !keys.is_empty() && !keys.iter().any(|k| crate::domain::tokens::can_unseal(k, sealer)) {
-                return Err(mismatch());
-            }
-            store
-                .installation_value("secret_check", check)
-                .await
-                .context("storing the master secret's check value")?
-        }
-    };
-    if !crate::crypto::ct_eq(&stored, check) {
-        return Err(mismatch());
-    }
-    Ok(())
+    let ring = super::keyring::configured(config, false)
+        .context("loading the master secret (LATCHKEY_SECRET_KEY or <data_dir>/secret.key)")?
+        .ok_or_else(|| super::keyring::no_secret(config))?;
+    Ok(ServerKeys::of_ring(&ring))
 }

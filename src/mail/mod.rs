@@ -22,7 +22,8 @@ pub struct Message {
     pub body: String,
 }
 
-const AAD: &[u8] = b"latchkey/outbox";
+/// The associated data of sealed mail.
+pub const AAD: &[u8] = b"latchkey/outbox";
 
 impl Message {
     pub fn seal(&self, sealer: &Sealer) -> Vec<u8> {

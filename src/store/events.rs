@@ -118,6 +118,8 @@ pub const KINDS: &[&str] = &[
     "password.reset",
     "password.reset_requested",
     "key.activated",
+    "master_secret.rotated",
+    "master_secret.retired",
     "webhook.added",
     "webhook.removed",
     "factor.added",

@@ -25,6 +25,7 @@ mod oidc;
 mod outbox;
 mod pool;
 mod registration;
+mod sealed;
 mod sessions;
 mod settings;
 mod upstreams;
@@ -39,6 +40,7 @@ pub use keys::KeyRecord;
 pub use oidc::{AuthorizationCode, ConsentRecord, Redeemed};
 pub use outbox::OutboxRow;
 pub use registration::{AccountState, Activation, CodeWrite, LiveCode, RegistrationState, RegistrationWrite};
+pub use sealed::{KeyringRecord, SealedColumn};
 pub use sessions::{
     KeepSessions, LiveRotation, NewSession, RefreshRecord, SessionRecord, SessionStart, MAX_LISTED_SESSIONS,
 };

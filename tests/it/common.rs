@@ -209,6 +209,12 @@ impl TestApp {
         }
     }
 
+    /// An instance with exactly `settings` in the directory `tmp`: for a
+    /// restart of a stopped one with its settings changed.
+    pub async fn relaunch(tmp: Arc<tempfile::TempDir>, settings: Vec<(String, String)>) -> TestApp {
+        Self::launch(tmp, settings).await
+    }
+
     /// A second instance on the same database (and Redis), as a deployment of two.
     pub async fn twin(&self) -> TestApp {
         Self::launch(self.tmp.clone(), self.settings.clone()).await

@@ -17,6 +17,7 @@ mod gateway;
 mod gateway_attacks;
 mod grant_properties;
 mod import;
+mod keyring;
 mod layers;
 mod limits;
 mod litestream;

@@ -35,6 +35,7 @@ pub mod id_token;
 mod links;
 pub mod logout;
 mod registry;
+pub use registry::secret_aad as upstream_secret_aad;
 pub mod rule;
 pub mod upstream;
 

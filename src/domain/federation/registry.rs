@@ -209,7 +209,8 @@ impl Federation {
     }
 }
 
-pub(super) fn secret_aad(name: &str) -> Vec<u8> {
+/// The associated data of an upstream's sealed client secret: its name.
+pub fn secret_aad(name: &str) -> Vec<u8> {
     [SECRET_AAD, b" ", name.as_bytes()].concat()
 }
 

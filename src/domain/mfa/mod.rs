@@ -46,7 +46,8 @@ use crate::store::{ChallengeRecord, FactorChange, FactorRecord, UserRecord};
 
 /// The associated data a TOTP secret is sealed under: its factor's id, so
 /// that a sealed secret moved to another row does not open.
-fn totp_aad(factor_id: &str) -> Vec<u8> {
+/// The associated data of a sealed TOTP secret: its factor.
+pub fn totp_aad(factor_id: &str) -> Vec<u8> {
     format!("latchkey/totp-secret/{factor_id}").into_bytes()
 }
 /// Recovery codes in a set, and their shape: 10 characters of a 32-letter
@@ -160,6 +161,16 @@ impl SecondFactors {
             user_id.as_bytes(),
             normalize_recovery(code).as_bytes(),
         ])
+    }
+
+    /// [`Self::recovery_hash`] under the code key of each master secret
+    /// held, the current one first.
+    fn recovery_hashes(&self, user_id: &str, code: &str) -> Vec<[u8; 32]> {
+        let code = normalize_recovery(code);
+        self.shared
+            .code_key
+            .macs(&[b"recovery", user_id.as_bytes(), code.as_bytes()])
+            .collect()
     }
 
     /// A new set of recovery codes and their hashes.

@@ -280,13 +280,15 @@ impl SecondFactors {
                 Ok(None)
             }
             Proof::RecoveryCode(code) => {
-                let ok = self
-                    .shared
-                    .store
-                    .use_recovery_code(user_id, &self.recovery_hash(user_id, &code), now)
-                    .await?;
-                // A look-up secret: something the user has, like an OTP device.
-                Ok(ok.then_some("otp"))
+                // Under the current code key, then under each older one (a
+                // code made before a rotation of the master secret).
+                for hash in self.recovery_hashes(user_id, &code) {
+                    if self.shared.store.use_recovery_code(user_id, &hash, now).await? {
+                        // A look-up secret: something the user has, like an OTP device.
+                        return Ok(Some("otp"));
+                    }
+                }
+                Ok(None)
             }
             Proof::WebAuthn(credential) => {
                 let Ok(st) = state::<PasskeyAuthentication>(c) else {
