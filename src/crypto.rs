@@ -136,13 +136,15 @@ impl MacKey {
             .map(move |k| mac_with(k, parts))
     }
 
-    /// Whether `tag` (all of a MAC, or its first bytes) is the MAC of
-    /// `parts` under any of the keys, compared in constant time.
+    /// Whether `tag` (all of a MAC, or its first 16 bytes or more) is the
+    /// MAC of `parts` under any of the keys, compared in constant time.
     pub fn verify(&self, parts: &[&[u8]], tag: &[u8]) -> bool {
+        if !(16..=32).contains(&tag.len()) {
+            return false;
+        }
         // Every key is tried, so the time does not tell which one matched.
-        self.macs(parts).fold(false, |ok, mac| {
-            ok | (tag.len() <= mac.len() && ct_eq(&mac[..tag.len()], tag))
-        })
+        self.macs(parts)
+            .fold(false, |ok, mac| ok | ct_eq(&mac[..tag.len()], tag))
     }
 
     /// An HMAC computed over bytes given in pieces, as they come (a file
@@ -563,6 +565,11 @@ mod tests {
             "a truncated tag"
         );
         assert!(!both.codes.verify(&[b"code", b"654321"], &before));
+        assert!(
+            !both.codes.verify(&[b"code", b"123456"], &before[..15]),
+            "too short to be a tag"
+        );
+        assert!(!both.codes.verify(&[b"code", b"123456"], &[]));
         assert!(
             !both.refresh_tokens.verify(&[b"code", b"123456"], &before),
             "another purpose"

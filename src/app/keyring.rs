@@ -153,6 +153,12 @@ async fn check(store: &Store, record: &KeyringRecord, keys: &ServerKeys) -> anyh
     let stored = match &record.current {
         Some(v) => v.clone(),
         None => {
+            if !keys.previous_checks.is_empty() {
+                bail!(
+                    "this database records no master secret yet: start it with one secret, without previous \
+                     ones (LATCHKEY_PREVIOUS_SECRET_KEYS or <data_dir>/{PREVIOUS_FILE})"
+                );
+            }
             let signing = store.signing_keys().await?;
             if !signing.is_empty()
                 && !signing
@@ -284,10 +290,20 @@ pub async fn rotate(config: &Config, now: i64) -> anyhow::Result<Changed> {
         new_file_secret = true;
     }
     let held = ServerKeys::of_ring(&ring);
-    if !ct_eq(&held.secret_check, &stored) && !held.previous_checks.iter().any(|c| ct_eq(c, &stored)) {
+    let holds = |check: &[u8]| held.previous_checks.iter().any(|c| ct_eq(c, check));
+    if !ct_eq(&held.secret_check, &stored) && !holds(&stored) {
         bail!(
             "the database is sealed under a master secret this keyring does not hold: give the secret it \
              replaces in LATCHKEY_PREVIOUS_SECRET_KEYS (or <data_dir>/{PREVIOUS_FILE})"
+        );
+    }
+    // A previous secret not yet retired may still seal something, and its
+    // MAC keys are not kept yet: it stays in the keyring.
+    if !record.previous.chunks(32).all(holds) {
+        bail!(
+            "the database records previous master secrets this keyring does not hold ({} recorded): keep \
+             them in LATCHKEY_PREVIOUS_SECRET_KEYS (or <data_dir>/{PREVIOUS_FILE}) until `latchkey secret retire`",
+            record.previous.len() / 32
         );
     }
     ring.retired = open_retired(&record, &held.retired)?;
@@ -305,7 +321,12 @@ pub async fn rotate(config: &Config, now: i64) -> anyhow::Result<Changed> {
         previous: previous_record(&keys),
         retired,
     };
-    store.record_keyring(&next, "master_secret.rotated", now).await?;
+    if !store
+        .record_keyring(&stored, &next, "master_secret.rotated", now)
+        .await?
+    {
+        bail!("another `latchkey secret` command changed the keyring meanwhile: nothing recorded; run again");
+    }
     Ok(Changed {
         new_file_secret,
         resealed,
@@ -349,11 +370,15 @@ fn replace_private_file(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
 
 /// `latchkey secret retire`: lets the previous secrets go, once the
 /// database is under the current one. What the database still holds under
-/// them is sealed again first; their code and refresh-token MAC keys stay,
-/// sealed under the current secret. With `<data_dir>/secret.previous`, the
-/// file goes; with `LATCHKEY_PREVIOUS_SECRET_KEYS`, the operator removes it
-/// from every instance's settings before starting them again.
-pub async fn retire(config: &Config, now: i64) -> anyhow::Result<Changed> {
+/// them is sealed again first, and a second pass checks that nothing came
+/// back under them meanwhile (an instance still serving with them); values
+/// no secret opens stop it unless `force`. Their code and refresh-token MAC
+/// keys stay, sealed under the current secret. With
+/// `<data_dir>/secret.previous`, the file is renamed
+/// `secret.retired-<unix time>` (keep it with the backups made under it);
+/// with `LATCHKEY_PREVIOUS_SECRET_KEYS`, the operator removes them from
+/// every instance's settings before starting them again.
+pub async fn retire(config: &Config, now: i64, force: bool) -> anyhow::Result<Changed> {
     let (store, record, stored) = opened(config).await?;
     let mut ring = configured(config, false)?.ok_or_else(|| no_secret(config))?;
     let held = ServerKeys::of_ring(&ring);
@@ -364,13 +389,51 @@ pub async fn retire(config: &Config, now: i64) -> anyhow::Result<Changed> {
         return Err(mismatch());
     }
     ring.retired = open_retired(&record, &held.retired)?;
+    let retired_already = |m: &Vec<u8>| ring.retired.contains(&RetiredMacKeys::of(m));
+    let file_based = config.secret_key.is_none() && config.previous_secret_keys.is_empty();
+    if record.previous.is_empty() && !ring.previous.is_empty() && ring.previous.iter().all(retired_already) {
+        // Retired, but stopped before its file was put away: finish that.
+        if file_based {
+            put_away_previous_file(&config.data_dir, now)?;
+        }
+        return Ok(Changed {
+            new_file_secret: false,
+            resealed: Vec::new(),
+            retired: 0,
+        });
+    }
+    if !ct_eq(&record.previous, &previous_record(&held)) {
+        bail!(
+            "the previous master secrets held here are not the ones the database records ({} recorded, {} \
+             here): retire with exactly the recorded ones, so that none is let go unretired",
+            record.previous.len() / 32,
+            held.previous_checks.len()
+        );
+    }
     let keys = ServerKeys::of_ring(&ring);
     let resealed = reseal_all(&store, &keys).await?;
+    let lost: Vec<String> = resealed
+        .iter()
+        .flat_map(|r| r.unopenable.iter().map(move |k| format!("{} {k}", r.column)))
+        .collect();
+    if !lost.is_empty() && !force {
+        bail!(
+            "these sealed values open under no secret held: {}. They are lost either way; --force retires \
+             regardless",
+            lost.join(", ")
+        );
+    }
+    let again = reseal_all(&store, &keys).await?;
+    if again.iter().any(|r| r.resealed > 0) {
+        bail!(
+            "values were sealed under a previous secret while this ran: an instance is still serving with the \
+             previous keyring. Stop every instance and run again"
+        );
+    }
     let mut retired = ring.retired.clone();
     for m in &ring.previous {
-        let k = RetiredMacKeys::of(m);
-        if !retired.contains(&k) {
-            retired.push(k);
+        if !retired_already(m) {
+            retired.push(RetiredMacKeys::of(m));
         }
     }
     let next = KeyringRecord {
@@ -381,18 +444,30 @@ pub async fn retire(config: &Config, now: i64) -> anyhow::Result<Changed> {
                 .seal(&RetiredMacKeys::to_bytes(&retired), RETIRED_AAD),
         ),
     };
-    store.record_keyring(&next, "master_secret.retired", now).await?;
-    if config.secret_key.is_none() && config.previous_secret_keys.is_empty() {
-        match std::fs::remove_file(previous_file(&config.data_dir)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(e).context("removing <data_dir>/secret.previous");
-            }
-            _ => {}
-        }
+    if !store
+        .record_keyring(&stored, &next, "master_secret.retired", now)
+        .await?
+    {
+        bail!("another `latchkey secret` command changed the keyring meanwhile: nothing recorded; run again");
+    }
+    if file_based {
+        put_away_previous_file(&config.data_dir, now)?;
     }
     Ok(Changed {
         new_file_secret: false,
         resealed,
         retired: ring.previous.len(),
     })
+}
+
+/// Renames `<data_dir>/secret.previous` to `secret.retired-<unix time>`:
+/// out of the keyring, but kept for the backups made under those secrets.
+fn put_away_previous_file(data_dir: &Path, now_ms: i64) -> anyhow::Result<()> {
+    let to = data_dir.join(format!("secret.retired-{}", now_ms / 1000));
+    match std::fs::rename(previous_file(data_dir), &to) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("moving <data_dir>/{PREVIOUS_FILE} to {}", to.display()))
+        }
+        _ => Ok(()),
+    }
 }

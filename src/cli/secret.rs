@@ -19,7 +19,14 @@ pub enum SecretCommand {
     /// one (what they keyed that others hold, recovery codes and refresh
     /// tokens, stays good). Sign-ins in progress and the sign-in pages'
     /// browser sessions from before the rotation start again.
-    Retire,
+    /// <data_dir>/secret.previous becomes secret.retired-<unix time>: keep
+    /// it with the backups made under it.
+    Retire {
+        /// Retire even though some sealed values open under no secret held
+        /// (they are named; they are lost either way).
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 pub async fn run(config: &Config, command: SecretCommand) -> anyhow::Result<()> {
@@ -40,8 +47,8 @@ pub async fn run(config: &Config, command: SecretCommand) -> anyhow::Result<()> 
                  `latchkey secret retire` lets the previous secret go"
             );
         }
-        SecretCommand::Retire => {
-            let changed = keyring::retire(config, now).await?;
+        SecretCommand::Retire { force } => {
+            let changed = keyring::retire(config, now, force).await?;
             report(&changed);
             println!("{} previous secret(s) retired", changed.retired);
             if config.secret_key.is_some() || !config.previous_secret_keys.is_empty() {

@@ -14,9 +14,18 @@ pub enum UsersCommand {
     /// Write the OAuth clients, the audit webhooks and every account to
     /// FILE (`-`: stdout) as JSON lines that `users import` reads back:
     /// clients with their secrets' hashes and settings, webhooks with their
-    /// secrets sealed, accounts with names, verification, password hashes
-    /// and disabled state (docs/import.md, "Export").
-    Export { file: std::path::PathBuf },
+    /// secrets sealed, accounts with names, verification, password hashes,
+    /// disabled state and second factors (authenticator apps' secrets
+    /// sealed: they import under the same master secret only) and unused
+    /// recovery codes' hashes (docs/import.md, "Export").
+    Export {
+        file: std::path::PathBuf,
+        /// Leave second factors and recovery codes out: for a deployment
+        /// with another master secret. Their owners enrol again there; until
+        /// then the password alone signs them in.
+        #[arg(long)]
+        without_factors: bool,
+    },
     /// Import accounts from a JSON-lines file (docs/import.md): one object
     /// per line with `email`, `password_hash` (bcrypt, PBKDF2, scrypt,
     /// argon2) or `keycloak`, and optionally `name`, `verified`,
@@ -30,7 +39,7 @@ pub enum UsersCommand {
         #[arg(long)]
         update: bool,
         /// Also add the OAuth clients and webhooks of a latchkey export
-        /// (version 2): each is listed as it is added. Without it they are
+        /// (version 2 or 3): each is listed as it is added. Without it they are
         /// left out: a client can carry the admin scope and a secret whoever
         /// wrote the file knows.
         #[arg(long)]
@@ -60,10 +69,13 @@ pub async fn run(config: Config, command: UsersCommand) -> anyhow::Result<()> {
             update,
             with_clients,
         } => import_users(config, &file, update, with_clients).await,
-        UsersCommand::Export { file } => {
+        UsersCommand::Export {
+            file,
+            without_factors,
+        } => {
             let st = crate::app::store(&config.database).await?;
             let n = if file.as_os_str() == "-" {
-                crate::domain::import::export(&st, &mut std::io::stdout().lock()).await?
+                crate::domain::import::export(&st, &mut std::io::stdout().lock(), !without_factors).await?
             } else {
                 // Password hashes: a new file, its owner's only.
                 let mut out =
@@ -73,7 +85,7 @@ pub async fn run(config: Config, command: UsersCommand) -> anyhow::Result<()> {
                             file.display()
                         )
                     })?);
-                crate::domain::import::export(&st, &mut out).await?
+                crate::domain::import::export(&st, &mut out, !without_factors).await?
             };
             eprintln!("exported the clients, the webhooks and {n} accounts");
             Ok(())
@@ -100,14 +112,17 @@ async fn import_users(
     let input = std::fs::File::open(file).with_context(|| format!("opening {}", file.display()))?;
     let total_bytes = input.metadata().map(|m| m.len()).unwrap_or(0);
     let mut read_bytes = 0u64;
-    let st = Services::build(config).await?;
+    let st = Services::build(config.clone()).await?;
+    // The sealer of authenticator apps' secrets, under the keyring the
+    // database records: an export's open under the same master secret.
+    let factors = crate::app::keyring::load(&config, &st.store).await?.factors;
     let start = Instant::now();
     let tty = std::io::stderr().is_terminal();
     let mut counts = ImportCounts::default();
     let mut batch = Vec::with_capacity(IMPORT_BATCH);
     let mut lines = std::io::BufReader::new(input).lines();
     let mut n = 0u64;
-    // Clients and webhooks come only from a latchkey export of version 2.
+    // Clients and webhooks come only from a latchkey export of version 2 or 3.
     let mut version = None;
     loop {
         let line = lines.next().transpose().context("reading the import file")?;
@@ -122,14 +137,14 @@ async fn import_users(
                 version.is_some()
             };
             if !header && crate::domain::import::is_configured(&line) {
-                // A client or a webhook (an export of version 2): added
+                // A client or a webhook (an export of version 2 or 3): added
                 // at once, not batched with the accounts, and named.
                 use crate::domain::import::{import_configured, Configured, ConfiguredOutcome};
                 let done = match serde_json::from_str::<Configured>(&line) {
                     Err(e) => Err(format!("not a client or webhook record: {e}")),
-                    Ok(_) if version != Some(2) => {
-                        Err("a client or webhook outside a latchkey export of version 2: left out".into())
-                    }
+                    Ok(_) if !matches!(version, Some(2 | 3)) => Err(
+                        "a client or webhook outside a latchkey export of version 2 or 3: left out".into(),
+                    ),
                     Ok(rec) if !with_clients => {
                         counts.configured_left_out += 1;
                         println!("left out (no --with-clients): {}", rec.describe());
@@ -159,9 +174,8 @@ async fn import_users(
                     }
                 }
             } else if !header && !line.trim().is_empty() {
-                let checked = serde_json::from_str::<crate::domain::import::ImportRecord>(&line)
-                    .map_err(|e| format!("not an account object: {e}"))
-                    .and_then(|r| r.check(false, crate::clock::now_ms()));
+                let checked = crate::domain::import::AccountLine::parse(&line)
+                    .and_then(|r| r.check(crate::clock::now_ms(), &factors));
                 match checked {
                     Ok(c) => batch.push(c.user),
                     Err(why) => {
@@ -295,13 +309,8 @@ async fn seed_users(
     let start = Instant::now();
     let sealer = match &totp {
         None => None,
-        Some(_) => {
-            let master = crate::crypto::load_master_secret(
-                config.secret_key.as_ref().map(|s| s.expose().as_slice()),
-                &config.data_dir,
-            )?;
-            Some(crate::crypto::ServerKeys::derive(&master).factors)
-        }
+        // The keyring the database records, checked as a start checks it.
+        Some(_) => Some(crate::app::keyring::load(&config, &store).await?.factors),
     };
     let totp = sealer.as_ref().zip(totp.as_deref());
     let (inserted, with_totp) = crate::domain::import::seed(

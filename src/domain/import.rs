@@ -5,13 +5,16 @@
 //! account's first successful login; the admin API also takes a plain
 //! password, hashed at once.
 
+use std::collections::HashMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::input::{parse_name, Email, Password};
 use super::legacy::{from_keycloak, Legacy};
 use crate::cache::Revocations;
 use crate::clock::{now_ms, parse_rfc3339};
-use crate::store::Store;
+use crate::crypto::{b64url, b64url_decode, Sealer};
+use crate::store::{FactorRecord, Store};
 
 use super::AuthError;
 pub use crate::store::{ImportOutcome, ImportedUser};
@@ -113,16 +116,21 @@ impl ImportRecord {
                 verified_at: self.verified.then_some(now),
                 created_at,
                 disabled: self.disabled,
+                factors: Vec::new(),
+                recovery_codes: Vec::new(),
             },
             plain,
         })
     }
 }
 
-/// The first line of an export: what follows is version 2 of latchkey's
-/// records: accounts (the import's, with `no_password` and `disabled`),
-/// OAuth clients and webhooks ([`Configured`]). Version 1 had accounts only.
-pub const EXPORT_HEADER: &str = r#"{"format":"latchkey-users","version":2}"#;
+/// The first line of an export: what follows is version 3 of latchkey's
+/// records: accounts (the import's, with `no_password` and `disabled`, and
+/// their second factors: [`AccountLine`]), OAuth clients and webhooks
+/// ([`Configured`]). Version 2 had no factors; version 1 accounts only. A
+/// build that reads version 2 refuses a version 3 file by name, rather
+/// than bring its accounts in without their factors.
+pub const EXPORT_HEADER: &str = r#"{"format":"latchkey-users","version":3}"#;
 
 /// The version of an export whose first line `line` is (`None`: not an
 /// export's first line; `Err`: of a version this build cannot read).
@@ -134,10 +142,198 @@ pub fn export_version(line: &str) -> Result<Option<i64>, String> {
         return Ok(None);
     }
     match v.get("version").and_then(|n| n.as_i64()) {
-        Some(n @ (1 | 2)) => Ok(Some(n)),
+        Some(n @ 1..=3) => Ok(Some(n)),
         other => Err(format!(
-            "an export of version {other:?}: this latchkey reads versions 1 and 2"
+            "an export of version {other:?}: this latchkey reads versions 1 to 3"
         )),
+    }
+}
+
+/// A second factor in an export (version 3). An authenticator app's
+/// secret stays sealed under the master secret, bound to the factor's id
+/// (so the id comes with it); a passkey's credential is its public key and
+/// counter, bound to the relying party (`webauthn_rp_id`) it was made for.
+#[derive(Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ExportedFactor {
+    pub id: String,
+    /// `totp` or `passkey`.
+    pub kind: String,
+    pub name: String,
+    pub created_at: String,
+    pub confirmed_at: String,
+    /// TOTP: the newest time step accepted (a code is never taken twice).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_step: Option<i64>,
+    /// TOTP: the secret, sealed (base64url).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed_secret: Option<String>,
+    /// Passkey: the credential as the service keeps it (JSON).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
+    /// Passkey: its id (base64url).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential_id: Option<String>,
+    /// Passkey: it signs in without the password.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub passwordless: bool,
+}
+
+impl ExportedFactor {
+    fn of(f: &FactorRecord) -> ExportedFactor {
+        use crate::clock::rfc3339;
+        ExportedFactor {
+            id: f.id.clone(),
+            kind: f.kind.clone(),
+            name: f.name.clone(),
+            created_at: rfc3339(f.created_at),
+            confirmed_at: rfc3339(f.confirmed_at.unwrap_or(f.created_at)),
+            last_step: f.last_step,
+            sealed_secret: f.secret.as_deref().map(b64url),
+            credential: f.credential.clone(),
+            credential_id: f.credential_id.clone(),
+            passwordless: f.passwordless,
+        }
+    }
+
+    /// The factor to store, once each field is checked and a TOTP secret
+    /// opens under `sealer` (sealed again under the current master secret
+    /// if an older one of its keyring sealed it).
+    fn check(self, sealer: &Sealer) -> Result<FactorRecord, String> {
+        use crate::crypto::Resealed;
+        let time = |field: &str, t: &str| {
+            parse_rfc3339(t).ok_or_else(|| format!("factors: {field}: expected an RFC 3339 time in UTC"))
+        };
+        let id_ok = !self.id.is_empty()
+            && self.id.len() <= 64
+            && self
+                .id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !id_ok {
+            return Err("factors: id: 1 to 64 of A-Z, a-z, 0-9, - and _".into());
+        }
+        let name = parse_name("factors: name", Some(&self.name))
+            .map_err(|e| e.to_string())?
+            .unwrap_or_default();
+        let mut f = FactorRecord {
+            id: self.id,
+            user_id: String::new(),
+            kind: self.kind,
+            name,
+            secret: None,
+            last_step: None,
+            credential: None,
+            credential_id: None,
+            passwordless: false,
+            created_at: time("created_at", &self.created_at)?,
+            confirmed_at: Some(time("confirmed_at", &self.confirmed_at)?),
+            last_used_at: None,
+        };
+        match f.kind.as_str() {
+            "totp" => {
+                let sealed = self
+                    .sealed_secret
+                    .as_deref()
+                    .and_then(b64url_decode)
+                    .ok_or("factors: sealed_secret: base64url, for a totp factor")?;
+                f.secret = match sealer.reseal(&sealed, &crate::domain::mfa::totp_aad(&f.id)) {
+                    Resealed::Current => Some(sealed),
+                    Resealed::Now(again) => Some(again),
+                    Resealed::Unopenable => {
+                        return Err(format!(
+                            "factors: the authenticator app {:?} was sealed under another master secret: \
+                             import under the secret of the export, or export --without-factors",
+                            f.name
+                        ))
+                    }
+                };
+                f.last_step = self.last_step;
+            }
+            "passkey" => {
+                let credential = self
+                    .credential
+                    .ok_or("factors: credential: JSON, for a passkey")?;
+                let passkey: webauthn_rs::prelude::Passkey = serde_json::from_str(&credential)
+                    .map_err(|_| "factors: credential: not a passkey's credential".to_string())?;
+                let id = b64url(passkey.cred_id().as_ref());
+                if self.credential_id.as_deref() != Some(id.as_str()) {
+                    return Err("factors: credential_id: not the id of its credential".into());
+                }
+                f.credential = Some(credential);
+                f.credential_id = Some(id);
+                f.passwordless = self.passwordless;
+            }
+            _ => return Err("factors: kind: totp or passkey".into()),
+        }
+        Ok(f)
+    }
+}
+
+/// An account line of an export: an [`ImportRecord`], and (version 3) its
+/// second factors and unused recovery codes (their keyed hashes, good under
+/// the master secret of the export only). Only `latchkey users import`
+/// takes these: the admin API's records are [`ImportRecord`]s.
+pub struct AccountLine {
+    pub record: ImportRecord,
+    /// The account's id there (the `sub` of its tokens), kept here when it
+    /// is free: recovery codes are keyed to it.
+    pub id: Option<String>,
+    pub factors: Vec<ExportedFactor>,
+    pub recovery_codes: Vec<String>,
+}
+
+impl AccountLine {
+    pub fn parse(line: &str) -> Result<AccountLine, String> {
+        let not_account = |e: serde_json::Error| format!("not an account object: {e}");
+        let mut fields: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(line).map_err(not_account)?;
+        let id = match fields.remove("id") {
+            None => None,
+            Some(serde_json::Value::String(s))
+                if uuid::Uuid::try_parse(&s).is_ok_and(|u| u.to_string() == s) =>
+            {
+                Some(s)
+            }
+            Some(_) => return Err("id: a UUID in its lower-case hyphenated form".into()),
+        };
+        let mut take = |key: &str| fields.remove(key).unwrap_or(serde_json::Value::Array(Vec::new()));
+        let factors = serde_json::from_value(take("factors")).map_err(|e| format!("factors: {e}"))?;
+        let recovery_codes =
+            serde_json::from_value(take("recovery_codes")).map_err(|e| format!("recovery_codes: {e}"))?;
+        let record = serde_json::from_value(serde_json::Value::Object(fields)).map_err(not_account)?;
+        Ok(AccountLine {
+            record,
+            id,
+            factors,
+            recovery_codes,
+        })
+    }
+
+    /// [`ImportRecord::check`] (hashes only), then the factors. An account
+    /// never comes in without a factor it left with: one that does not
+    /// check refuses the account.
+    pub fn check(self, now: i64, sealer: &Sealer) -> Result<Checked, String> {
+        let mut checked = self.record.check(false, now)?;
+        if let Some(id) = self.id {
+            checked.user.id = id;
+        }
+        let mut factors: Vec<FactorRecord> = Vec::with_capacity(self.factors.len());
+        for f in self.factors {
+            let f = f.check(sealer)?;
+            if factors.iter().any(|g| g.id == f.id) {
+                return Err(format!("factors: the id {} twice", f.id));
+            }
+            factors.push(f);
+        }
+        checked.user.factors = factors;
+        checked.user.recovery_codes = self
+            .recovery_codes
+            .iter()
+            .map(|c| b64url_decode(c).filter(|h| h.len() == 32))
+            .collect::<Option<_>>()
+            .ok_or("recovery_codes: each the base64url of a 32-byte hash")?;
+        Ok(checked)
     }
 }
 
@@ -308,9 +504,11 @@ pub async fn import_configured(
 /// [`EXPORT_HEADER`], a [`Configured`] record per client and webhook, then
 /// one record per account in the form `latchkey users import` reads back
 /// (password hashes as they are stored: argon2id, or an imported system's
-/// hash not yet replaced). Second factors, sessions and consents are not in
-/// it (docs/import.md). Returns how many accounts were written.
-pub async fn export(store: &Store, out: &mut impl std::io::Write) -> anyhow::Result<u64> {
+/// hash not yet replaced), with its second factors and unused recovery
+/// codes unless `with_factors` is false ([`AccountLine`]). Sessions and
+/// consents are not in it (docs/import.md). Returns how many accounts were
+/// written.
+pub async fn export(store: &Store, out: &mut impl std::io::Write, with_factors: bool) -> anyhow::Result<u64> {
     writeln!(out, "{EXPORT_HEADER}")?;
     for c in store.clients().await? {
         writeln!(out, "{}", serde_json::to_string(&Configured::client(&c)?)?)?;
@@ -322,8 +520,24 @@ pub async fn export(store: &Store, out: &mut impl std::io::Write) -> anyhow::Res
     let mut n = 0;
     loop {
         let page = store.users_page(&filter, 500).await?;
+        let (found, found_codes) = match (with_factors, page.first(), page.last()) {
+            (true, Some(first), Some(last)) => store.factors_of_accounts(&first.id, &last.id).await?,
+            _ => Default::default(),
+        };
+        let mut factors: HashMap<String, Vec<ExportedFactor>> = HashMap::new();
+        for f in &found {
+            factors
+                .entry(f.user_id.clone())
+                .or_default()
+                .push(ExportedFactor::of(f));
+        }
+        let mut codes: HashMap<String, Vec<String>> = HashMap::new();
+        for (user, hash) in found_codes {
+            codes.entry(user).or_default().push(b64url(&hash));
+        }
         for u in &page {
             let mut record = serde_json::json!({
+                "id": u.id,
                 "email": u.email,
                 "verified": u.email_verified_at.is_some(),
                 "created_at": crate::clock::rfc3339(u.created_at),
@@ -338,6 +552,12 @@ pub async fn export(store: &Store, out: &mut impl std::io::Write) -> anyhow::Res
             }
             if u.disabled_at.is_some() {
                 record["disabled"] = true.into();
+            }
+            if let Some(exported) = factors.remove(&u.id) {
+                record["factors"] = serde_json::to_value(exported)?;
+            }
+            if let Some(hashes) = codes.remove(&u.id) {
+                record["recovery_codes"] = hashes.into();
             }
             writeln!(out, "{record}")?;
             n += 1;
@@ -407,6 +627,8 @@ pub async fn seed(
                                 verified_at: Some(now),
                                 created_at: now,
                                 disabled: false,
+                                factors: Vec::new(),
+                                recovery_codes: Vec::new(),
                             })
                             .collect::<Vec<_>>()
                     })
@@ -467,15 +689,113 @@ mod tests {
     }
 
     #[test]
-    fn exports_of_versions_1_and_2_are_read_and_a_newer_one_is_refused_by_name() {
-        assert_eq!(
-            export_version(r#"{"format":"latchkey-users","version":1}"#),
-            Ok(Some(1))
-        );
-        assert_eq!(export_version(EXPORT_HEADER), Ok(Some(2)));
-        assert!(export_version(r#"{"format":"latchkey-users","version":3}"#)
+    fn exports_of_versions_1_to_3_are_read_and_a_newer_one_is_refused_by_name() {
+        for v in 1..=3 {
+            let header = format!(r#"{{"format":"latchkey-users","version":{v}}}"#);
+            assert_eq!(export_version(&header), Ok(Some(v)));
+        }
+        assert_eq!(export_version(EXPORT_HEADER), Ok(Some(3)));
+        assert!(export_version(r#"{"format":"latchkey-users","version":4}"#)
             .unwrap_err()
-            .contains("versions 1 and 2"));
+            .contains("versions 1 to 3"));
         assert_eq!(export_version(r#"{"email":"a@example.com"}"#), Ok(None));
+    }
+
+    /// Why `line` does not import (it must not).
+    fn refused(line: &str, sealer: &Sealer) -> String {
+        match AccountLine::parse(line).and_then(|a| a.check(0, sealer)) {
+            Ok(_) => panic!("imported: {line}"),
+            Err(e) => e,
+        }
+    }
+
+    fn totp_line(id: &str, sealer: &Sealer) -> String {
+        let sealed = b64url(&sealer.seal(b"0123456789abcdef0123", &crate::domain::mfa::totp_aad(id)));
+        serde_json::json!({
+            "id": "01a21e6e-82b9-7324-a423-3488de112422",
+            "email": "ada@example.com",
+            "password_hash": "$2b$12$R9h/cIPz0gi.URNNX3kh2OPST9/PgBkqquzi.Ss7KIUgO2t0jWMUW",
+            "factors": [{"id": id, "kind": "totp", "name": "Phone", "created_at": "2026-11-27T10:00:00Z",
+                         "confirmed_at": "2026-11-27T10:00:05Z", "last_step": 59_000_000, "sealed_secret": sealed}],
+            "recovery_codes": [b64url(&[7u8; 32])],
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn an_account_line_brings_its_factors_only_under_the_secret_that_sealed_them() {
+        let keys = crate::crypto::ServerKeys::derive(b"the master secret of the export!");
+        let line = totp_line("f1", &keys.factors);
+        let c = AccountLine::parse(&line)
+            .unwrap()
+            .check(0, &keys.factors)
+            .unwrap();
+        assert_eq!(
+            c.user.id, "01a21e6e-82b9-7324-a423-3488de112422",
+            "the id is kept"
+        );
+        assert_eq!(c.user.factors.len(), 1);
+        assert_eq!(c.user.factors[0].last_step, Some(59_000_000));
+        assert_eq!(c.user.recovery_codes, vec![vec![7u8; 32]]);
+        // Another deployment's secret: the account is refused, not weakened.
+        let other = crate::crypto::ServerKeys::derive(b"another deployment's secret, 32!");
+        let e = refused(&line, &other.factors);
+        assert!(e.contains("another master secret"), "{e}");
+        // The seal is bound to the factor's id: a renamed id does not open.
+        let moved = line.replace("\"id\":\"f1\"", "\"id\":\"f2\"");
+        refused(&moved, &keys.factors);
+        // The admin API's records take no factors.
+        assert!(serde_json::from_str::<ImportRecord>(&line).is_err());
+    }
+
+    #[test]
+    fn an_account_line_names_what_is_wrong_with_its_factors() {
+        let keys = crate::crypto::ServerKeys::derive(b"the master secret of the export!");
+        let line: serde_json::Value = serde_json::from_str(&totp_line("f1", &keys.factors)).unwrap();
+        let with = |path: &[&str], value: serde_json::Value| {
+            let mut l = line.clone();
+            let mut at = &mut l;
+            for p in &path[..path.len() - 1] {
+                at = if let Ok(i) = p.parse::<usize>() {
+                    &mut at[i]
+                } else {
+                    &mut at[*p]
+                };
+            }
+            at[path[path.len() - 1]] = value;
+            refused(&l.to_string(), &keys.factors)
+        };
+        let cases: &[(&[&str], serde_json::Value, &str)] = &[
+            (&["id"], "not-a-uuid".into(), "id:"),
+            (&["factors", "0", "kind"], "sms".into(), "kind"),
+            (&["factors", "0", "id"], "has space".into(), "id:"),
+            (&["factors", "0", "sealed_secret"], "***".into(), "sealed_secret"),
+            (
+                &["factors", "0", "confirmed_at"],
+                "yesterday".into(),
+                "confirmed_at",
+            ),
+            (&["factors", "0", "kind"], "passkey".into(), "credential"),
+            (
+                &["recovery_codes"],
+                serde_json::json!(["c2hvcnQ"]),
+                "recovery_codes",
+            ),
+        ];
+        for (path, value, named) in cases {
+            let e = with(path, value.clone());
+            assert!(e.contains(named), "{path:?}: {e}");
+        }
+        let mut twice = line.clone();
+        let f = twice["factors"][0].clone();
+        twice["factors"].as_array_mut().unwrap().push(f);
+        let e = refused(&twice.to_string(), &keys.factors);
+        assert!(e.contains("twice"), "{e}");
+        let mut passkey = line.clone();
+        passkey["factors"][0] = serde_json::json!({"id": "p1", "kind": "passkey", "name": "Key",
+            "created_at": "2026-11-27T10:00:00Z", "confirmed_at": "2026-11-27T10:00:00Z",
+            "credential": "{}", "credential_id": "AAAA"});
+        let e = refused(&passkey.to_string(), &keys.factors);
+        assert!(e.contains("not a passkey's credential"), "{e}");
     }
 }

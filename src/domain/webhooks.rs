@@ -195,16 +195,23 @@ impl Webhooks {
         let url = check_url(&rec.url, self.allow_private)?;
         let kinds: Vec<String> = rec.kinds.split_whitespace().map(String::from).collect();
         let kinds = check_kinds(&kinds)?;
-        if !crate::webhooks::secret_opens(&rec.secret, &self.sealer) {
-            return Err(AuthError::BadRequest(
-                "sealed_secret: sealed under another master secret than this deployment's \
-                 (register the webhook again here, with a new secret)"
-                    .into(),
-            ));
-        }
+        // Sealed under the current master secret, or again under it if a
+        // previous one of the keyring sealed it.
+        let secret = match self.sealer.reseal(&rec.secret, crate::webhooks::AAD) {
+            crate::crypto::Resealed::Current => rec.secret.clone(),
+            crate::crypto::Resealed::Now(again) => again,
+            crate::crypto::Resealed::Unopenable => {
+                return Err(AuthError::BadRequest(
+                    "sealed_secret: sealed under another master secret than this deployment's \
+                     (register the webhook again here, with a new secret)"
+                        .into(),
+                ))
+            }
+        };
         let rec = WebhookRecord {
             url,
             kinds,
+            secret,
             client_id: None,
             ..rec
         };

@@ -152,6 +152,32 @@ impl Store {
             .await?))
     }
 
+    /// The confirmed factors and the unused recovery codes' hashes of the
+    /// accounts whose ids run from `first` to `last` (a page of an export),
+    /// in the order of their accounts.
+    pub async fn factors_of_accounts(
+        &self,
+        first: &str,
+        last: &str,
+    ) -> StoreResult<(Vec<FactorRecord>, Vec<(String, Vec<u8>)>)> {
+        let sql = format!(
+            "SELECT {FACTOR_COLUMNS} FROM factors WHERE user_id >= $1 AND user_id <= $2 \
+             AND confirmed_at IS NOT NULL ORDER BY user_id, created_at, id"
+        );
+        db_op!(self, "factors_of_accounts", conn => {
+            let factors = sqlx::query_as(&sql).bind(first).bind(last).fetch_all(&mut *conn).await?;
+            let codes = sqlx::query_as(
+                "SELECT user_id, code_hash FROM recovery_codes WHERE user_id >= $1 AND user_id <= $2 \
+                 AND used_at IS NULL ORDER BY user_id, code_hash",
+            )
+            .bind(first)
+            .bind(last)
+            .fetch_all(&mut *conn)
+            .await?;
+            Ok((factors, codes))
+        })
+    }
+
     /// The passkey with this credential id (base64url), whoever owns it.
     pub async fn passkey_by_credential(&self, credential_id: &str) -> StoreResult<Option<FactorRecord>> {
         let sql =

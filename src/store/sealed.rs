@@ -35,12 +35,21 @@ impl SealedColumn {
     /// The statements' table, key and column: fixed names, never input.
     fn names(self) -> (&'static str, &'static str, &'static str) {
         match self {
-            // The outbox's key is a number; it is read and matched as text.
-            SealedColumn::Outbox => ("outbox", "CAST(id AS TEXT)", "payload"),
+            SealedColumn::Outbox => ("outbox", "id", "payload"),
             SealedColumn::Webhooks => ("webhooks", "id", "secret"),
             SealedColumn::SigningKeys => ("signing_keys", "kid", "private_key"),
             SealedColumn::Factors => ("factors", "id", "secret"),
             SealedColumn::Upstreams => ("upstreams", "name", "client_secret"),
+        }
+    }
+
+    /// The key as it is read (text), and the parameter `$2` as it is
+    /// matched: the outbox's key is a number, read as text and matched as
+    /// a number (so that its index is used).
+    fn key_forms(self) -> (&'static str, &'static str) {
+        match self {
+            SealedColumn::Outbox => ("CAST(id AS TEXT)", "CAST($2 AS BIGINT)"),
+            _ => (self.names().1, "$2"),
         }
     }
 
@@ -63,7 +72,8 @@ pub struct KeyringRecord {
 impl Store {
     /// Every sealed value of `column`, with its row's key.
     pub async fn sealed_values(&self, column: SealedColumn) -> StoreResult<Vec<(String, Vec<u8>)>> {
-        let (table, key, col) = column.names();
+        let (table, _, col) = column.names();
+        let (key, _) = column.key_forms();
         let sql = format!("SELECT {key}, {col} FROM {table} WHERE {col} IS NOT NULL ORDER BY 1");
         db_op!(self, "sealed_values", conn => Ok(sqlx::query_as(&sql).fetch_all(&mut *conn).await?))
     }
@@ -78,8 +88,9 @@ impl Store {
         old: &[u8],
         new: &[u8],
     ) -> StoreResult<bool> {
-        let (table, key_expr, col) = column.names();
-        let sql = format!("UPDATE {table} SET {col} = $1 WHERE {key_expr} = $2 AND {col} = $3");
+        let (table, key_column, col) = column.names();
+        let (_, param) = column.key_forms();
+        let sql = format!("UPDATE {table} SET {col} = $1 WHERE {key_column} = {param} AND {col} = $3");
         let n = db_op!(self, "replace_sealed", conn => Ok(sqlx::query(&sql)
             .bind(new)
             .bind(key)
@@ -109,19 +120,30 @@ impl Store {
     }
 
     /// Records a keyring in one transaction, with the event `kind`
-    /// (`master_secret.rotated` or `master_secret.retired`).
+    /// (`master_secret.rotated` or `master_secret.retired`), if the
+    /// recorded current secret is still `was` (`false`: another command
+    /// changed it meanwhile, and nothing was written).
     pub async fn record_keyring(
         &self,
+        was: &[u8],
         record: &KeyringRecord,
         kind: &'static str,
         now: i64,
-    ) -> StoreResult<()> {
+    ) -> StoreResult<bool> {
         let current = record.current.as_deref().unwrap_or_default();
         let retired = record.retired.as_deref();
         db_op!(self, "record_keyring", conn => {
             let mut tx = conn.begin().await?;
+            let n = sqlx::query("UPDATE installation SET value = $1 WHERE name = 'secret_check' AND value = $2")
+                .bind(current)
+                .bind(was)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if n != 1 {
+                return Ok(false);
+            }
             for (name, value) in [
-                ("secret_check", Some(current)),
                 ("previous_secret_checks", Some(record.previous.as_slice())),
                 ("retired_secret_keys", retired),
             ] {
@@ -137,7 +159,7 @@ impl Store {
             }
             record_event!(tx, &Event::new(kind, now).actor("cli"));
             tx.commit().await?;
-            Ok(())
+            Ok(true)
         })
     }
 }

@@ -411,6 +411,15 @@ pub struct ImportedUser {
     /// account is disabled here too. An import never enables one (that is
     /// the admin API's, with its event).
     pub disabled: bool,
+    /// Its second factors (an export of latchkey's, version 3), confirmed,
+    /// TOTP secrets sealed here; their `user_id` is set as they are stored.
+    /// When given, they replace an updated account's factors; when not, an
+    /// update leaves them as they are (an import never weakens an account).
+    pub factors: Vec<super::FactorRecord>,
+    /// Its unused recovery codes' keyed hashes, with `factors`. They are
+    /// keyed to the account's id as well: stored only when the account
+    /// keeps `id` (created with it, or updated and already holding it).
+    pub recovery_codes: Vec<Vec<u8>>,
 }
 
 /// What importing did with one account.
@@ -422,6 +431,42 @@ pub enum ImportOutcome {
     Updated,
     /// The email existed and was left as it was.
     Skipped,
+}
+
+/// Stores an imported account's factors and recovery codes (an
+/// [`ImportedUser`]'s) for the account `$user_id`, on the transaction `$tx`;
+/// the codes only if the account's id is the one they were keyed to.
+macro_rules! import_factors {
+    ($tx:expr, $user_id:expr, $u:expr, $now:expr) => {
+        for f in &$u.factors {
+            sqlx::query(
+                "INSERT INTO factors (id, user_id, kind, name, secret, last_step, credential, credential_id, \
+                 passwordless, created_at, confirmed_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+            )
+            .bind(&f.id)
+            .bind($user_id)
+            .bind(&f.kind)
+            .bind(&f.name)
+            .bind(&f.secret)
+            .bind(f.last_step)
+            .bind(&f.credential)
+            .bind(&f.credential_id)
+            .bind(f.passwordless)
+            .bind(f.created_at)
+            .bind(f.confirmed_at)
+            .execute(&mut *$tx)
+            .await?;
+        }
+        let codes: &[Vec<u8>] = if $user_id == $u.id.as_str() { &$u.recovery_codes } else { &[] };
+        for hash in codes {
+            sqlx::query("INSERT INTO recovery_codes (user_id, code_hash, created_at) VALUES ($1, $2, $3)")
+                .bind($user_id)
+                .bind(hash)
+                .bind($now)
+                .execute(&mut *$tx)
+                .await?;
+        }
+    };
 }
 
 impl Store {
@@ -441,11 +486,20 @@ impl Store {
             let mut outcomes = Vec::with_capacity(users.len());
             let mut ended = Vec::new();
             for u in users {
+                // An id from an export may be taken here, by another address:
+                // the account comes in under a new one.
+                let (taken,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM users WHERE id = $1 AND email <> $2")
+                    .bind(&u.id)
+                    .bind(&u.email)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                let new_id = (taken > 0).then(|| uuid::Uuid::now_v7().to_string());
+                let user_id = new_id.as_deref().unwrap_or(&u.id);
                 let created = sqlx::query(
                     "INSERT INTO users (id, email, name, password_hash, email_verified_at, created_at, updated_at, imported_at, \
                      disabled_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8) ON CONFLICT (email) DO NOTHING",
                 )
-                .bind(&u.id)
+                .bind(user_id)
                 .bind(&u.email)
                 .bind(&u.name)
                 .bind(&u.password_hash)
@@ -464,7 +518,8 @@ impl Store {
                     .bind(&u.email);
                 if created {
                     drop_codes.execute(&mut *tx).await?;
-                    let e = Event::new("user.imported", now).user(&u.id).actor(actor).reason("created");
+                    import_factors!(tx, user_id, u, now);
+                    let e = Event::new("user.imported", now).user(user_id).actor(actor).reason("created");
                     record_event!(tx, &e);
                     outcomes.push(ImportOutcome::Created);
                     continue;
@@ -486,6 +541,15 @@ impl Store {
                 .fetch_one(&mut *tx)
                 .await?;
                 drop_codes.execute(&mut *tx).await?;
+                if !u.factors.is_empty() {
+                    for table in ["factors", "recovery_codes"] {
+                        sqlx::query(&format!("DELETE FROM {table} WHERE user_id = $1"))
+                            .bind(&id.0)
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                }
+                import_factors!(tx, id.0.as_str(), u, now);
                 ended.extend(revoke_user_sessions!(tx, &id.0, None, "imported", now));
                 let e = Event::new("user.imported", now).user(&id.0).actor(actor).reason("updated");
                 record_event!(tx, &e);

@@ -15,7 +15,7 @@ use crate::common::{unique_email, TestApp, PASSWORD, SECRET_KEY};
 
 /// `latchkey ARGS` on the embedded database of `data_dir`, under `secret`:
 /// (success, stdout and stderr).
-async fn latchkey(data_dir: &Path, secret: &str, args: &[&str]) -> (bool, String) {
+pub async fn latchkey(data_dir: &Path, secret: &str, args: &[&str]) -> (bool, String) {
     latchkey_with(data_dir, secret, args, &[]).await
 }
 
@@ -390,7 +390,7 @@ async fn an_export_carries_the_clients_and_webhooks_to_a_deployment_with_the_sam
     let hook: serde_json::Value = r.json().await.unwrap();
     let hook_id = hook["id"].as_str().unwrap().to_string();
     let mut file = Vec::new();
-    latchkey::domain::import::export(&app.services.store, &mut file)
+    latchkey::domain::import::export(&app.services.store, &mut file, true)
         .await
         .unwrap();
     let text = String::from_utf8(file).unwrap();
@@ -519,7 +519,7 @@ async fn an_export_imported_into_another_deployment_loses_no_account(app: &TestA
         assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
     }
     let mut file = Vec::new();
-    let exported = latchkey::domain::import::export(&app.services.store, &mut file)
+    let exported = latchkey::domain::import::export(&app.services.store, &mut file, true)
         .await
         .unwrap();
     let text = String::from_utf8(file).unwrap();

@@ -182,8 +182,24 @@ async fn a_rotated_secret_seals_everything_and_leaves_every_token_and_code_good(
     );
     app.stop().await;
 
+    // Neither command lets a recorded previous secret go unretired: a third
+    // secret without the first, or a retire without it, is refused.
+    let third = "dGhlLXRoaXJkLW1hc3Rlci1zZWNyZXQtMzItYnl0ZXM=";
+    let skipped = keyring(&settings, Some(third), &[NEXT_KEY]);
+    let e = format!("{:#}", rotate(&TestApp::config(&skipped), 0).await.unwrap_err());
+    assert!(
+        e.contains("previous master secrets this keyring does not hold"),
+        "{e}"
+    );
+    let without = keyring(&settings, Some(NEXT_KEY), &[]);
+    let e = format!(
+        "{:#}",
+        retire(&TestApp::config(&without), 0, false).await.unwrap_err()
+    );
+    assert!(e.contains("not the ones the database records"), "{e}");
+
     // Retire: the new secret alone from now on.
-    let changed = retire(&TestApp::config(&rotated), latchkey::clock::now_ms())
+    let changed = retire(&TestApp::config(&rotated), latchkey::clock::now_ms(), false)
         .await
         .unwrap();
     assert_eq!(changed.retired, 1);
@@ -280,6 +296,14 @@ async fn the_embedded_default_rotates_its_own_secret_file_and_retires_the_old_on
     let (ok, out) = secret_command(&dir, &["retire"]);
     assert!(ok, "{out}");
     assert!(!dir.join("secret.previous").exists());
+    // Put away, not deleted: the backups made before the rotation need it.
+    let kept: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("secret.retired-"))
+        .collect();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_eq!(std::fs::read_to_string(dir.join(&kept[0])).unwrap(), previous);
     let app = TestApp::relaunch(tmp, settings).await;
     assert_eq!(app.login(&email, PASSWORD).await.status(), 200);
     app.stop().await;

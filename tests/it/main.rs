@@ -11,6 +11,7 @@ mod conformance;
 mod connections;
 mod dump;
 mod events;
+mod export_factors;
 mod federation;
 mod full_disk;
 mod gateway;
