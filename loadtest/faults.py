@@ -10,6 +10,12 @@ instance:
   redis-master    one Redis Cluster master killed (its replica takes over)
   redis-freeze    every Redis node frozen (SIGSTOP) for 10 s (--short: 5 s)
   smtp-down       the SMTP server down for 60 s (--short: 15 s), then back
+  upgrade         a rolling upgrade: the rig starts on the previous release
+                  (the newest v* tag before HEAD, built from git), and each
+                  instance in turn is stopped (SIGTERM) and started on this
+                  build; both versions serve one database meanwhile. The
+                  migrations added since the release are checked to be
+                  additive (expand, never contract: docs/operations.md)
 
 The error budget of every request: its expected answer, a 429 or a 503
 that carries Retry-After, or (for a verify whose code was not mailed yet)
@@ -45,7 +51,7 @@ from pathlib import Path
 
 from .common import RunError, git_revision, machine_info, result_dir, say, set_prog, utc_now, wait_until
 from .rig import Rig
-from .tools import ensure_binary
+from .tools import ensure_binary, previous_release, previous_release_binary
 
 DEADLINE = 5.0  # the service's request deadline (LATCHKEY_REQUEST_TIMEOUT_MS default)
 HANG = DEADLINE + 1.0
@@ -390,6 +396,44 @@ def fault_smtp_down(rig, pause, down=60):
     return outage(pause, down, rig.smtp.stop, rig.smtp.start)
 
 
+def fault_upgrade(rig, pause, current):
+    time.sleep(pause)
+    t0 = time.time()
+    for inst in rig.instances:
+        inst.stop()
+        inst.binary = current
+        inst.start(wait=False)
+        inst.wait_ready()
+        time.sleep(2)  # back in HAProxy (its checks: every 0.5 s, rise 2) before the next goes
+    return t0, time.time()
+
+
+# A migration that contracts the schema: an instance of the release before
+# it, still serving during a rolling upgrade, would lose a table or column
+# it uses (docs/operations.md, "Upgrades").
+CONTRACTING = re.compile(r"\b(DROP\s+(TABLE|COLUMN|INDEX|VIEW)|RENAME\b|ALTER\s+COLUMN\s+\S+\s+(SET\s+NOT\s+NULL|TYPE))",
+                         re.IGNORECASE)
+
+
+def contracting_migrations(tag):
+    """The migrations since `tag` that an instance of `tag` could not serve
+    beside: a released migration changed, or a new one that contracts."""
+    import subprocess
+    from .common import ROOT
+    r = subprocess.run(["git", "diff", "--name-status", tag, "HEAD", "--", "migrations/"], cwd=ROOT,
+                       capture_output=True, text=True, check=True)
+    found = []
+    for line in r.stdout.splitlines():
+        status, path = line.split("\t", 1)
+        if status != "A":
+            found.append(f"{path}: a migration of {tag} changed ({status}); add a new one instead")
+            continue
+        text = re.sub(r"--[^\n]*", "", (ROOT / path).read_text())
+        for m in CONTRACTING.finditer(text):
+            found.append(f"{path}: {m.group(0)!r} contracts the schema that {tag} still uses")
+    return found
+
+
 FAULTS = {
     "instance-kill": (fault_instance_kill, "SIGKILL of one of 3 instances mid-load, restarted 5 s later"),
     "pg-restart": (fault_pg_restart, "PostgreSQL restarted: pg_ctl restart -m fast"),
@@ -397,6 +441,7 @@ FAULTS = {
     "redis-master": (fault_redis_master, "one Redis Cluster master SIGKILLed until its replica took over"),
     "redis-freeze": (fault_redis_freeze, "every Redis Cluster node SIGSTOPped (unreachable), then SIGCONT"),
     "smtp-down": (fault_smtp_down, "the SMTP server down, then back"),
+    "upgrade": (fault_upgrade, "the previous release's 3 instances replaced one by one with this build"),
 }
 
 
@@ -545,7 +590,7 @@ def check(rig, load, rec, fault_window, name, mail_wait):
     }
 
 
-def run_scenario(binary, name, short, outdir):
+def run_scenario(binary, name, short, outdir, previous=None):
     fault, _what = FAULTS[name]
     load_secs = 25 if short else 60
     pause = 6 if short else 15
@@ -555,6 +600,9 @@ def run_scenario(binary, name, short, outdir):
     if name == "smtp-down":
         kwargs["down"] = 15 if short else 60
         load_secs = pause + kwargs["down"] + (10 if short else 20)
+    if name == "upgrade":
+        kwargs["current"] = binary
+        binary = previous[1]
     rig = Rig(binary, instances=3)
     rec = Recorder()
     try:
@@ -570,6 +618,9 @@ def run_scenario(binary, name, short, outdir):
         load.run(load_secs, during)
         say(f"{name}: checking the invariants")
         result = check(rig, load, rec, window["w"], name, mail_wait=120 if name == "smtp-down" else 30)
+        if name == "upgrade":
+            result["previous_release"] = previous[0]
+            result["breaches"] += contracting_migrations(previous[0])
         raw = outdir / "raw"
         raw.mkdir(parents=True, exist_ok=True)
         with open(raw / f"{name}-requests.jsonl", "w") as f:
@@ -605,6 +656,9 @@ def report(results, args, started, outdir):
     for r in results:
         lines.append(f"## {r['scenario']}")
         lines.append("")
+        if r.get("previous_release"):
+            lines.append(f"Rolling upgrade from {r['previous_release']} (its release build from git) to this "
+                         "build, one instance at a time, under load; the migrations since checked to be additive.")
         lines.append("Answers: " + ", ".join(f"{k}: {v}" for k, v in sorted(r["by_status"].items())))
         lines.append(f"resend_ip admitted {r['resend_admitted']} (at its worst moment "
                      f"{r['resend_worst_share_of_policy']} of what the policy allows"
@@ -636,12 +690,23 @@ def main(argv):
     for n in names:
         if n not in FAULTS:
             raise RunError(f"unknown scenario {n!r}: {', '.join(FAULTS)}")
+    previous = None
+    if "upgrade" in names:
+        tag = previous_release()
+        if tag is None:
+            if args.only:
+                raise RunError("upgrade: no release tag (v*) before HEAD: git fetch --tags")
+            say("upgrade: SKIPPED: no release tag (v*) before HEAD in this clone (git fetch --tags)")
+            names.remove("upgrade")
+        else:
+            # Before this build's binary: building it moves target/release/latchkey.
+            previous = (tag, previous_release_binary(tag))
     binary, _how = ensure_binary(args.binary)
     started = utc_now()
     outdir = result_dir(started, "faults" + ("-short" if args.short else ""), args.out)
     results = []
     for n in names:
-        results.append(run_scenario(binary, n, args.short, outdir))
+        results.append(run_scenario(binary, n, args.short, outdir, previous))
         say(f"{n}: {len(results[-1]['breaches'])} breaches, recovery {results[-1]['recovery_s']} s")
     print(report(results, args, started, outdir))
     say(f"report: {outdir / 'report.md'}")

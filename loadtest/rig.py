@@ -266,6 +266,8 @@ class Instance:
         self.dir = rig.root / f"latchkey-{i}"
         self.dir.mkdir()
         self.proc = None
+        # Another build than the rig's (a rolling upgrade's).
+        self.binary = None
 
     @property
     def base(self):
@@ -287,7 +289,8 @@ class Instance:
 
     def start(self, wait=True):
         log = open(self.dir / "log", "a")
-        self.proc = subprocess.Popen([str(self.rig.binary), "serve"], env=self.env(), cwd=self.dir, stdout=log,
+        self.proc = subprocess.Popen([str(self.binary or self.rig.binary), "serve"], env=self.env(), cwd=self.dir,
+                                     stdout=log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
         if wait:

@@ -213,3 +213,60 @@ def ensure_binary(binary=None, no_build=False, build=True):
     if r.returncode != 0 or not b.exists():
         raise RunError("cargo build --release failed")
     return b, "built for this run"
+
+
+def previous_release():
+    """The newest release tag (v*) in HEAD's history that HEAD itself does
+    not carry: the version a rolling upgrade replaces. None without one
+    (a copy of the sources without git, or a clone without its tags)."""
+    def git(*args):
+        r = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        return r.stdout.split() if r.returncode == 0 else []
+    at_head = set(git("tag", "--points-at", "HEAD"))
+    for tag in git("tag", "--merged", "HEAD", "--list", "v*", "--sort=-v:refname"):
+        if tag not in at_head:
+            return tag
+    return None
+
+
+def previous_release_binary(tag):
+    """The release build of `tag` (its sources from git, its Cargo.lock),
+    kept in target/previous-release/TAG/latchkey. It is built in the
+    repository's own target directory, so that the dependencies it shares
+    with this build are not compiled again; this build's binary is linked
+    back in place afterwards, and checked to be another file."""
+    import hashlib
+    out_dir = ROOT / "target" / "previous-release" / tag
+    out = out_dir / "latchkey"
+    if out.exists():
+        return out
+    src = out_dir / "src"
+    shutil.rmtree(src, ignore_errors=True)
+    src.mkdir(parents=True)
+    say(f"building the previous release, {tag}: its sources into {src}, cargo build --release")
+    archive = subprocess.run(["git", "archive", "--format=tar", tag], cwd=ROOT, capture_output=True)
+    if archive.returncode != 0:
+        raise RunError(f"git archive {tag} failed: {archive.stderr.decode(errors='replace')[-300:]}")
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, check=True)
+    env = dict(os.environ, CARGO_TARGET_DIR=str(ROOT / "target"))
+    r = subprocess.run(["cargo", "build", "--release", "--locked", "--quiet", "--bin", "latchkey"], cwd=src, env=env)
+    if r.returncode != 0:
+        raise RunError(f"cargo build --release of {tag} failed")
+    shutil.copy2(RELEASE_BINARY, out)
+    # The build above left the previous release at target/release/latchkey:
+    # cargo links this build's binary back (compiling it only if stale).
+    def build_current():
+        return subprocess.run(["cargo", "build", "--release", "--quiet", "--bin", "latchkey"], cwd=ROOT).returncode
+
+    def digest(p):
+        return hashlib.sha256(p.read_bytes()).hexdigest()
+
+    if build_current() == 0 and digest(RELEASE_BINARY) == digest(out):
+        # Not linked back: make cargo build it again.
+        (ROOT / "src" / "main.rs").touch()
+        build_current()
+    if not RELEASE_BINARY.exists() or digest(RELEASE_BINARY) == digest(out):
+        RELEASE_BINARY.unlink(missing_ok=True)
+        raise RunError("target/release/latchkey is not this build after building the previous release: "
+                       "it was removed; cargo build --release")
+    return out
