@@ -21,14 +21,26 @@ pub async fn latchkey(data_dir: &Path, secret: &str, args: &[&str]) -> (bool, St
 
 /// [`latchkey`] with the settings `env` (`LATCHKEY_...` variables) too.
 async fn latchkey_with(data_dir: &Path, secret: &str, args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_latchkey"));
+    let mut c = embedded_command(data_dir);
     c.envs(env.iter().copied());
-    c.args(args)
-        .env("LATCHKEY_DATA_DIR", data_dir)
-        .env("LATCHKEY_SECRET_KEY", secret)
+    c.args(args).env("LATCHKEY_SECRET_KEY", secret);
+    output_of(c).await
+}
+
+/// The `latchkey` binary on the embedded database of `data_dir`, with
+/// warnings only and no setting of the tests' environment that names a
+/// server (PostgreSQL, Redis).
+pub fn embedded_command(data_dir: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_latchkey"));
+    c.env("LATCHKEY_DATA_DIR", data_dir)
         .env("LATCHKEY_LOG", "warn")
         .env_remove("LATCHKEY_DATABASE_URL")
         .env_remove("LATCHKEY_REDIS_URL");
+    c
+}
+
+/// Runs `c`: (success, stdout and stderr).
+pub async fn output_of(mut c: Command) -> (bool, String) {
     let out = tokio::task::spawn_blocking(move || c.output().unwrap())
         .await
         .unwrap();

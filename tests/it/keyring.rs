@@ -5,7 +5,6 @@
 //! On both backends, and with the embedded default's own files.
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 
 use latchkey::app::keyring::{reseal_all, retire, rotate};
@@ -239,24 +238,13 @@ async fn postgres_a_rotated_secret_seals_everything_and_leaves_every_token_and_c
 
 /// `latchkey secret ARGS` on the embedded default in `data_dir`, its
 /// secret in `<data_dir>/secret.key`: (success, output).
-fn secret_command(data_dir: &Path, args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_latchkey"))
-        .arg("secret")
+async fn secret_command(data_dir: &Path, args: &[&str]) -> (bool, String) {
+    let mut c = crate::backup::embedded_command(data_dir);
+    c.arg("secret")
         .args(args)
-        .env("LATCHKEY_DATA_DIR", data_dir)
-        .env("LATCHKEY_LOG", "warn")
         .env_remove("LATCHKEY_SECRET_KEY")
-        .env_remove("LATCHKEY_PREVIOUS_SECRET_KEYS")
-        .env_remove("LATCHKEY_DATABASE_URL")
-        .env_remove("LATCHKEY_REDIS_URL")
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+        .env_remove("LATCHKEY_PREVIOUS_SECRET_KEYS");
+    crate::backup::output_of(c).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -275,7 +263,7 @@ async fn the_embedded_default_rotates_its_own_secret_file_and_retires_the_old_on
     app.stop().await;
     let old = std::fs::read(dir.join("secret.key")).unwrap();
 
-    let (ok, out) = secret_command(&dir, &["rotate"]);
+    let (ok, out) = secret_command(&dir, &["rotate"]).await;
     assert!(ok, "{out}");
     let new = std::fs::read(dir.join("secret.key")).unwrap();
     assert_ne!(new, old);
@@ -293,7 +281,7 @@ async fn the_embedded_default_rotates_its_own_secret_file_and_retires_the_old_on
     assert!(refreshes(&app, pair["refresh_token"].as_str().unwrap()).await);
     app.stop().await;
 
-    let (ok, out) = secret_command(&dir, &["retire"]);
+    let (ok, out) = secret_command(&dir, &["retire"]).await;
     assert!(ok, "{out}");
     assert!(!dir.join("secret.previous").exists());
     // Put away, not deleted: the backups made before the rotation need it.
