@@ -408,29 +408,46 @@ def fault_upgrade(rig, pause, current):
     return t0, time.time()
 
 
-# A migration that contracts the schema: an instance of the release before
-# it, still serving during a rolling upgrade, would lose a table or column
-# it uses (docs/operations.md, "Upgrades").
-CONTRACTING = re.compile(r"\b(DROP\s+(TABLE|COLUMN|INDEX|VIEW)|RENAME\b|ALTER\s+COLUMN\s+\S+\s+(SET\s+NOT\s+NULL|TYPE))",
-                         re.IGNORECASE)
+# A migration that contracts the schema, or narrows what it accepts: an
+# instance of the release before it, still serving during a rolling
+# upgrade, would lose a table or column it uses, or have its writes
+# refused (docs/operations.md, "Upgrades"). Data changes (DELETE, TRUNCATE)
+# count too. Deliberately broad: a false alarm is read and waived in
+# review; a missed contraction breaks an upgrade.
+CONTRACTING = re.compile(
+    r"\b(DROP\b|RENAME\b|TRUNCATE\b|DELETE\s+FROM\b|SET\s+NOT\s+NULL\b|(SET\s+DATA\s+)?TYPE\b|"
+    r"ADD\s+CONSTRAINT\b|CREATE\s+UNIQUE\s+INDEX\b|UNIQUE\b|CHECK\b|REFERENCES\b)",
+    re.IGNORECASE)
 
 
 def contracting_migrations(tag):
-    """The migrations since `tag` that an instance of `tag` could not serve
-    beside: a released migration changed, or a new one that contracts."""
+    """The migrations of this working tree, against `tag`, that an
+    instance of `tag` could not serve beside: a released migration changed
+    or removed, or a new one that contracts. New tables may carry their
+    own constraints: only statements that touch what exists are read."""
     import subprocess
     from .common import ROOT
-    r = subprocess.run(["git", "diff", "--name-status", tag, "HEAD", "--", "migrations/"], cwd=ROOT,
-                       capture_output=True, text=True, check=True)
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
     found = []
-    for line in r.stdout.splitlines():
+    added = git("ls-files", "--others", "--exclude-standard", "migrations/").split()
+    for line in git("diff", "--name-status", tag, "--", "migrations/").splitlines():
         status, path = line.split("\t", 1)
-        if status != "A":
+        if status == "A":
+            added.append(path)
+        else:
             found.append(f"{path}: a migration of {tag} changed ({status}); add a new one instead")
-            continue
-        text = re.sub(r"--[^\n]*", "", (ROOT / path).read_text())
-        for m in CONTRACTING.finditer(text):
-            found.append(f"{path}: {m.group(0)!r} contracts the schema that {tag} still uses")
+    for path in added:
+        text = (ROOT / path).read_text()
+        text = re.sub(r"/\*.*?\*/", "", re.sub(r"--[^\n]*", "", text), flags=re.DOTALL)
+        for statement in text.split(";"):
+            if re.match(r"\s*CREATE\s+TABLE\b", statement, re.IGNORECASE):
+                continue
+            for m in CONTRACTING.finditer(statement):
+                found.append(f"{path}: {m.group(0)!r} in {' '.join(statement.split())[:120]!r}: "
+                             f"it contracts what {tag} still uses")
     return found
 
 

@@ -230,34 +230,44 @@ def previous_release():
 
 
 def previous_release_binary(tag):
-    """The release build of `tag` (its sources from git, its Cargo.lock),
-    kept in target/previous-release/TAG/latchkey. It is built in a target
+    """The release build of `tag` (its sources checked out from git in a
+    worktree, so that it records its own revision; its Cargo.lock), kept
+    in target/previous-release/TAG/latchkey. It is built in a target
     directory of its own, target/previous-release/target, first filled
-    with hard links to this build's (so that the dependencies the two
-    share are not compiled again), less this package's own artifacts:
-    cargo names them alike for both versions, and would otherwise take
-    this build's for the release's."""
+    from this build's: the compiled dependencies as hard links (rustc
+    replaces a file it writes), cargo's bookkeeping as copies (which cargo
+    rewrites in place); less this package's own artifacts, which cargo
+    names alike for both versions and would otherwise take for the
+    release's."""
     out_dir = ROOT / "target" / "previous-release" / tag
     out = out_dir / "latchkey"
     if out.exists():
         return out
     src = out_dir / "src"
+    subprocess.run(["git", "worktree", "remove", "--force", str(src)], cwd=ROOT, capture_output=True)
     shutil.rmtree(src, ignore_errors=True)
-    src.mkdir(parents=True)
-    say(f"building the previous release, {tag}: its sources into {src}, cargo build --release")
-    archive = subprocess.run(["git", "archive", "--format=tar", tag], cwd=ROOT, capture_output=True)
-    if archive.returncode != 0:
-        raise RunError(f"git archive {tag} failed: {archive.stderr.decode(errors='replace')[-300:]}")
-    subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, check=True)
+    subprocess.run(["git", "worktree", "prune"], cwd=ROOT, capture_output=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    say(f"building the previous release, {tag}: a worktree at {src}, cargo build --release")
+    r = subprocess.run(["git", "worktree", "add", "--detach", str(src), tag], cwd=ROOT, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RunError(f"git worktree add {tag} failed: {r.stderr[-300:]}")
     target = ROOT / "target" / "previous-release" / "target"
     ours = ROOT / "target" / "release"
     if not target.exists() and ours.exists():
-        target.mkdir(parents=True)
-        subprocess.run(["cp", "-al", str(ours), str(target / "release")], check=True)
+        (target / "release").mkdir(parents=True)
+        for entry in ours.iterdir():
+            if entry.name == "deps":
+                subprocess.run(["cp", "-al", str(entry), str(target / "release")], check=True)
+            elif entry.is_dir():
+                shutil.copytree(entry, target / "release" / entry.name, symlinks=True)
     env = dict(os.environ, CARGO_TARGET_DIR=str(target))
-    for step in (["cargo", "clean", "--release", "--quiet", "-p", "latchkey"],
-                 ["cargo", "build", "--release", "--locked", "--quiet", "--bin", "latchkey"]):
-        if subprocess.run(step, cwd=src, env=env).returncode != 0:
-            raise RunError(f"{' '.join(step)} failed for {tag}")
-    shutil.copy2(target / "release" / "latchkey", out)
+    try:
+        for step in (["cargo", "clean", "--release", "--quiet", "-p", "latchkey"],
+                     ["cargo", "build", "--release", "--locked", "--quiet", "--bin", "latchkey"]):
+            if subprocess.run(step, cwd=src, env=env).returncode != 0:
+                raise RunError(f"{' '.join(step)} failed for {tag}")
+        shutil.copy2(target / "release" / "latchkey", out)
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(src)], cwd=ROOT, capture_output=True)
     return out

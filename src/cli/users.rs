@@ -189,7 +189,14 @@ async fn import_users(
             let outcomes =
                 crate::domain::import::import_batch(&st.store, &st.revocations, &batch, update, "cli")
                     .await?;
-            for o in outcomes {
+            for (o, u) in outcomes.into_iter().zip(&batch) {
+                if o == crate::domain::import::ImportOutcome::Refused {
+                    eprintln!(
+                        "{}refused {}: a second factor of it (its id, or its passkey) is another account's here",
+                        if tty { "\r\x1b[K" } else { "" },
+                        u.email
+                    );
+                }
                 counts.add(o);
             }
             batch.clear();
@@ -261,6 +268,7 @@ impl ImportCounts {
             Created => self.created += 1,
             Updated => self.updated += 1,
             Skipped => self.skipped += 1,
+            Refused => self.errors += 1,
         }
     }
 }

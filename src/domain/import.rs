@@ -270,6 +270,9 @@ impl ExportedFactor {
     }
 }
 
+/// The most factors, and recovery codes, one account line may carry.
+const MAX_FACTORS: usize = 20;
+
 /// An account line of an export: an [`ImportRecord`], and (version 3) its
 /// second factors and unused recovery codes (their keyed hashes, good under
 /// the master secret of the export only). Only `latchkey users import`
@@ -314,25 +317,41 @@ impl AccountLine {
     /// never comes in without a factor it left with: one that does not
     /// check refuses the account.
     pub fn check(self, now: i64, sealer: &Sealer) -> Result<Checked, String> {
+        use std::collections::HashSet;
         let mut checked = self.record.check(false, now)?;
+        if self.factors.len() > MAX_FACTORS || self.recovery_codes.len() > MAX_FACTORS {
+            return Err(format!("factors, recovery_codes: at most {MAX_FACTORS} each"));
+        }
+        if !self.recovery_codes.is_empty() && self.id.is_none() {
+            return Err("recovery_codes: only with the account's id, which they are keyed to".into());
+        }
         if let Some(id) = self.id {
             checked.user.id = id;
         }
+        let mut seen = HashSet::new();
         let mut factors: Vec<FactorRecord> = Vec::with_capacity(self.factors.len());
         for f in self.factors {
             let f = f.check(sealer)?;
-            if factors.iter().any(|g| g.id == f.id) {
-                return Err(format!("factors: the id {} twice", f.id));
+            let passkey = f.credential_id.as_ref().map(|c| format!("passkey {c}"));
+            for key in std::iter::once(f.id.clone()).chain(passkey) {
+                if !seen.insert(key.clone()) {
+                    return Err(format!("factors: {key} twice"));
+                }
             }
             factors.push(f);
         }
         checked.user.factors = factors;
-        checked.user.recovery_codes = self
+        let codes: Vec<Vec<u8>> = self
             .recovery_codes
             .iter()
             .map(|c| b64url_decode(c).filter(|h| h.len() == 32))
             .collect::<Option<_>>()
             .ok_or("recovery_codes: each the base64url of a 32-byte hash")?;
+        let distinct: HashSet<&Vec<u8>> = codes.iter().collect();
+        if distinct.len() != codes.len() {
+            return Err("recovery_codes: a code twice".into());
+        }
+        checked.user.recovery_codes = codes;
         Ok(checked)
     }
 }
@@ -781,11 +800,25 @@ mod tests {
                 serde_json::json!(["c2hvcnQ"]),
                 "recovery_codes",
             ),
+            (
+                &["recovery_codes"],
+                serde_json::json!([b64url(&[7u8; 32]), b64url(&[7u8; 32])]),
+                "twice",
+            ),
+            (
+                &["recovery_codes"],
+                serde_json::json!(vec![b64url(&[7u8; 32]); 21]),
+                "at most 20",
+            ),
         ];
         for (path, value, named) in cases {
             let e = with(path, value.clone());
             assert!(e.contains(named), "{path:?}: {e}");
         }
+        let mut anonymous = line.clone();
+        anonymous.as_object_mut().unwrap().remove("id");
+        let e = refused(&anonymous.to_string(), &keys.factors);
+        assert!(e.contains("only with the account's id"), "{e}");
         let mut twice = line.clone();
         let f = twice["factors"][0].clone();
         twice["factors"].as_array_mut().unwrap().push(f);

@@ -399,6 +399,7 @@ impl Store {
 }
 
 /// An account brought from another system (or made by an administrator).
+#[derive(Clone)]
 pub struct ImportedUser {
     pub id: String,
     pub email: String,
@@ -413,12 +414,14 @@ pub struct ImportedUser {
     pub disabled: bool,
     /// Its second factors (an export of latchkey's, version 3), confirmed,
     /// TOTP secrets sealed here; their `user_id` is set as they are stored.
-    /// When given, they replace an updated account's factors; when not, an
-    /// update leaves them as they are (an import never weakens an account).
+    /// When given, they replace an updated account's factors if it is the
+    /// same account (its id); when not, an update leaves them as they are
+    /// (an import never weakens an account). One another account here
+    /// holds refuses the account ([`ImportOutcome::Refused`]).
     pub factors: Vec<super::FactorRecord>,
-    /// Its unused recovery codes' keyed hashes, with `factors`. They are
-    /// keyed to the account's id as well: stored only when the account
-    /// keeps `id` (created with it, or updated and already holding it).
+    /// Its unused recovery codes' keyed hashes. They are keyed to the
+    /// account's id as well: stored only when the account keeps `id`
+    /// (created with it, or updated with its factors and holding it).
     pub recovery_codes: Vec<Vec<u8>>,
 }
 
@@ -431,20 +434,22 @@ pub enum ImportOutcome {
     Updated,
     /// The email existed and was left as it was.
     Skipped,
+    /// Left out: a factor's id or passkey is another account's here (the
+    /// same person under another address, most likely). Nothing written.
+    Refused,
 }
 
 /// Stores an imported account's factors and recovery codes (an
-/// [`ImportedUser`]'s) for the account `$user_id`, on the transaction `$tx`;
-/// the codes only if the account's id is the one they were keyed to.
+/// [`ImportedUser`]'s) for the account `$u.id`, on the transaction `$tx`.
 macro_rules! import_factors {
-    ($tx:expr, $user_id:expr, $u:expr, $now:expr) => {
+    ($tx:expr, $u:expr, $now:expr) => {
         for f in &$u.factors {
             sqlx::query(
                 "INSERT INTO factors (id, user_id, kind, name, secret, last_step, credential, credential_id, \
                  passwordless, created_at, confirmed_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
             )
             .bind(&f.id)
-            .bind($user_id)
+            .bind(&$u.id)
             .bind(&f.kind)
             .bind(&f.name)
             .bind(&f.secret)
@@ -457,10 +462,9 @@ macro_rules! import_factors {
             .execute(&mut *$tx)
             .await?;
         }
-        let codes: &[Vec<u8>] = if $user_id == $u.id.as_str() { &$u.recovery_codes } else { &[] };
-        for hash in codes {
+        for hash in &$u.recovery_codes {
             sqlx::query("INSERT INTO recovery_codes (user_id, code_hash, created_at) VALUES ($1, $2, $3)")
-                .bind($user_id)
+                .bind(&$u.id)
                 .bind(hash)
                 .bind($now)
                 .execute(&mut *$tx)
@@ -486,15 +490,44 @@ impl Store {
             let mut outcomes = Vec::with_capacity(users.len());
             let mut ended = Vec::new();
             for u in users {
-                // An id from an export may be taken here, by another address:
-                // the account comes in under a new one.
-                let (taken,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM users WHERE id = $1 AND email <> $2")
-                    .bind(&u.id)
+                // A factor that another account here holds (its id, or its
+                // passkey) refuses the account: never moved or cloned.
+                let mut held = 0;
+                for f in &u.factors {
+                    let (n,): (i64,) = sqlx::query_as(
+                        "SELECT COUNT(*) FROM factors JOIN users ON users.id = factors.user_id \
+                         WHERE users.email <> $1 AND (factors.id = $2 OR factors.credential_id = $3)",
+                    )
                     .bind(&u.email)
+                    .bind(&f.id)
+                    .bind(&f.credential_id)
                     .fetch_one(&mut *tx)
                     .await?;
-                let new_id = (taken > 0).then(|| uuid::Uuid::now_v7().to_string());
-                let user_id = new_id.as_deref().unwrap_or(&u.id);
+                    held += n;
+                }
+                if held > 0 {
+                    outcomes.push(ImportOutcome::Refused);
+                    continue;
+                }
+                // An id from an export may be taken here: by another address,
+                // or by an account since deleted (its events name it). The
+                // account then comes in under a new one, without the
+                // recovery codes keyed to the old.
+                let (taken,): (i64,) = sqlx::query_as(
+                    "SELECT (SELECT COUNT(*) FROM users WHERE id = $1 AND email <> $2) \
+                     + (SELECT COUNT(*) FROM events WHERE user_id = $1 AND NOT EXISTS (SELECT 1 FROM users WHERE id = $1))",
+                )
+                .bind(&u.id)
+                .bind(&u.email)
+                .fetch_one(&mut *tx)
+                .await?;
+                let renamed = (taken > 0).then(|| ImportedUser {
+                    id: uuid::Uuid::now_v7().to_string(),
+                    recovery_codes: Vec::new(),
+                    ..u.clone()
+                });
+                let u = renamed.as_ref().unwrap_or(u);
+                let user_id = u.id.as_str();
                 let created = sqlx::query(
                     "INSERT INTO users (id, email, name, password_hash, email_verified_at, created_at, updated_at, imported_at, \
                      disabled_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8) ON CONFLICT (email) DO NOTHING",
@@ -518,7 +551,7 @@ impl Store {
                     .bind(&u.email);
                 if created {
                     drop_codes.execute(&mut *tx).await?;
-                    import_factors!(tx, user_id, u, now);
+                    import_factors!(tx, u, now);
                     let e = Event::new("user.imported", now).user(user_id).actor(actor).reason("created");
                     record_event!(tx, &e);
                     outcomes.push(ImportOutcome::Created);
@@ -541,15 +574,18 @@ impl Store {
                 .fetch_one(&mut *tx)
                 .await?;
                 drop_codes.execute(&mut *tx).await?;
-                if !u.factors.is_empty() {
-                    for table in ["factors", "recovery_codes"] {
+                // The file's factors replace the account's only when it is
+                // the same account (its id): never another's factors, and
+                // never none.
+                if !u.factors.is_empty() && id.0 == u.id {
+                    for table in ["factors", "recovery_codes", "mfa_challenges"] {
                         sqlx::query(&format!("DELETE FROM {table} WHERE user_id = $1"))
                             .bind(&id.0)
                             .execute(&mut *tx)
                             .await?;
                     }
+                    import_factors!(tx, u, now);
                 }
-                import_factors!(tx, id.0.as_str(), u, now);
                 ended.extend(revoke_user_sessions!(tx, &id.0, None, "imported", now));
                 let e = Event::new("user.imported", now).user(&id.0).actor(actor).reason("updated");
                 record_event!(tx, &e);

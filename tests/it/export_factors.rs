@@ -24,10 +24,23 @@ async fn verify(app: &TestApp, mfa_token: &Value, proof: Value) -> u16 {
 /// directory; then `latchkey users import` of it there under `secret`
 /// (with `extra` arguments): the command's output.
 async fn moved(app: &TestApp, to: &TestApp, secret: &str, with_factors: bool, extra: &[&str]) -> String {
+    moved_as(app, to, secret, with_factors, extra, |text| text).await
+}
+
+/// [`moved`], the export's text changed by `edit` on its way.
+async fn moved_as(
+    app: &TestApp,
+    to: &TestApp,
+    secret: &str,
+    with_factors: bool,
+    extra: &[&str],
+    edit: impl Fn(String) -> String,
+) -> String {
     let mut file = Vec::new();
     latchkey::domain::import::export(&app.services.store, &mut file, with_factors)
         .await
         .unwrap();
+    let file = edit(String::from_utf8(file).unwrap());
     let path = to
         .tmp
         .path()
@@ -80,6 +93,21 @@ async fn an_account_moves_with_its_second_factors_or_is_refused_without_them(app
     assert!(out.contains("1 updated"), "{out}");
     let user = same.user(&email).await;
     assert_eq!(same.services.store.factors(&user.id).await.unwrap().len(), 1);
+    // The same account under another address (its email changed since):
+    // its factor is the first one's here, so it is refused, not cloned.
+    let renamed = unique_email("export-mfa-renamed");
+    let out = moved_as(app, &same, SECRET_KEY, true, &[], |t| t.replace(&email, &renamed)).await;
+    assert!(
+        out.contains(&format!("refused {renamed}")) && out.contains("1 with errors"),
+        "{out}"
+    );
+    assert!(same
+        .services
+        .store
+        .user_by_email(&renamed)
+        .await
+        .unwrap()
+        .is_none());
     same.stop().await;
 
     // Under another secret the account is refused, by name, not weakened.
