@@ -57,8 +57,7 @@ pub fn configured(config: &Config, create: bool) -> anyhow::Result<Option<Keyrin
         crate::crypto::read_master_secret(configured, &config.data_dir)?
     };
     let Some(current) = current else { return Ok(None) };
-    let mut previous: Vec<Vec<u8>> = if config.secret_key.is_some() || !config.previous_secret_keys.is_empty()
-    {
+    let mut previous: Vec<Vec<u8>> = if !keeps_files(config) {
         config
             .previous_secret_keys
             .iter()
@@ -81,6 +80,13 @@ pub fn configured(config: &Config, create: bool) -> anyhow::Result<Option<Keyrin
         previous,
         retired: Vec::new(),
     }))
+}
+
+/// Whether the keyring is the files in `<data_dir>` (`secret.key`,
+/// `secret.previous`), which the commands write themselves, rather than
+/// settings the operator gives.
+pub fn keeps_files(config: &Config) -> bool {
+    config.secret_key.is_none() && config.previous_secret_keys.is_empty()
 }
 
 fn read_previous_file(data_dir: &Path) -> anyhow::Result<Vec<Vec<u8>>> {
@@ -110,7 +116,7 @@ fn read_previous_file(data_dir: &Path) -> anyhow::Result<Vec<Vec<u8>>> {
 pub async fn load(config: &Config, store: &Store) -> anyhow::Result<ServerKeys> {
     let mut ring = configured(config, true)
         .context("loading the master secret (LATCHKEY_SECRET_KEY or <data_dir>/secret.key)")?
-        .expect("created when missing");
+        .ok_or_else(|| no_secret(config))?;
     let record = store.keyring_record().await?;
     ring.retired = open_retired(&record, &ServerKeys::of_ring(&ring).retired)?;
     let keys = ServerKeys::of_ring(&ring);
@@ -282,10 +288,7 @@ pub async fn rotate(config: &Config, now: i64) -> anyhow::Result<Changed> {
     let (store, record, stored) = opened(config).await?;
     let mut ring = configured(config, false)?.ok_or_else(|| no_secret(config))?;
     let mut new_file_secret = false;
-    if config.secret_key.is_none()
-        && config.previous_secret_keys.is_empty()
-        && ct_eq(&secret_check(&ring.current), &stored)
-    {
+    if keeps_files(config) && ct_eq(&secret_check(&ring.current), &stored) {
         ring = make_file_secret(&config.data_dir, ring)?;
         new_file_secret = true;
     }
@@ -390,7 +393,7 @@ pub async fn retire(config: &Config, now: i64, force: bool) -> anyhow::Result<Ch
     }
     ring.retired = open_retired(&record, &held.retired)?;
     let retired_already = |m: &Vec<u8>| ring.retired.contains(&RetiredMacKeys::of(m));
-    let file_based = config.secret_key.is_none() && config.previous_secret_keys.is_empty();
+    let file_based = keeps_files(config);
     if record.previous.is_empty() && !ring.previous.is_empty() && ring.previous.iter().all(retired_already) {
         // Retired, but stopped before its file was put away: finish that.
         if file_based {

@@ -51,7 +51,7 @@ pub async fn run(config: &Config, command: SecretCommand) -> anyhow::Result<()> 
             let changed = keyring::retire(config, now, force).await?;
             report(&changed);
             println!("{} previous secret(s) retired", changed.retired);
-            if config.secret_key.is_some() || !config.previous_secret_keys.is_empty() {
+            if !keyring::keeps_files(config) {
                 println!("remove LATCHKEY_PREVIOUS_SECRET_KEYS from every instance's settings before starting them");
             }
         }
