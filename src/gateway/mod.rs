@@ -137,6 +137,21 @@ impl Gateway {
         &self.state
     }
 
+    /// What a serving thread answers with, without its socket: to drive
+    /// the gateway in process (`benches/instructions.rs`). A request needs
+    /// `ConnectInfo<SocketAddr>` among its extensions, as a served one has;
+    /// what it admits still goes to its upstream over the network.
+    pub fn router(&self) -> axum::Router {
+        let config = self.state.config.read().expect("config lock");
+        let worker = Worker {
+            gw: self.state.clone(),
+            client: serve::upstream_client(&config),
+            limiter: None,
+            upstream: UpstreamSlots::share(config.upstream.max_requests, 1),
+        };
+        serve::worker_router(worker, false)
+    }
+
     /// Serves until `stop` (`lifecycle::signal()`); each of `hangups`
     /// reloads `config_path`. Both are made before the gateway is built.
     async fn run_until_stopped(

@@ -146,12 +146,18 @@ async fn serve(
     mut kill: Shutdown,
 ) -> std::io::Result<()> {
     let listener = TcpListener::from_std(listener)?;
-    let routes = if with_ops { ops_routes() } else { Router::new() };
-    let router = routes.fallback(proxy::handle).with_state(Arc::new(worker));
+    let router = worker_router(worker, with_ops);
     tokio::select! {
         _ = connections::serve(listener, router, connections, stop) => Ok(()),
         _ = kill.wait() => Ok(()),
     }
+}
+
+/// What one serving thread answers with: every request goes upstream
+/// through [`proxy::handle`], except the ops routes if `with_ops`.
+pub(super) fn worker_router(worker: Worker, with_ops: bool) -> Router {
+    let routes = if with_ops { ops_routes() } else { Router::new() };
+    routes.fallback(proxy::handle).with_state(Arc::new(worker))
 }
 
 pub(super) fn upstream_client(config: &GatewayConfig) -> UpstreamClient {
