@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -25,6 +26,42 @@ PROG = "loadtest"  # the prefix of messages; each family names itself (set_prog)
 
 class RunError(Exception):
     """The run could not be carried out (not a failed threshold): exit 3."""
+
+
+# Pinning (`--pin` of overhead and refresh-capacity): the servers under
+# test on one CPU, the load generator on the other, so that the
+# generator's work never counts against a server, and every server (the
+# bare handler too) has one core. Off unless set_pinning() is called.
+PINNING = None
+
+
+def set_pinning():
+    """The servers on the first CPU this process may use, the generator on
+    the second."""
+    global PINNING
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise RunError("--pin needs two CPUs: one for the servers, one for the generator")
+    if not shutil.which("taskset"):
+        raise RunError("--pin needs taskset (Debian: util-linux)")
+    PINNING = (str(cpus[0]), str(cpus[1]))
+
+
+def pinned_server(cmd):
+    """`cmd` run on the servers' CPU when pinning, else as it is."""
+    return ["taskset", "-c", PINNING[0], *map(str, cmd)] if PINNING else list(cmd)
+
+
+def pinned_generator(cmd):
+    """`cmd` run on the generator's CPU when pinning, else as it is."""
+    return ["taskset", "-c", PINNING[1], *map(str, cmd)] if PINNING else list(cmd)
+
+
+def pinning_note():
+    if PINNING:
+        return (f"Pinned: the servers under test (latchkey and the bare handler) on CPU {PINNING[0]}, the "
+                f"generator on CPU {PINNING[1]} (taskset); the databases are not pinned.")
+    return "Not pinned: the servers and the generator share the machine's cores."
 
 
 def set_prog(name):

@@ -6,7 +6,7 @@ varies from day to day while the share does not.
 
 Usage (from the repository root):
   scripts/loadtest overhead [--secs 6] [--rounds 4] [--conns 50] [--gate]
-                            [--compare OTHER_LATCHKEY_BINARY] [--perf]
+                            [--compare OTHER_LATCHKEY_BINARY] [--perf] [--pin]
 
 - builds target/release/latchkey and target/release/examples/bare_handler
   when they are missing or older than the sources;
@@ -25,6 +25,10 @@ Usage (from the repository root):
   (flame-<cell>.svg, drawn with inferno) and profile.md, each function's
   own CPU per request side by side (loadtest/profile.py), so that what
   latchkey pays and the bare handler does not stands out;
+- --pin: the servers (latchkey, the bare handler, the other build) on CPU
+  0 and wrk (one thread) on CPU 1 (taskset), so that the generator's work
+  never counts against a server and each server has one core; the server
+  CPU per request (/proc) is reported either way;
 - --gate: exits 1 when the median share of /health/live falls under
   LIVE_FLOOR or that of /auth/validate under VALIDATE_FLOOR (below): CI's
   regression gate on the per-request overhead;
@@ -39,7 +43,8 @@ import statistics
 import subprocess
 
 from . import common, profile
-from .common import ROOT, RunError, cpu_seconds, free_port, http, login_token, proc_rss_kib, say, wait_until
+from .common import (ROOT, RunError, cpu_seconds, free_port, http, login_token, pinned_server, proc_rss_kib, say,
+                     wait_until)
 from .runners import run_wrk
 from .servers import SEED_PASSWORD, bench_env, bench_workspace, seed_users
 from .tools import ensure_binary, find_wrk
@@ -103,6 +108,7 @@ def main(argv):
                                       "validate-other)")
     ap.add_argument("--perf", action="store_true", help="profile each cell once more after the rounds: flame "
                                                         "graphs and profile.md")
+    ap.add_argument("--pin", action="store_true", help="the servers on CPU 0, wrk on CPU 1 (one thread)")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     latchkey, _ = ensure_binary(args.binary)
@@ -110,17 +116,23 @@ def main(argv):
     find_wrk()
     if args.perf:
         profile.require_tools()
+    if args.pin:
+        if args.gate:
+            # The floors were set from unpinned runs (two wrk threads on
+            # the shared cores); pinned shares read otherwise.
+            raise RunError("--gate measures unpinned: leave out --pin")
+        common.set_pinning()
     command = "scripts/loadtest overhead " + shlex.join(argv)
     results = {}
     with bench_workspace("overhead", args.out) as (started, outdir, raw, tmp, procs):
         env = bench_env(tmp, mail=f"file:{os.path.join(tmp, 'mail')}", rate_limit="off")
         seed_users(latchkey, env, 1, password=SEED_PASSWORD)
         port, admin = free_port(), free_port()
-        lk = procs.start("latchkey", [latchkey, "serve"], raw / "latchkey.log",
+        lk = procs.start("latchkey", pinned_server([latchkey, "serve"]), raw / "latchkey.log",
                          env={**env, "LATCHKEY_LISTEN": f"127.0.0.1:{port}",
                               "LATCHKEY_ADMIN_LISTEN": f"127.0.0.1:{admin}"})
         bport = free_port()
-        bp = procs.start("bare", [bare, f"127.0.0.1:{bport}"], raw / "bare.log")
+        bp = procs.start("bare", pinned_server([bare, f"127.0.0.1:{bport}"]), raw / "bare.log")
         base, bare_base = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{bport}"
         wait_until(lambda: http("GET", f"{base}/health/live", timeout=1)[0] == 200, "latchkey", proc=lk)
         wait_until(lambda: http("GET", bare_base, timeout=1)[0] == 200, "bare_handler", proc=bp)
@@ -138,7 +150,7 @@ def main(argv):
             other_env = bench_env(other_tmp, mail=f"file:{os.path.join(other_tmp, 'mail')}", rate_limit="off")
             seed_users(args.compare, other_env, 1, password=SEED_PASSWORD)
             oport, oadmin = free_port(), free_port()
-            other = procs.start("latchkey-other", [args.compare, "serve"], raw / "latchkey-other.log",
+            other = procs.start("latchkey-other", pinned_server([args.compare, "serve"]), raw / "latchkey-other.log",
                                 env={**other_env, "LATCHKEY_LISTEN": f"127.0.0.1:{oport}",
                                      "LATCHKEY_ADMIN_LISTEN": f"127.0.0.1:{oadmin}"})
             obase = f"http://127.0.0.1:{oport}"
@@ -149,13 +161,15 @@ def main(argv):
                 raise RunError("the other latchkey refused a fresh token")
             cells["live-other"] = (f"{obase}/health/live", other.pid, {})
             cells["validate-other"] = (f"{obase}/auth/validate", other.pid, {"LATCHKEY_TOKEN": other_token})
+        wrk_threads = 1 if args.pin else 2
         for name, (url, _, extra) in cells.items():  # warm-up
-            run_wrk(url, LUA, args.conns, 2, raw / f"wrk-{name}-warmup.txt", env={**os.environ, **extra})
+            run_wrk(url, LUA, args.conns, 2, raw / f"wrk-{name}-warmup.txt", env={**os.environ, **extra},
+                    threads=wrk_threads)
         for rnd in range(1, args.rounds + 1):
             for name, (url, pid, extra) in cells.items():
                 c0 = cpu_seconds(pid)
                 w = run_wrk(url, LUA, args.conns, args.secs, raw / f"wrk-{name}-r{rnd}.txt",
-                            env={**os.environ, **extra})
+                            env={**os.environ, **extra}, threads=wrk_threads)
                 w["cpu_us"] = (cpu_seconds(pid) - c0) * 1e6 / max(1, w["requests"])
                 results.setdefault(name, []).append(w)
                 say(f"round {rnd}, {name}: {w['rps']:,.0f} req/s, P99 {w['latency_us']['p99'] / 1000:.2f} ms, "
@@ -175,8 +189,8 @@ def main(argv):
              f"Command: `{command.strip()}`  ",
              f"Machine: {m['nproc']} CPU ({m['cpu']}), {m['ram_gib']:.0f} GiB, Linux {m['kernel']}  ",
              f"Revision: {common.git_revision()}  ",
-             f"wrk -t2 -c{args.conns}, {args.secs} s per cell, {args.rounds} interleaved rounds, medians; the "
-             "server and wrk share the machine's cores.", "",
+             f"wrk -t{1 if args.pin else 2} -c{args.conns}, {args.secs} s per cell, {args.rounds} interleaved "
+             f"rounds, medians. {common.pinning_note()}", "",
              "| cell | req/s (median) | rounds | share of bare (median of rounds) | P99 ms (median) | "
              "server CPU us/request |", "|---|---:|---|---:|---:|---:|"]
     labels = [("bare", "bare axum handler (examples/bare_handler.rs)"), ("live", "latchkey /health/live"),
@@ -205,6 +219,7 @@ def main(argv):
     text = "\n".join(lines) + "\n"
     (outdir / "report.md").write_text(text)
     (outdir / "summary.json").write_text(json.dumps({"median_rps": med, "share": share, "cpu_us": cpu,
+                                                     "pinned": bool(args.pin),
                                                      "peak_rss_mib": peak_rss,
                                                      "rounds": {n: [w["rps"] for w in v] for n, v in
                                                                 results.items()}}, indent=2))

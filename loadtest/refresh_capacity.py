@@ -11,7 +11,7 @@ on this machine can be computed from the same run.
 Usage (from the repository root):
   scripts/loadtest refresh-capacity [--backend embedded|postgres] [--secs 8] [--rounds 3]
                                     [--conns 50] [--binary PATH] [--compare OTHER_LATCHKEY_BINARY]
-                                    [--k6-rate 1000] [--perf]
+                                    [--k6-rate 1000] [--perf] [--pin]
 
 - builds target/release/latchkey and the bare handler when they are stale;
 - postgres: runs again inside scripts/with-services (a throwaway PostgreSQL
@@ -37,6 +37,9 @@ Usage (from the repository root):
   (loadtest/profile.py): flame-<cell>.svg, and profile.md, each function's
   own CPU per request, what a refresh pays over the bare handler (and over
   the other build with --compare);
+- --pin: the servers (latchkey and the bare handler) on CPU 0 and wrk on
+  CPU 1 (taskset); the databases are not pinned, their CPU is reported
+  apart as always;
 - writes report.md and summary.json to
   loadtest/results/<date>-refresh-capacity[-postgres]/.
 """
@@ -149,8 +152,11 @@ def main(argv):
     ap.add_argument("--k6-rate", type=int, default=1000, help="k6's refresh.js at this rate after the rounds, "
                                                               "for k6's CPU per refresh (0: skip)")
     ap.add_argument("--perf", action="store_true", help="profile each cell once more: flame graphs, profile.md")
+    ap.add_argument("--pin", action="store_true", help="the servers on CPU 0, wrk on CPU 1")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
+    if args.pin:
+        common.set_pinning()
     latchkey, _ = ensure_binary(args.binary)
     bare = ensure_bare()
     find_wrk()
@@ -187,7 +193,7 @@ def main(argv):
         for s in servers.values():
             s.start()
         bport = common.free_port()
-        bp = procs.start("bare", [bare, f"127.0.0.1:{bport}"], raw / "bare.log")
+        bp = procs.start("bare", common.pinned_server([bare, f"127.0.0.1:{bport}"]), raw / "bare.log")
         bare_url = f"http://127.0.0.1:{bport}/"
         common.wait_until(lambda: http("GET", bare_url, timeout=1)[0] == 200, "bare_handler", proc=bp)
         run_wrk(bare_url, BARE_LUA, args.conns, 2, raw / "wrk-bare-warmup.txt")
@@ -240,6 +246,10 @@ def main(argv):
     return 1 if failed else 0
 
 
+def results_bare_cpu(results):
+    return med(results["bare"], lambda w: w["cpu_us"])
+
+
 def med(rows, key):
     return statistics.median(key(w) for w in rows)
 
@@ -251,13 +261,12 @@ def report(args, command, started, results, k6):
              f"Command: `{command.strip()}`  ",
              f"Machine: {m['nproc']} CPU ({m['cpu']}), {m['ram_gib']:.0f} GiB, Linux {m['kernel']}  ",
              f"Revision: {common.git_revision()}  ",
-             f"wrk -t{THREADS} -c{args.conns}, {args.secs} s per cell, {args.rounds} interleaved rounds, medians; "
-             "server, database and wrk share the machine's cores. Each refresh rotates a fresh token "
-             "(loadtest/wrk/refresh.lua).", "",
+             f"wrk -t{THREADS} -c{args.conns}, {args.secs} s per cell, {args.rounds} interleaved rounds, medians. "
+             f"{common.pinning_note()} Each refresh rotates a fresh token (loadtest/wrk/refresh.lua).", "",
              "| cell | req/s (median) | rounds | share of bare (median of rounds) | P95 ms | P99 ms | non-200 | "
              "broken chains | CPU us/request: server | database | wrk |",
              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    summary = {"bare_rps": bare_rps, "cells": {}, "k6": k6}
+    summary = {"bare_rps": bare_rps, "cells": {}, "k6": k6, "pinned": bool(args.pin)}
     for name, rows in results.items():
         shares = [w["rps"] / b["rps"] for w, b in zip(rows, results["bare"])]
         share = statistics.median(shares)
@@ -286,6 +295,10 @@ def report(args, command, started, results, k6):
               f"{r['db_cpu_us']:.0f}); with wrk's {r['wrk_cpu_us']:.0f} us, {per + r['wrk_cpu_us']:.0f} us: "
               f"{m['nproc']} cores allow at most {m['nproc'] * 1e6 / (per + r['wrk_cpu_us']):,.0f} refreshes/s "
               f"with this generator; {r['rps']:,.0f}/s were answered.",
+              *([f"- Pinned, the service has one core: at {r['cpu_us']:.0f} us a refresh it allows at most "
+                 f"{1e6 / r['cpu_us']:,.0f} refreshes/s, the bare handler's {1e6 / results_bare_cpu(results):,.0f}/s "
+                 f"at its {results_bare_cpu(results):.1f} us (the database's CPU is on top, on either core)."]
+                if args.pin else []),
               f"- The goal, {GOAL_SHARE} of the bare handler: {goal_rate:,.0f} refreshes/s in this run "
               f"(measured: {r['share']:.4f}, {r['share'] / GOAL_SHARE:.0%} of the goal)."]
     if k6:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from .common import ROOT, RunError, children_cpu, say
+from .common import ROOT, RunError, children_cpu, pinned_generator, say
 from .servers import stop_after
 from .tools import find_k6, find_wrk, require
 
@@ -84,7 +84,8 @@ def run_k6(script, env_vars, summary, log, csv=None, quiet=False, echo=False, ex
 def run_wrk(url, script, connections, seconds, log, threads=2, env=None, sampler=None, label=""):
     """wrk --latency with a script of loadtest/ that prints `WRKJSON {...}` at
     its end: that object, plus `rps` and `generator_cores` (wrk's CPU)."""
-    cmd = [find_wrk(), f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script), url]
+    cmd = pinned_generator([find_wrk(), f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", "-s",
+                            str(script), url])
     rc, out, _, _, cpu = _run(cmd, env or dict(os.environ), log, sampler=sampler, label=label)
     m = re.search(r"^WRKJSON (\{.*\})$", out, re.M)
     if rc != 0 or not m:

@@ -13,7 +13,7 @@ import tempfile
 import urllib.parse
 from pathlib import Path
 
-from .common import RunError, free_port, http, result_dir, say, utc_now, wait_port, wait_until
+from .common import RunError, free_port, http, pinned_server, result_dir, say, utc_now, wait_port, wait_until
 
 ISSUER = "http://latchkey.bench"  # the issuer of the benchmarks' own services
 SEED_PASSWORD = "loadtest-password"
@@ -135,7 +135,7 @@ class Server:
         for attempt in range(3):
             self.port, self.admin_port = free_port(), free_port()
             with open(self.raw / "server.log", "a") as log:
-                self.proc = subprocess.Popen([str(self.binary), "serve"], cwd=self.backend.workdir,
+                self.proc = subprocess.Popen(pinned_server([self.binary, "serve"]), cwd=self.backend.workdir,
                                              env=server_env(self.backend, self.port, self.admin_port), stdout=log,
                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             try:
