@@ -28,10 +28,11 @@ class RunError(Exception):
     """The run could not be carried out (not a failed threshold): exit 3."""
 
 
-# Pinning (`--pin` of overhead and refresh-capacity): the servers under
-# test on one CPU, the load generator on the other, so that the
-# generator's work never counts against a server, and every server (the
-# bare handler too) has one core. Off unless set_pinning() is called.
+# Pinning (`--pin` of overhead, refresh-capacity, limiter, gateway and the
+# k6 scenarios): the servers under test on one CPU, the load generator on
+# the other, so that the generator's work never counts against a server,
+# and every server (the bare handler too) has one core. Off unless
+# set_pinning() is called.
 PINNING = None
 
 
@@ -57,10 +58,15 @@ def pinned_generator(cmd):
     return ["taskset", "-c", PINNING[1], *map(str, cmd)] if PINNING else list(cmd)
 
 
+def wrk_threads():
+    """wrk's threads: one when pinned (the generator has one CPU), else two."""
+    return 1 if PINNING else 2
+
+
 def pinning_note():
     if PINNING:
-        return (f"Pinned: the servers under test (latchkey and the bare handler) on CPU {PINNING[0]}, the "
-                f"generator on CPU {PINNING[1]} (taskset); the databases are not pinned.")
+        return (f"Pinned: the servers under test on CPU {PINNING[0]}, the generator on CPU {PINNING[1]} "
+                "(taskset); the databases and Redis are not pinned.")
     return "Not pinned: the servers and the generator share the machine's cores."
 
 

@@ -11,6 +11,7 @@ Usage (from the repository root):
                            [--generators vegeta,k6]
                            [--targets upstream,gateway-local,gateway-redis,haproxy,haproxy-plain]
                            [--conns 50,100] [--no-k6] [--no-wrk] [--binary PATH] [--upstream PATH]
+                           [--pin]
 
 What it does, in a temporary directory removed at the end:
 - starts redis-server and a latchkey service (embedded, ES256 keys, rate
@@ -24,7 +25,7 @@ What it does, in a temporary directory removed at the end:
   worker; -base: the --baseline binary); HAProxy with jwt_verify (ES256)
   and a stick-table limit; HAProxy proxying only (no JWT: the scale of
   proxying);
-- wrk (keep-alive, 2 threads, cycling through the tokens) at each
+- wrk (keep-alive, 2 threads or 1 with --pin, cycling through the tokens) at each
   connection count, target after target; each process's CPU time over each
   run gives CPU per request;
 - the open model at RATE/s, with each generator in turn: vegeta (constant
@@ -36,8 +37,17 @@ What it does, in a temporary directory removed at the end:
   and the P99 added over the direct upstream of the same round;
 - a measurement during which another k6, vegeta, wrk, haproxy, cargo or
   rustc appeared is repeated (up to 3 times; a last disturbed one is marked);
+- each measured run is preceded by a short wrk run of the same target
+  (1-3 s, not measured: prewarm());
+- --perf: after the measured runs, one more wrk run of each target under
+  `perf record` (loadtest/profile.py): flame-<target>.svg and profile.md;
 - prints a Markdown report and writes it, with the raw outputs, to
-  loadtest/results/<UTC date-time>-gateway/.
+  loadtest/results/<UTC date-time>-gateway/;
+- --pin: the targets and the upstream on the first CPU this process may
+  use, the generator (wrk with one thread, vegeta, k6) on the second
+  (taskset); the latchkey service that issued the tokens and Redis are not
+  pinned. Every target then has one core, which it shares with the
+  upstream, and the direct upstream's latency is measured on that core too.
 
 Every route checks the token (signature, iss, aud, exp) and applies a
 per-subject limit high enough never to refuse (10,000,000 per 60 s), so the
@@ -52,11 +62,10 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
 import threading
 import time
 
-from . import common
+from . import common, profile
 from .common import (ROOT, RunError, cpu_seconds, free_port, http, login_token, machine_jiffies, parent_of,
                      processes_named, say, stopped, wait_port)
 from .report import finish, gateway_report
@@ -99,7 +108,10 @@ def parse_args(argv):
                     help="the latchkey binary to measure (default: $LATCHKEY_BIN, else target/release/latchkey)")
     ap.add_argument("--upstream", help=f"the upstream binary (default {BENCH_UPSTREAM.relative_to(ROOT)})")
     ap.add_argument("--perf", action="store_true",
-                    help="record a CPU profile (perf, call graphs) of each target during its first wrk run")
+                    help="after the measured runs, profile each target during one more wrk run: flame graphs "
+                         "and profile.md")
+    ap.add_argument("--pin", action="store_true",
+                    help="the targets and the upstream on CPU 0, the generator on CPU 1 (wrk with one thread)")
     ap.add_argument("--no-wait", action="store_true",
                     help="measure at once even if the machine is busy (marked disturbed); for profiling runs")
     args = ap.parse_args(argv)
@@ -369,9 +381,10 @@ def start_service(procs, latchkey, raw, tmp):
     base = f"http://127.0.0.1:{svc_port}"
     tokens = [login_token(base, f"user{i}@loadtest.latchkey", SEED_PASSWORD) for i in range(1, 101)]
     _, jwks = http("GET", f"{base}/.well-known/jwks.json")
-    jwk = json.loads(jwks)["keys"][0]
-    if jwk["alg"] != "ES256":
-        raise RunError(f"the service's key is not ES256: {jwk}")
+    # The set also holds the keys id_tokens may be signed with (RS256 among them).
+    jwk = next((k for k in json.loads(jwks)["keys"] if k.get("alg") == "ES256"), None)
+    if jwk is None:
+        raise RunError(f"the service publishes no ES256 key: {jwks[:300]!r}")
     pem = os.path.join(tmp, "latchkey-es256.pem")
     with open(pem, "wb") as f:
         f.write(jwk_to_pem(jwk))
@@ -391,16 +404,25 @@ def start_target(procs, target, args, latchkey, up_port, base, redis_url, pem, r
                                  1 if plain.endswith("-1w") else None))
         shutil.copy(cfg, raw / f"{target}.toml")
         binary = args.baseline if target.endswith("-base") else latchkey
-        procs.start(target, [binary, "gateway", "--config", cfg], raw / f"{target}.log")
+        procs.start(target, common.pinned_server([binary, "gateway", "--config", cfg]), raw / f"{target}.log")
     elif target.startswith("haproxy"):
         port = free_port()
         cfg = os.path.join(tmp, f"{target}.cfg")
         with open(cfg, "w") as f:
             f.write(haproxy_cfg(port, up_port, pem) if target == "haproxy" else haproxy_plain_cfg(port, up_port))
         shutil.copy(cfg, raw / f"{target}.cfg")
-        procs.start(target, ["haproxy", "-db", "-f", cfg], raw / f"{target}.log")
+        procs.start(target, common.pinned_server(["haproxy", "-db", "-f", cfg]), raw / f"{target}.log")
     wait_port(port)
     return port
+
+
+def prewarm(url, tokens_file, raw, label, secs):
+    """A short wrk run just before a measurement, so that a target that sat
+    idle while the others were measured starts its measured run warm
+    (connections to the upstream open, caches filled, memory touched).
+    It does not remove the host's own stalls: see docs/performance.md,
+    "Stalls of the host under the open model"."""
+    wrk_run(url, 10, secs, tokens_file, raw, f"{label}-prewarm")
 
 
 def wrk_phase(args, procs, targets, urls, results, tokens_file, raw, redis_pid):
@@ -408,21 +430,12 @@ def wrk_phase(args, procs, targets, urls, results, tokens_file, raw, redis_pid):
     wrk_plan = [(rnd, t) for rnd in range(1, args.wrk_rounds + 1) for t in targets] if not args.no_wrk else []
     for rnd, target in wrk_plan:
         url, pid = urls[target], procs.items[target].pid
-        if rnd == 1:
-            wrk_run(url, 50, 3, tokens_file, raw, f"{target}-warmup")
         for conns in conns_list:
             def one_wrk():
+                # Every run, right before it: see prewarm().
+                prewarm(url, tokens_file, raw, f"{target}-c{conns}-r{rnd}", 3 if rnd == 1 else 1)
                 c0, r0 = cpu_seconds(pid), cpu_seconds(redis_pid)
-                perf = None
-                perf_data = raw / f"perf-{target}.data"
-                if args.perf and not perf_data.exists():
-                    perf = subprocess.Popen(
-                        ["perf", "record", "-F", "499", "-g", "-p", str(pid), "-o", str(perf_data), "--", "sleep",
-                         str(max(args.wrk_secs - 2, 1))],
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 w = wrk_run(url, conns, args.wrk_secs, tokens_file, raw, target)
-                if perf:
-                    perf.wait()
                 w["cpu_us_per_req"] = (cpu_seconds(pid) - c0) * 1e6 / max(w["requests"], 1)
                 w["redis_cpu_us_per_req"] = (cpu_seconds(redis_pid) - r0) * 1e6 / max(w["requests"], 1)
                 return w
@@ -436,6 +449,23 @@ def wrk_phase(args, procs, targets, urls, results, tokens_file, raw, redis_pid):
                 f"non-2xx {w['errors']['status']}, {w['cpu_us_per_req']:.1f} us CPU/req")
 
 
+def perf_phase(args, procs, targets, urls, tokens_file, raw, outdir, command):
+    """--perf: after the measured runs, one more wrk run of each target under
+    `perf record` (loadtest/profile.py): flame-<target>.svg and profile.md,
+    each target's own CPU per request by function beside the direct
+    upstream's (the upstream's work in a proxied run is in another process,
+    not in the target's profile)."""
+    conns = int(args.conns.split(",")[0])
+    profiles = {}
+    for target in targets:
+        def load():
+            return wrk_run(urls[target], conns, args.wrk_secs, tokens_file, raw, f"{target}-perf")["requests"]
+        profiles[target] = profile.record(procs.items[target].pid, args.wrk_secs, load, raw, outdir, target,
+                                          f"latchkey gateway benchmark: {target}, wrk -c{conns}")
+    (outdir / "profile.md").write_text(profile.table(profiles, command, [(t, "upstream") for t in targets
+                                                                         if t != "upstream"]))
+
+
 def open_phase(args, procs, targets, urls, results, tokens_file, raw, tmp):
     k6_targets = [t for t in args.k6_targets.split(",") if t in targets] if not args.no_k6 else []
     for gen in args.generators.split(",") if k6_targets else []:
@@ -444,6 +474,7 @@ def open_phase(args, procs, targets, urls, results, tokens_file, raw, tmp):
                 url, pid = urls[target], procs.items[target].pid
 
                 def one_open():
+                    prewarm(url, tokens_file, raw, f"{target}-{gen}-r{rnd}", 2)
                     c0 = cpu_seconds(pid)
                     k = OPEN_MODEL[gen](url, args.rate, args.k6_secs, tokens_file, raw, f"{target}-r{rnd}", tmp)
                     k["cpu_share"] = (cpu_seconds(pid) - c0) / args.k6_secs
@@ -464,6 +495,8 @@ def main(argv):
     if not upstream.exists():
         raise RunError(f"{upstream} missing: cargo build --release --example bench_upstream (or --upstream PATH)")
     find_wrk()
+    if args.perf:
+        profile.require_tools()
     for tool in ("haproxy", "redis-server"):
         require(tool)
     for gen in ([] if args.no_k6 else args.generators.split(",")):
@@ -473,6 +506,8 @@ def main(argv):
             find_k6()
         else:
             require(gen)
+    if args.pin:
+        common.set_pinning()
     targets = args.targets.split(",")
     command = "scripts/loadtest gateway " + shlex.join(argv)
 
@@ -487,7 +522,7 @@ def main(argv):
         # Every target runs from here on (idle ones cost nothing), so that the
         # open-model rounds can interleave them: noise on the machine then hits all alike.
         up_port = free_port()
-        procs.start("upstream", [upstream, f"127.0.0.1:{up_port}"], raw / "upstream.log")
+        procs.start("upstream", common.pinned_server([upstream, f"127.0.0.1:{up_port}"]), raw / "upstream.log")
         wait_port(up_port)
         urls = {}
         for target in targets:
@@ -501,6 +536,8 @@ def main(argv):
             urls[target] = url
         wrk_phase(args, procs, targets, urls, results, tokens_file, raw, procs.items["redis"].pid)
         open_phase(args, procs, targets, urls, results, tokens_file, raw, tmp)
+        if args.perf:
+            perf_phase(args, procs, targets, urls, tokens_file, raw, outdir, command)
 
     finish(outdir, gateway_report(results, args, started, command), results)
     return 0

@@ -17,7 +17,7 @@ What it does, in a temporary directory removed at the end:
   address is the `X-Forwarded-For` that wrk sends. With --compare, a fourth
   server, `redis-other`: the other build, Redis-limited like `redis`, in the
   same rounds (a before/after within one run, on its own Redis key prefix);
-- wrk -t2 (loadtest/wrk/clients.lua) cycles through N client addresses: N=1
+- wrk -t2 (one thread with --pin; loadtest/wrk/clients.lua) cycles through N client addresses: N=1
   is one hot key (the Redis limiter takes leases), N=100,000 at ~50,000
   req/s is each key every ~2 s (cold: a key's first check, and each after
   its lease expired, asks Redis; such checks share script calls). "Redis
@@ -26,6 +26,8 @@ What it does, in a temporary directory removed at the end:
 - rounds interleave the variants so that noise hits all alike; per variant
   the median over rounds, and "lost" against the unlimited run of the same
   round and client count;
+- --pin: the latchkey servers on the first CPU this process may use, wrk
+  (one thread) on the second (taskset); Redis is not pinned;
 - --perf: after the rounds, one more run of each variant at the largest
   client count under `perf record` (loadtest/profile.py): flame-<variant>.svg
   and profile.md (CPU per request by function, side by side);
@@ -67,6 +69,7 @@ def parse_args(argv):
     ap.add_argument("--perf", action="store_true",
                     help="after the rounds, profile each variant once more at the largest client count: "
                          "flame graphs and profile.md")
+    ap.add_argument("--pin", action="store_true", help="the servers on CPU 0, wrk on CPU 1 (one thread)")
     return ap.parse_args(argv)
 
 
@@ -101,7 +104,7 @@ def start_servers(procs, latchkey, redis_url, raw, tmp, other=None):
     for name, binary, extra in variants:
         port, admin = free_port(), free_port()
         # "server-" keeps the names apart from the Redis server's ("redis").
-        p = procs.start(f"server-{name}", [binary, "serve"], raw / f"server-{name}.log",
+        p = procs.start(f"server-{name}", common.pinned_server([binary, "serve"]), raw / f"server-{name}.log",
                         env={**env, **extra, "LATCHKEY_LISTEN": f"127.0.0.1:{port}",
                              "LATCHKEY_ADMIN_LISTEN": f"127.0.0.1:{admin}"})
         base = f"http://127.0.0.1:{port}"
@@ -113,6 +116,8 @@ def start_servers(procs, latchkey, redis_url, raw, tmp, other=None):
 def main(argv):
     common.set_prog("limiter-bench")
     args = parse_args(argv)
+    if args.pin:
+        common.set_pinning()
     latchkey, _ = ensure_binary(args.binary, build=False)
     find_wrk()
     require("redis-server")

@@ -161,15 +161,13 @@ def main(argv):
                 raise RunError("the other latchkey refused a fresh token")
             cells["live-other"] = (f"{obase}/health/live", other.pid, {})
             cells["validate-other"] = (f"{obase}/auth/validate", other.pid, {"LATCHKEY_TOKEN": other_token})
-        wrk_threads = 1 if args.pin else 2
         for name, (url, _, extra) in cells.items():  # warm-up
-            run_wrk(url, LUA, args.conns, 2, raw / f"wrk-{name}-warmup.txt", env={**os.environ, **extra},
-                    threads=wrk_threads)
+            run_wrk(url, LUA, args.conns, 2, raw / f"wrk-{name}-warmup.txt", env={**os.environ, **extra})
         for rnd in range(1, args.rounds + 1):
             for name, (url, pid, extra) in cells.items():
                 c0 = cpu_seconds(pid)
                 w = run_wrk(url, LUA, args.conns, args.secs, raw / f"wrk-{name}-r{rnd}.txt",
-                            env={**os.environ, **extra}, threads=wrk_threads)
+                            env={**os.environ, **extra})
                 w["cpu_us"] = (cpu_seconds(pid) - c0) * 1e6 / max(1, w["requests"])
                 results.setdefault(name, []).append(w)
                 say(f"round {rnd}, {name}: {w['rps']:,.0f} req/s, P99 {w['latency_us']['p99'] / 1000:.2f} ms, "
@@ -189,7 +187,7 @@ def main(argv):
              f"Command: `{command.strip()}`  ",
              f"Machine: {m['nproc']} CPU ({m['cpu']}), {m['ram_gib']:.0f} GiB, Linux {m['kernel']}  ",
              f"Revision: {common.git_revision()}  ",
-             f"wrk -t{1 if args.pin else 2} -c{args.conns}, {args.secs} s per cell, {args.rounds} interleaved "
+             f"wrk -t{common.wrk_threads()} -c{args.conns}, {args.secs} s per cell, {args.rounds} interleaved "
              f"rounds, medians. {common.pinning_note()}", "",
              "| cell | req/s (median) | rounds | share of bare (median of rounds) | P99 ms (median) | "
              "server CPU us/request |", "|---|---:|---|---:|---:|---:|"]

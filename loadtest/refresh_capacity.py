@@ -37,9 +37,9 @@ Usage (from the repository root):
   (loadtest/profile.py): flame-<cell>.svg, and profile.md, each function's
   own CPU per request, what a refresh pays over the bare handler (and over
   the other build with --compare);
-- --pin: the servers (latchkey and the bare handler) on CPU 0 and wrk on
-  CPU 1 (taskset); the databases are not pinned, their CPU is reported
-  apart as always;
+- --pin: the servers (latchkey and the bare handler) on CPU 0 and the
+  generators (wrk with one thread, and k6) on CPU 1 (taskset); the
+  databases are not pinned, their CPU is reported apart as always;
 - writes report.md and summary.json to
   loadtest/results/<date>-refresh-capacity[-postgres]/.
 """
@@ -70,7 +70,6 @@ DATABASE_PROCESSES = {"postgres", "redis-server"}
 # The refresh capacity asked of latchkey, as a share of the bare handler
 # (docs/performance.md, "Refresh").
 GOAL_SHARE = 0.062
-THREADS = 2
 
 
 def database_cpu():
@@ -102,8 +101,9 @@ def refresh_cell(server, args, raw, tmp, name, tokens=None):
         fresh_chains(server.base_url, 2 * args.conns, tokens)
     s0, d0 = cpu_seconds(server.proc.pid), database_cpu()
     log = raw / f"wrk-{name}.txt"
-    w = run_wrk(f"{server.base_url}/auth/refresh", LUA, args.conns, args.secs, log, threads=THREADS,
-                env={**os.environ, "LATCHKEY_TOKENS_FILE": str(tokens), "LATCHKEY_THREADS": str(THREADS)})
+    threads = common.wrk_threads()
+    w = run_wrk(f"{server.base_url}/auth/refresh", LUA, args.conns, args.secs, log, threads=threads,
+                env={**os.environ, "LATCHKEY_TOKENS_FILE": str(tokens), "LATCHKEY_THREADS": str(threads)})
     n = max(1, w["requests"])
     secs = w["duration_us"] / 1e6
     w["cpu_us"] = (cpu_seconds(server.proc.pid) - s0) * 1e6 / n
@@ -261,7 +261,7 @@ def report(args, command, started, results, k6):
              f"Command: `{command.strip()}`  ",
              f"Machine: {m['nproc']} CPU ({m['cpu']}), {m['ram_gib']:.0f} GiB, Linux {m['kernel']}  ",
              f"Revision: {common.git_revision()}  ",
-             f"wrk -t{THREADS} -c{args.conns}, {args.secs} s per cell, {args.rounds} interleaved rounds, medians. "
+             f"wrk -t{common.wrk_threads()} -c{args.conns}, {args.secs} s per cell, {args.rounds} interleaved rounds, medians. "
              f"{common.pinning_note()} Each refresh rotates a fresh token (loadtest/wrk/refresh.lua).", "",
              "| cell | req/s (median) | rounds | share of bare (median of rounds) | P95 ms | P99 ms | non-200 | "
              "broken chains | CPU us/request: server | database | wrk |",

@@ -10,6 +10,7 @@ import os
 import subprocess
 import urllib.parse
 
+from . import common
 from .common import NPROC, ROOT, git_revision, machine_info, median, percentile, rel, resource_stats, say
 from .tools import plotting_python
 
@@ -227,7 +228,8 @@ def thresholds_from_summary(summary):
 # script gets one row per `endpoint` tag. `focus`: the group whose P99 the
 # time series and the plot show on its own.
 K6_GROUPS = {
-    "login-slo": ("phase", [("hold", "hold phase"), ("ramp", "ramp phase")], None),
+    "login-slo": ("phase", [("hold", "hold phase"), ("ramp", "ramp phase"),
+                            ("warm", "warm-up (WARM=1: each account once, before the ramp)")], None),
     "nearyou-flow": ("endpoint", [("register", "register (201)"), ("login_unverified", "login before verify (401)"),
                                   ("verify_otp_wrong", "verify-otp wrong code (401)"),
                                   ("refresh_bogus", "refresh bogus token (401)")], "register"),
@@ -442,6 +444,7 @@ def run_details(ctx, extra):
              f"{ctx['binary_version']}",
              f"- machine: {m['nproc']} CPUs, {m['cpu']}, {ram} RAM, Linux {m['kernel']}",
              f"- backend: {ctx['backend'].description}",
+             f"- pinning: {common.pinning_note()}",
              "- server settings: LATCHKEY_RATE_LIMIT=off, LATCHKEY_LOG=warn"
              + ("".join(f", {k}={v}" for k, v in ctx["user_settings"].items())),
              f"- seeding: {ctx['seed_output'] or 'none (this scenario registers its own accounts)'}"]
@@ -578,22 +581,25 @@ def bench_machine_line():
 
 
 OPEN_MODEL_GENERATORS = {
-    "vegeta": "vegeta attack (constant rate; ~0.4 core at 5,000/s, so the targets keep most of the machine)",
-    "k6": "k6 constant-arrival-rate (the tool of the reference reports; ~1 of the 2 cores at 5,000/s, GOGC=off)",
+    "vegeta": "vegeta attack (constant rate; 0.3-0.6 core at 5,000/s)",
+    "k6": "k6 constant-arrival-rate (the tool of the reference reports; 0.6-0.9 core at 5,000/s, GOGC=off)",
 }
 
 
 def gateway_report(results, args, started, command):
     lines = [
         f"Run {started.strftime('%Y-%m-%d %H:%M')} UTC, {bench_machine_line()}; "
-        "everything (load generator, upstream, gateway or HAProxy, Redis, latchkey) on the same machine.",
+        "everything (load generator, upstream, gateway or HAProxy, Redis, latchkey) on the same machine. "
+        + (f"Pinned: the targets and the upstream on CPU {common.PINNING[0]}, the generator on CPU "
+           f"{common.PINNING[1]} (taskset); Redis and the service that issued the tokens are not pinned."
+           if common.PINNING else "Not pinned."),
         f"Command: `{command}`",
         "",
     ]
     conns = [int(c) for c in args.conns.split(",")]
     if not args.no_wrk:
         lines += [
-            "Maximum throughput (wrk -t2, keep-alive, 100 ES256 tokens in rotation, "
+            f"Maximum throughput (wrk -t{common.wrk_threads()}, keep-alive, 100 ES256 tokens in rotation, "
             f"{args.wrk_secs} s per cell):",
             "",
             "| target | " + " | ".join(f"c{c} req/s | c{c} P50 / P99 ms" for c in conns)
@@ -662,8 +668,8 @@ def limiter_report(results, args, clients, started, command):
     lines = [
         f"# Rate-limit cost: {started.strftime('%Y-%m-%d %H:%M')} UTC",
         "",
-        f"{bench_machine_line()}; wrk, the servers and Redis on the same machine.",
-        f"Command: `{command}`; wrk -t2 -c{args.conns}, {args.secs} s per cell, "
+        f"{bench_machine_line()}; wrk, the servers and Redis on the same machine. {common.pinning_note()}",
+        f"Command: `{command}`; wrk -t{common.wrk_threads()} -c{args.conns}, {args.secs} s per cell, "
         f"{args.rounds} rounds interleaved; medians (each round's req/s in brackets).",
         "",
         "| clients | unlimited req/s | Redis-limited req/s | lost | Redis calls per request | checks that waited "

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from .common import ROOT, RunError, children_cpu, pinned_generator, say
+from .common import ROOT, RunError, children_cpu, pinned_generator, say, wrk_threads
 from .servers import stop_after
 from .tools import find_k6, find_wrk, require
 
@@ -67,7 +67,7 @@ def run_k6(script, env_vars, summary, log, csv=None, quiet=False, echo=False, ex
         cmd.append("--quiet")
     for k, v in env_vars.items():
         cmd += ["-e", f"{k}={v}"]
-    cmd.append(str(script))
+    cmd = pinned_generator([*cmd, str(script)])
     env = dict(os.environ, K6_NO_USAGE_REPORT="true", **(extra_env or {}))
     if announce:
         say(f"{announce}: {shlex.join(cmd)}")
@@ -81,9 +81,11 @@ def run_k6(script, env_vars, summary, log, csv=None, quiet=False, echo=False, ex
             "cpu_seconds": cpu}
 
 
-def run_wrk(url, script, connections, seconds, log, threads=2, env=None, sampler=None, label=""):
+def run_wrk(url, script, connections, seconds, log, threads=None, env=None, sampler=None, label=""):
     """wrk --latency with a script of loadtest/ that prints `WRKJSON {...}` at
-    its end: that object, plus `rps` and `generator_cores` (wrk's CPU)."""
+    its end: that object, plus `rps` and `generator_cores` (wrk's CPU).
+    Threads: two, or one when pinned."""
+    threads = threads or wrk_threads()
     cmd = pinned_generator([find_wrk(), f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", "-s",
                             str(script), url])
     rc, out, _, _, cpu = _run(cmd, env or dict(os.environ), log, sampler=sampler, label=label)
@@ -111,8 +113,8 @@ def run_vegeta(url, rate, secs, tokens, report, tmp):
     results = os.path.join(tmp, "vegeta-results.bin")
     c0 = children_cpu()
     with open(results, "wb") as f:
-        subprocess.run([vegeta, "attack", f"-rate={rate}/s", f"-duration={secs}s", f"-targets={targets}",
-                        "-keepalive=true", "-max-body=0"], stdout=f, stderr=subprocess.PIPE, check=True,
+        subprocess.run(pinned_generator([vegeta, "attack", f"-rate={rate}/s", f"-duration={secs}s", f"-targets={targets}",
+                        "-keepalive=true", "-max-body=0"]), stdout=f, stderr=subprocess.PIPE, check=True,
                        # As for k6: Go's collector puts its pauses into the measured tail
                        # (direct upstream P99 2.0 ms with it, 0.7 ms without); ~2 GB per minute.
                        env={**os.environ, "GOGC": "off"})

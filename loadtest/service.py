@@ -198,7 +198,7 @@ def hash_capacity(binary, env, cwd, raw):
     """`latchkey hash-capacity`: hashes per second of this machine with the
     server's settings, measured right before the load (so that the run's
     hashing rate is compared with the same host's ceiling)."""
-    r = subprocess.run([str(binary), "hash-capacity", "--seconds", "5"], cwd=cwd, env=env,
+    r = subprocess.run(common.pinned_server([binary, "hash-capacity", "--seconds", "5"]), cwd=cwd, env=env,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     (raw / "hash-capacity.txt").write_text(r.stdout)
     if r.returncode != 0:
@@ -223,7 +223,7 @@ class BareHandler:
 
         self.raw, self.port = raw, common.free_port()
         self.log = open(raw / "bare.log", "w")
-        self.proc = subprocess.Popen([str(ensure_bare()), f"127.0.0.1:{self.port}"], stdout=self.log,
+        self.proc = subprocess.Popen(common.pinned_server([ensure_bare(), f"127.0.0.1:{self.port}"]), stdout=self.log,
                                      stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{self.port}/"
         common.wait_until(lambda: http("GET", self.url, timeout=1)[0] == 200, "bare_handler", proc=self.proc)
@@ -278,7 +278,7 @@ def parse_args(argv):
     p.add_argument("--think-time", type=float, help="nearyou-flow / stress-mix: sleep per iteration, s (default 1)")
     p.add_argument("--connections", type=lambda s: [int(x) for x in s.split(",")],
                    help="validate-throughput: comma-separated connection counts (default 50,100,...,300)")
-    p.add_argument("--threads", type=int, default=2, help="validate-throughput: wrk threads (default 2)")
+    p.add_argument("--threads", type=int, help="validate-throughput: wrk threads (default 2; 1 with --pin)")
     p.add_argument("-e", "--env", action="append", metavar="KEY=VALUE", help="extra k6 environment variable")
     p.add_argument("--seed-count", type=int, help="accounts to seed (default 1000; login-mfa 4000)")
     p.add_argument("--out", help="result folder (default loadtest/results/<YYYY-MM-DD-HHMM>-<scenario>)")
@@ -289,6 +289,9 @@ def parse_args(argv):
     p.add_argument("--record", action="store_true",
                    help="print, last, the run's row for its table in docs/performance.md and where to paste it "
                         "(always written to doc-row.md in the result folder; the doc itself is never changed)")
+    p.add_argument("--pin", action="store_true",
+                   help="latchkey (and `latchkey hash-capacity`) on CPU 0, the generator on CPU 1; the databases "
+                        "are not pinned")
     p.add_argument("--force", action="store_true", help="run even if another k6 / wrk is running")
     p.add_argument("--wait-idle", type=float, default=600,
                    help="seconds to wait for another k6 / wrk to finish (default 600)")
@@ -419,7 +422,7 @@ def run_wrk_steps(args, scale, server, raw, sampler):
         raise RunError(f"/auth/validate answered {status} to a fresh token")
     step_s = max(1, round(60 * scale))
     conns = args.connections or WRK_CONNECTIONS
-    threads = args.threads
+    threads = args.threads or common.wrk_threads()
     steps = []
     env = dict(os.environ, LATCHKEY_TOKEN_FILE=str(token_file))
     say(f"running wrk: {len(conns)} connection counts x 2 endpoints x {step_s} s")
@@ -467,6 +470,10 @@ def gate_verdict(summary):
 def main(argv):
     common.set_prog("loadtest")
     args = parse_args(argv)
+    if args.pin:
+        if args.gate:
+            raise RunError("--gate measures unpinned: leave out --pin")
+        common.set_pinning()
     scenario = args.scenario
     spec = spec_for(scenario)
     scale = 1.0 if args.full else (args.duration_scale if args.duration_scale is not None else spec["default_scale"])
