@@ -48,6 +48,23 @@ def set_pinning():
     PINNING = (str(cpus[0]), str(cpus[1]))
 
 
+def add_pin_option(parser, help):
+    """A scenario's `--pin` flag (`help` says what runs where);
+    apply_pinning() acts on it."""
+    parser.add_argument("--pin", action="store_true", help=help)
+
+
+def apply_pinning(args):
+    """set_pinning() when `--pin` was given. A gate (`--gate`) refuses it:
+    its floors were set from unpinned runs (two wrk threads, k6 unpinned on
+    the shared cores), and pinned figures read otherwise."""
+    if not args.pin:
+        return
+    if getattr(args, "gate", False):
+        raise RunError("--gate measures unpinned: leave out --pin")
+    set_pinning()
+
+
 def pinned_server(cmd):
     """`cmd` run on the servers' CPU when pinning, else as it is."""
     return ["taskset", "-c", PINNING[0], *map(str, cmd)] if PINNING else list(cmd)
@@ -211,6 +228,15 @@ def cpu_seconds(pid):
     """CPU time (user + system) of a process so far; 0 once it is gone."""
     ticks = proc_cpu_ticks(pid)
     return ticks / CLK_TCK if ticks is not None else 0.0
+
+
+def reaped_cpu_seconds(pid):
+    """CPU time of the children `pid` waited for (cutime + cstime): what a
+    process tree's exited members used (PostgreSQL's backends and
+    autovacuum workers, reaped by the postmaster); 0 once it is gone."""
+    fields = proc_stat(pid)
+    # fields[13] is field 16 (cutime), fields[14] field 17 (cstime).
+    return (int(fields[13]) + int(fields[14])) / CLK_TCK if fields else 0.0
 
 
 def parent_of(pid):

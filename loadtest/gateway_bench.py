@@ -110,8 +110,7 @@ def parse_args(argv):
     ap.add_argument("--perf", action="store_true",
                     help="after the measured runs, profile each target during one more wrk run: flame graphs "
                          "and profile.md")
-    ap.add_argument("--pin", action="store_true",
-                    help="the targets and the upstream on CPU 0, the generator on CPU 1 (wrk with one thread)")
+    common.add_pin_option(ap, help="the targets and the upstream on CPU 0, the generator on CPU 1 (wrk with one thread)")
     ap.add_argument("--no-wait", action="store_true",
                     help="measure at once even if the machine is busy (marked disturbed); for profiling runs")
     args = ap.parse_args(argv)
@@ -506,8 +505,7 @@ def main(argv):
             find_k6()
         else:
             require(gen)
-    if args.pin:
-        common.set_pinning()
+    common.apply_pinning(args)
     targets = args.targets.split(",")
     command = "scripts/loadtest gateway " + shlex.join(argv)
 

@@ -69,7 +69,7 @@ def parse_args(argv):
     ap.add_argument("--perf", action="store_true",
                     help="after the rounds, profile each variant once more at the largest client count: "
                          "flame graphs and profile.md")
-    ap.add_argument("--pin", action="store_true", help="the servers on CPU 0, wrk on CPU 1 (one thread)")
+    common.add_pin_option(ap, help="the servers on CPU 0, wrk on CPU 1 (one thread)")
     return ap.parse_args(argv)
 
 
@@ -116,8 +116,7 @@ def start_servers(procs, latchkey, redis_url, raw, tmp, other=None):
 def main(argv):
     common.set_prog("limiter-bench")
     args = parse_args(argv)
-    if args.pin:
-        common.set_pinning()
+    common.apply_pinning(args)
     latchkey, _ = ensure_binary(args.binary, build=False)
     find_wrk()
     require("redis-server")

@@ -108,7 +108,7 @@ def main(argv):
                                       "validate-other)")
     ap.add_argument("--perf", action="store_true", help="profile each cell once more after the rounds: flame "
                                                         "graphs and profile.md")
-    ap.add_argument("--pin", action="store_true", help="the servers on CPU 0, wrk on CPU 1 (one thread)")
+    common.add_pin_option(ap, help="the servers on CPU 0, wrk on CPU 1 (one thread)")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     latchkey, _ = ensure_binary(args.binary)
@@ -116,12 +116,7 @@ def main(argv):
     find_wrk()
     if args.perf:
         profile.require_tools()
-    if args.pin:
-        if args.gate:
-            # The floors were set from unpinned runs (two wrk threads on
-            # the shared cores); pinned shares read otherwise.
-            raise RunError("--gate measures unpinned: leave out --pin")
-        common.set_pinning()
+    common.apply_pinning(args)
     command = "scripts/loadtest overhead " + shlex.join(argv)
     results = {}
     with bench_workspace("overhead", args.out) as (started, outdir, raw, tmp, procs):

@@ -152,11 +152,10 @@ def main(argv):
     ap.add_argument("--k6-rate", type=int, default=1000, help="k6's refresh.js at this rate after the rounds, "
                                                               "for k6's CPU per refresh (0: skip)")
     ap.add_argument("--perf", action="store_true", help="profile each cell once more: flame graphs, profile.md")
-    ap.add_argument("--pin", action="store_true", help="the servers on CPU 0, wrk on CPU 1")
+    common.add_pin_option(ap, help="the servers on CPU 0, wrk on CPU 1")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
-    if args.pin:
-        common.set_pinning()
+    common.apply_pinning(args)
     latchkey, _ = ensure_binary(args.binary)
     bare = ensure_bare()
     find_wrk()

@@ -137,9 +137,9 @@ class Postgres:
             except RunError as e:
                 say(f"warning: {e}")
 
-    def sql(self, statement):
+    def sql(self, statement, db="latchkey"):
         """Rows of one statement, as lists of text (psql -At, unit separator)."""
-        r = subprocess.run([str(self.bin / "psql"), self.url(), "-At", "-F", "\x1f", "-v", "ON_ERROR_STOP=1",
+        r = subprocess.run([str(self.bin / "psql"), self.url(db), "-At", "-F", "\x1f", "-v", "ON_ERROR_STOP=1",
                             "-c", statement], capture_output=True, text=True)
         if r.returncode != 0:
             raise RunError(f"psql failed: {r.stderr.strip()[-500:]}")

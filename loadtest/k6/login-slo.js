@@ -20,7 +20,8 @@
 // find the verified-credential cache warm: the load of many accounts that
 // already signed in, not of argon2. Those logins carry `phase: warm`; the
 // server needs a credential-cache lifetime and capacity that cover the
-// warm-up (LATCHKEY_CREDENTIAL_CACHE_TTL_SECS, _CAPACITY).
+// warm-up (LATCHKEY_CREDENTIAL_CACHE_TTL_SECS, _CAPACITY), which
+// `scripts/loadtest login-slo -e WARM=1` sets unless they are set already.
 
 import http from 'k6/http';
 import { check, sleep } from 'k6';

@@ -340,7 +340,8 @@ impl Sessions {
     }
 
     /// What introspection may tell `caller` of a refresh token: only the
-    /// client it was issued to learns anything, and only while it refreshes.
+    /// client it was issued to learns anything, and only while it
+    /// refreshes; the email only with the `email` scope, as in its tokens.
     pub async fn introspect_refresh(
         &self,
         token: &str,
@@ -357,9 +358,9 @@ impl Sessions {
             return Ok(None);
         }
         Ok(Some(RefreshInfo {
+            email: crate::domain::tokens::visible_email(rec.scope.as_deref(), &rec.email).to_string(),
             user_id: rec.user_id,
             session_id: rec.session_id,
-            email: rec.email,
             client_id: rec.client_id.unwrap_or_else(|| FIRST_PARTY_CLIENT.into()),
             expires_at: rec.session_expires_at,
         }))

@@ -158,8 +158,11 @@ impl IntoResponse for OAuthError {
 type Form = HashMap<String, String>;
 
 /// The parameters these endpoints read.
-const KNOWN_PARAMETERS: [&str; 9] = [
+const KNOWN_PARAMETERS: [&str; 12] = [
     "grant_type",
+    "code",
+    "redirect_uri",
+    "code_verifier",
     "scope",
     "username",
     "password",
@@ -422,12 +425,21 @@ async fn token_inner(
         "refresh_token" => {
             let token =
                 parse_opaque("refresh_token", required(&form, "refresh_token")?).map_err(AuthError::from)?;
-            // A client with an access-token lifetime of its own keeps it.
-            let access_ttl = client
+            let settings = client
                 .oidc
                 .as_deref()
-                .and_then(crate::domain::oidc::client::ClientSettings::from_json)
-                .and_then(|s| s.access_ttl());
+                .and_then(crate::domain::oidc::client::ClientSettings::from_json);
+            // The client's registration as it is now: one whose
+            // `refresh_token` grant was taken away refreshes no more.
+            if settings.as_ref().is_some_and(|s| !s.allows("refresh_token")) {
+                return Err(OAuthError::new(
+                    StatusCode::BAD_REQUEST,
+                    "unauthorized_client",
+                    "this client may no longer use the refresh_token grant",
+                ));
+            }
+            // A client with an access-token lifetime of its own keeps it.
+            let access_ttl = settings.and_then(|s| s.access_ttl());
             st.sessions
                 .refresh_for_client(&token, &client.id, access_ttl)
                 .await?
@@ -476,11 +488,15 @@ pub async fn introspect(State(st): State<AppState>, headers: HeaderMap, body: By
         // client would learn the users and sessions of another.
         let as_refresh = || async {
             let info = st.sessions.introspect_refresh(token, &caller.id).await.ok()??;
-            Some(serde_json::json!({
+            let mut doc = serde_json::json!({
                 "active": true, "token_type": "refresh_token", "sub": info.user_id, "sid": info.session_id,
-                "email": info.email, "client_id": info.client_id,
-                "exp": info.expires_at / 1000, "iss": st.tokens.issuer(),
-            }))
+                "client_id": info.client_id, "exp": info.expires_at / 1000, "iss": st.tokens.issuer(),
+            });
+            // Left out when the client may not see it (no `email` scope).
+            if !info.email.is_empty() {
+                doc["email"] = info.email.into();
+            }
+            Some(doc)
         };
         let doc = if hint == Some("refresh_token") {
             match as_refresh().await {

@@ -25,6 +25,9 @@ crate::on_every_backend!(
     a_browser_session_ended_elsewhere_signs_nobody_in,
     the_password_grant_is_off_by_default,
     a_code_presented_twice_ends_the_session_it_started,
+    a_spent_public_code_without_its_verifier_ends_nothing,
+    a_token_request_that_repeats_a_parameter_is_refused,
+    an_application_whose_refresh_grant_was_taken_away_refreshes_no_more,
     cross_origin_calls_are_answered_only_for_origins_a_client_registered,
     a_flood_of_cross_origin_requests_reads_the_clients_at_most_once_a_second,
     withdrawing_consent_voids_the_codes_not_yet_exchanged,
@@ -348,6 +351,126 @@ async fn a_code_presented_twice_ends_the_session_it_started(app: &TestApp) {
         .await
         .unwrap();
     assert_eq!(r.status(), 400);
+}
+
+/// A public client names itself by its `client_id` alone, so a spent code
+/// read from its callback URL (a history, a log) would be enough to end the
+/// user's session there, were the verifier not asked for too.
+async fn a_spent_public_code_without_its_verifier_ends_nothing(app: &TestApp) {
+    application(app, "spa-reuse", ClientKind::Public, ConsentMode::Skip).await;
+    let email = user(app, "spa-reuse").await;
+    let (verifier, challenge) = pkce();
+    let mut browser = Browser::new(app);
+    // A public client on a loopback redirect URI always asks for consent.
+    let page = browser.get(&request("spa-reuse", &challenge, &[])).await;
+    let page = browser.sign_in(&page, &email, PASSWORD).await;
+    let code = code_of(&browser.consent(&page, "allow").await);
+    let public_exchange = |fields: Vec<(&'static str, String)>| {
+        let mut form = vec![
+            ("grant_type", "authorization_code".to_string()),
+            ("client_id", "spa-reuse".to_string()),
+            ("code", code.clone()),
+            ("redirect_uri", CALLBACK.to_string()),
+        ];
+        form.extend(fields);
+        async move {
+            let r = app
+                .http
+                .post(app.url("/oauth/token"))
+                .form(&form)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, first) = public_exchange(vec![("code_verifier", verifier.clone())]).await;
+    assert_eq!(status, 200, "{first}");
+    let at = first["access_token"].as_str().unwrap();
+    // The finder has the code and the client's id, not the verifier.
+    let (other_verifier, _) = pkce();
+    for fields in [vec![], vec![("code_verifier", other_verifier)]] {
+        let (status, body) = public_exchange(fields).await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (400, Some("invalid_grant")),
+            "{body}"
+        );
+        assert_eq!(app.validate(at).await, 200, "the application's session lives on");
+    }
+    // The application itself presenting it again: a reuse, which ends it.
+    let (status, body) = public_exchange(vec![("code_verifier", verifier)]).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (400, Some("invalid_grant")),
+        "{body}"
+    );
+    assert_eq!(app.validate(at).await, 401);
+}
+
+/// RFC 6749 §3.2: no parameter is sent twice; the token endpoint refuses
+/// what the authorization endpoint refuses, so that a proxy in front that
+/// reads the other copy cannot disagree with it.
+async fn a_token_request_that_repeats_a_parameter_is_refused(app: &TestApp) {
+    let secret = application(app, "repeats", ClientKind::Confidential, ConsentMode::Skip).await;
+    let email = user(app, "repeats").await;
+    let (verifier, challenge) = pkce();
+    let mut browser = Browser::new(app);
+    let code = signed_in_code(&mut browser, "repeats", &email, &challenge).await;
+    let fields = [
+        ("code", code.as_str()),
+        ("redirect_uri", CALLBACK),
+        ("code_verifier", verifier.as_str()),
+    ];
+    for twice in ["code", "redirect_uri", "code_verifier"] {
+        let mut repeated = fields.to_vec();
+        repeated.push((twice, "other"));
+        let (status, body) = exchange(app, ("repeats", &secret), &repeated).await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (400, Some("invalid_request")),
+            "{twice}: {body}"
+        );
+    }
+    // Nothing was spent: the request as it should be still gets its tokens.
+    let (status, body) = exchange(app, ("repeats", &secret), &fields).await;
+    assert_eq!(status, 200, "{body}");
+}
+
+async fn an_application_whose_refresh_grant_was_taken_away_refreshes_no_more(app: &TestApp) {
+    let secret = application(app, "demoted", ClientKind::Confidential, ConsentMode::Skip).await;
+    let email = user(app, "demoted").await;
+    let tokens = crate::oidc::code_grant(app, "demoted", &secret, &email, "openid offline_access").await;
+    let secret = &secret;
+    let refresh = |token: String| async move {
+        let r = app
+            .http
+            .post(app.url("/oauth/token"))
+            .basic_auth("demoted", Some(secret))
+            .form(&[("grant_type", "refresh_token"), ("refresh_token", token.as_str())])
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json::<Value>().await.unwrap())
+    };
+    let (status, pair) = refresh(tokens["refresh_token"].as_str().unwrap().to_string()).await;
+    assert_eq!(status, 200, "{pair}");
+    let mut s = ClientSettings::new(ClientKind::Confidential, vec![CALLBACK.into()]);
+    s.consent = ConsentMode::Skip;
+    s.grant_types = vec!["authorization_code".into()];
+    assert!(app
+        .services
+        .features
+        .clients
+        .set_oidc("demoted", Some(&s))
+        .await
+        .unwrap());
+    let (status, body) = refresh(pair["refresh_token"].as_str().unwrap().to_string()).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (400, Some("unauthorized_client")),
+        "{body}"
+    );
 }
 
 async fn a_form_posted_without_this_browsers_csrf_token_is_refused(app: &TestApp) {
@@ -737,6 +860,22 @@ async fn an_applications_token_tells_only_what_the_user_let_it_see(app: &TestApp
     // userinfo answers by scope.
     let info: Value = app.get_bearer("/oauth/userinfo", at).await.json().await.unwrap();
     assert!(info.get("email").is_none(), "{info}");
+    // Nor does introspecting its refresh token tell it.
+    let tokens = crate::oidc::code_grant(app, "openid-only", &secret, &email, "openid offline_access").await;
+    let refresh = tokens["refresh_token"]
+        .as_str()
+        .expect("offline_access gives a refresh token");
+    let r = app
+        .http
+        .post(app.url("/oauth/introspect"))
+        .basic_auth("openid-only", Some(&secret))
+        .form(&[("token", refresh), ("token_type_hint", "refresh_token")])
+        .send()
+        .await
+        .unwrap();
+    let doc: Value = r.json().await.unwrap();
+    assert_eq!(doc["active"], true, "{doc}");
+    assert!(doc.get("email").is_none(), "no email scope, no email: {doc}");
     // With the email scope, it may.
     let tokens = crate::oidc::code_grant(app, "openid-only", &secret, &email, "openid email").await;
     let v: Value = app

@@ -13,7 +13,7 @@ use crate::domain::clients::ClientRecord;
 use crate::domain::sessions::{ClientGrant, Origin};
 use crate::domain::tokens::{AccessClaims, IdClaims, ACR_MFA, ACR_SINGLE};
 use crate::domain::AuthError;
-use crate::store::{AuthorizationCode, Redeemed};
+use crate::store::{AuthorizationCode, Redeemed, StoredCode};
 
 /// What a client presents with a code at the token endpoint.
 #[derive(Clone, Copy, Debug)]
@@ -44,30 +44,38 @@ pub(crate) enum Verdict {
 /// ```text
 ///   no such code ───────────────────────────────────────────────> Refused
 ///   issued to another client ───────────────────────────────────> Refused
-///   spent ──────────────────────────────────────────────────────> Reused
+///   spent, verifier missing, extra or not matching ─────────────> Refused
+///   spent, with its verifier ───────────────────────────────────> Reused
 ///   unspent, expired ───────────────────────────────────────────> Refused
 ///   unspent, other redirect_uri (RFC 6749 §4.1.3) ──────────────> Refused
 ///   unspent, verifier missing, extra or not matching (RFC 7636) ─> Refused
 ///   unspent, all of them match ─────────────────────────────────> Redeem
 /// ```
 ///
-/// Only the client a spent code was issued to ends what it got: a spent
-/// code found elsewhere (a log, a history) and presented by another client
-/// must not sign the user out of this one. A refused presentation leaves an
+/// Only the client a spent code was issued to, with the code's PKCE
+/// verifier, ends what it got: a spent code found elsewhere (a log, a
+/// history) must not sign the user out, whether presented by another
+/// client or as a public client, which names itself by its id alone. The
+/// verifier never left the application, and with it the presenter is the
+/// application or has what it had. A refused presentation leaves an
 /// unspent code usable by its client.
 pub(crate) fn judge(code: Option<&AuthorizationCode>, p: &Presented<'_>, now: i64) -> Verdict {
     let Some(c) = code else { return Verdict::Refused };
     if c.client_id != p.client_id {
         return Verdict::Refused;
     }
-    if c.used_at.is_some() {
-        return Verdict::Reused;
-    }
     let challenge_matches = match (c.code_challenge.as_deref(), p.code_challenge) {
         (Some(stored), Some(given)) => ct_eq(stored.as_bytes(), given.as_bytes()),
         (None, None) => true,
         _ => false,
     };
+    if c.used_at.is_some() {
+        return if challenge_matches {
+            Verdict::Reused
+        } else {
+            Verdict::Refused
+        };
+    }
     if c.expires_at <= now || c.redirect_uri != p.redirect_uri || !challenge_matches {
         return Verdict::Refused;
     }
@@ -153,27 +161,30 @@ impl Provider {
         let challenge = verifier.map(|v| b64url(&sha256(v.as_bytes())));
         let hash = sha256(code.as_bytes());
         let now = now_ms();
+        // The code with its account's claims, in one read.
         let stored = self.shared.store.authorization_code(&hash).await?;
         let presented = Presented {
             client_id: &client.id,
             redirect_uri,
             code_challenge: challenge.as_deref(),
         };
-        let c = match judge(stored.as_ref(), &presented, now) {
+        let StoredCode {
+            code: c,
+            email: Some(account_email),
+            name: account_name,
+            email_verified_at: account_verified_at,
+        } = (match judge(stored.as_ref().map(|s| &s.code), &presented, now) {
             Verdict::Redeem => stored.expect("judged redeemable"),
             Verdict::Reused => {
-                return Err(self
-                    .code_reused(stored.as_ref().expect("judged reused"), now)
-                    .await)
+                let stored = stored.expect("judged reused");
+                return Err(self.code_reused(&stored.code, now).await);
             }
             Verdict::Refused => return Err(AuthError::InvalidToken),
+        })
+        else {
+            // The account is gone.
+            return Err(AuthError::InvalidToken);
         };
-        let user = self
-            .shared
-            .store
-            .user_by_id(&c.user_id)
-            .await?
-            .ok_or(AuthError::InvalidToken)?;
         let authn = crate::domain::tokens::Authn::new(&c.amr, c.auth_time);
         let grant = ClientGrant {
             client_id: &client.id,
@@ -189,13 +200,13 @@ impl Provider {
         let pair = match self
             .shared
             .store
-            .redeem_authorization_code(&hash, &session.as_new(&user.id))
+            .redeem_authorization_code(&hash, &session.as_new(&c.user_id))
             .await?
         {
             Redeemed::Started { expires_at } => {
                 session.expires_at = expires_at;
                 self.sessions
-                    .pair(&user.id, &user.email, &session, &client.id, refresh_token)?
+                    .pair(&c.user_id, &account_email, &session, &client.id, refresh_token)?
             }
             Redeemed::Refused(_) => return Err(AuthError::InvalidToken),
             // Spent by another presentation since it was read (this is the
@@ -217,7 +228,7 @@ impl Provider {
                 self.issuer
                     .issue_id_token(settings.id_token_algorithm(), |alg| IdClaims {
                         iss: self.issuer.issuer().to_string(),
-                        sub: user.id.clone(),
+                        sub: c.user_id.clone(),
                         aud: client.id.clone(),
                         exp,
                         iat,
@@ -233,9 +244,9 @@ impl Provider {
                         sid: c.session_id.clone(),
                         azp: client.id.clone(),
                         at_hash: Some(crate::domain::tokens::token_hash(alg, &access)),
-                        email: email.then(|| user.email.clone()),
-                        email_verified: email.then_some(user.email_verified_at.is_some()),
-                        name: if profile { user.name.clone() } else { None },
+                        email: email.then(|| account_email.clone()),
+                        email_verified: email.then_some(account_verified_at.is_some()),
+                        name: if profile { account_name.clone() } else { None },
                     })
                     .map_err(AuthError::Internal)?,
             )
@@ -356,19 +367,37 @@ mod tests {
     }
 
     #[test]
-    fn a_spent_code_presented_again_by_its_client_is_a_reuse_whatever_else_it_carries() {
+    fn a_spent_code_presented_again_by_its_client_with_its_verifier_is_a_reuse() {
         let spent = AuthorizationCode {
             used_at: Some(NOW - 10),
             expires_at: NOW - 1,
             ..code()
         };
         assert_eq!(judge(Some(&spent), &presented(), NOW), Verdict::Reused);
-        let sloppy = Presented {
+        let elsewhere = Presented {
             redirect_uri: "https://elsewhere.example/",
-            code_challenge: None,
             ..presented()
         };
-        assert_eq!(judge(Some(&spent), &sloppy, NOW), Verdict::Reused);
+        assert_eq!(judge(Some(&spent), &elsewhere, NOW), Verdict::Reused);
+    }
+
+    #[test]
+    fn a_spent_code_without_its_verifier_ends_nothing() {
+        let spent = AuthorizationCode {
+            used_at: Some(NOW - 10),
+            ..code()
+        };
+        for challenge in [None, Some("challengf")] {
+            let found = Presented {
+                code_challenge: challenge,
+                ..presented()
+            };
+            assert_eq!(
+                judge(Some(&spent), &found, NOW),
+                Verdict::Refused,
+                "{challenge:?}"
+            );
+        }
     }
 
     #[test]

@@ -33,6 +33,45 @@ pub const MAX_STATE: usize = 1024;
 /// more; the pages read only the first few (`http/pages/i18n.rs`).
 pub const MAX_UI_LOCALES: usize = 256;
 
+/// At most this many parameters in one request: the specifications name
+/// about twenty, and an application has no use for hundreds more.
+pub const MAX_PARAMETERS: usize = 100;
+
+/// The parameters of an authorization request this provider knows (OpenID
+/// Connect Core §3.1.2.1, RFC 7636, RFC 9101): an error description names
+/// one of these, never a name the request made up.
+const KNOWN_PARAMETERS: &[&str] = &[
+    "client_id",
+    "redirect_uri",
+    "response_type",
+    "response_mode",
+    "scope",
+    "state",
+    "nonce",
+    "code_challenge",
+    "code_challenge_method",
+    "prompt",
+    "max_age",
+    "login_hint",
+    "id_token_hint",
+    "acr_values",
+    "ui_locales",
+    "claims_locales",
+    "display",
+    "claims",
+    "request",
+    "request_uri",
+    "registration",
+];
+
+/// The first parameter given a second time: one pass, whatever the count
+/// (comparing each with every earlier one is quadratic in a request that
+/// can carry thousands of names).
+fn first_repeated(params: &[(String, String)]) -> Option<&str> {
+    let mut seen = std::collections::HashSet::with_capacity(params.len());
+    params.iter().map(|(k, _)| k.as_str()).find(|k| !seen.insert(*k))
+}
+
 /// An authorization request that passed [`check`]: what the rest of the
 /// flow needs of it, carried sealed through the sign-in pages.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -132,11 +171,7 @@ pub fn check(
             .map(|(_, v)| v.as_str())
             .filter(|v| !v.is_empty())
     };
-    let repeated = params
-        .iter()
-        .enumerate()
-        .find(|(i, (k, _))| params[..*i].iter().any(|(k2, _)| k2 == k))
-        .map(|(_, (k, _))| k.clone());
+    let repeated = first_repeated(params);
     let Some(client_id) = get("client_id") else {
         return Err(RequestError::Page(PageError::NoClientId));
     };
@@ -149,7 +184,7 @@ pub fn check(
     if !redirect::matches(&client.redirect_uris, redirect_uri) {
         return Err(RequestError::Page(PageError::UnregisteredRedirectUri));
     }
-    if repeated.as_deref() == Some("client_id") || repeated.as_deref() == Some("redirect_uri") {
+    if repeated == Some("client_id") || repeated == Some("redirect_uri") {
         return Err(RequestError::Page(PageError::RepeatedClientOrRedirectUri));
     }
     // From here on, mistakes go back to the client.
@@ -160,8 +195,24 @@ pub fn check(
         description,
         state: state.clone().filter(|s| s.len() <= MAX_STATE),
     };
+    // The descriptions below never repeat what the request made up: they
+    // reach the application's page, which might show them (RFC 6749
+    // §4.1.2.1 allows only printable ASCII there, and markup would be
+    // somebody else's words under the provider's name).
+    if params.len() > MAX_PARAMETERS {
+        return Err(fail(
+            "invalid_request",
+            format!("at most {MAX_PARAMETERS} parameters"),
+        ));
+    }
     if let Some(k) = repeated {
-        return Err(fail("invalid_request", format!("{k} is given more than once")));
+        return Err(fail(
+            "invalid_request",
+            match KNOWN_PARAMETERS.iter().find(|known| **known == k) {
+                Some(known) => format!("{known} is given more than once"),
+                None => "a parameter is given more than once".into(),
+            },
+        ));
     }
     if get("request").is_some() {
         return Err(fail(
@@ -264,10 +315,10 @@ pub fn check(
             "login" => prompt.login = true,
             "consent" => prompt.consent = true,
             "select_account" => prompt.select_account = true,
-            other => {
+            _ => {
                 return Err(fail(
                     "invalid_request",
-                    format!("prompt: unknown value {other:?}"),
+                    "prompt: none, login, consent or select_account".into(),
                 ))
             }
         }
@@ -418,6 +469,58 @@ mod tests {
             }
             other => panic!("expected an error to the redirect URI, got {other:?}"),
         }
+    }
+
+    fn description_of(r: Result<AuthorizationRequest, RequestError>) -> String {
+        match r {
+            Err(RequestError::Redirect { description, .. }) => description,
+            other => panic!("expected an error to the redirect URI, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_error_description_never_repeats_what_the_request_made_up() {
+        let made_up = "<a href=https://evil.example>your account is locked, click here</a>";
+        let mut repeated = params(&[]);
+        repeated.push((made_up.to_string(), "1".into()));
+        repeated.push((made_up.to_string(), "2".into()));
+        let prompt = params(&[("prompt", made_up)]);
+        for p in [repeated, prompt] {
+            let d = description_of(check(&p, Some(&client(ClientKind::Public)), NOW));
+            assert!(!d.contains("evil") && !d.contains('<'), "{d}");
+            assert!(
+                d.bytes()
+                    .all(|b| (0x20..=0x7e).contains(&b) && b != b'"' && b != b'\\'),
+                "{d}"
+            );
+        }
+        // A parameter the specifications name is named.
+        let mut scope_twice = params(&[]);
+        scope_twice.push(("scope".into(), "openid".into()));
+        let d = description_of(check(&scope_twice, Some(&client(ClientKind::Public)), NOW));
+        assert_eq!(d, "scope is given more than once");
+    }
+
+    #[test]
+    fn a_request_with_more_parameters_than_any_application_needs_is_refused() {
+        let mut p = params(&[]);
+        let known = p.len();
+        p.extend((known..MAX_PARAMETERS).map(|i| (format!("x{i}"), String::new())));
+        assert!(
+            check(&p, Some(&client(ClientKind::Public)), NOW).is_ok(),
+            "{MAX_PARAMETERS} are read"
+        );
+        p.push(("one_more".into(), String::new()));
+        let r = check(&p, Some(&client(ClientKind::Public)), NOW);
+        assert_eq!(description_of(r), format!("at most {MAX_PARAMETERS} parameters"));
+    }
+
+    #[test]
+    fn the_first_repeated_parameter_is_found_among_thousands() {
+        let mut p: Vec<(String, String)> = (0..50_000).map(|i| (format!("p{i}"), String::new())).collect();
+        assert_eq!(first_repeated(&p), None);
+        p.push(("p49999".into(), String::new()));
+        assert_eq!(first_repeated(&p), Some("p49999"));
     }
 
     #[test]

@@ -120,15 +120,12 @@ impl Issuer {
             .await?)
     }
 
-    /// Signs an access token of a user's session. A token an application
+    /// Signs an access token of a user's session ([`visible_email`]). A token an application
     /// got through the code flow names the user's email only if the user
     /// let it see it (the `email` scope): the token is readable by its
     /// holder and by every service it is shown to.
     pub fn issue(&self, s: &Subject<'_>) -> anyhow::Result<String> {
-        let email = match s.scope {
-            Some(scope) if !scope.split(' ').any(|x| x == "email") => "",
-            _ => s.email,
-        };
+        let email = visible_email(s.scope, s.email);
         let who = Who {
             sub: s.user_id,
             email,
@@ -297,4 +294,15 @@ struct Who<'a> {
     email: &'a str,
     sid: &'a str,
     client_id: &'a str,
+}
+
+/// The email an application may learn of a session's user: the user's for
+/// a first-party session (`scope` `None`), else only with the `email`
+/// scope the user granted (empty otherwise). Tokens and introspection
+/// answer by it alike.
+pub fn visible_email<'a>(scope: Option<&str>, email: &'a str) -> &'a str {
+    match scope {
+        Some(scope) if !scope.split(' ').any(|x| x == "email") => "",
+        _ => email,
+    }
 }

@@ -20,7 +20,7 @@ pub(crate) mod keys;
 mod verifier;
 
 pub use crate::store::KeyRecord;
-pub use issuer::Issuer;
+pub use issuer::{visible_email, Issuer};
 pub use jsonwebtoken::Algorithm;
 pub use keys::can_unseal;
 pub use verifier::{Verifier, VerifierSettings};
