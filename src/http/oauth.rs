@@ -361,7 +361,7 @@ fn no_store(mut r: Response) -> Response {
 #[utoipa::path(post, path = "/oauth/token", tag = "oauth", security(("client_basic" = [])),
     request_body(content = TokenRequest, content_type = "application/x-www-form-urlencoded", description = "With client_id/client_secret or HTTP Basic"),
     responses((status = 200, body = crate::domain::sessions::TokenPair, description = "A token pair; for client_credentials a ClientToken (no refresh token)"),
-              (status = 400, description = "RFC 6749 error: invalid_request, invalid_grant, invalid_scope, unsupported_grant_type"),
+              (status = 400, description = "RFC 6749 error: invalid_request, invalid_grant, invalid_scope, unauthorized_client, unsupported_grant_type"),
               (status = 401, description = "invalid_client"), (status = 429, description = "slow_down"), (status = 503, description = "temporarily_unavailable")))]
 pub async fn token(
     State(st): State<AppState>,
