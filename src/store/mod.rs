@@ -37,7 +37,7 @@ pub use codes::{CodeRecord, NewCode, Purpose, UNUSABLE_PASSWORD};
 pub use events::{family, Event, EventFilter, EventRecord, KINDS};
 pub use factors::{ChallengeRecord, FactorAdded, FactorChange, FactorRecord};
 pub use keys::KeyRecord;
-pub use oidc::{AuthorizationCode, ConsentRecord, Redeemed, StoredCode};
+pub use oidc::{AuthorizationCode, ConsentRecord, Redeemed};
 pub use outbox::OutboxRow;
 pub use registration::{AccountState, Activation, CodeWrite, LiveCode, RegistrationState, RegistrationWrite};
 pub use sealed::{KeyringRecord, SealedColumn};

@@ -29,17 +29,6 @@ pub struct AuthorizationCode {
     pub issued_session: Option<String>,
 }
 
-/// A code as stored, with what the exchange needs of its account (read in
-/// the same statement; `None` once the account is gone).
-#[derive(Clone, Debug, sqlx::FromRow)]
-pub struct StoredCode {
-    #[sqlx(flatten)]
-    pub code: AuthorizationCode,
-    pub email: Option<String>,
-    pub name: Option<String>,
-    pub email_verified_at: Option<i64>,
-}
-
 /// What redeeming a code did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Redeemed {
@@ -143,16 +132,10 @@ impl Store {
     }
 
     /// The code of `code_hash`, spent or not (the provider judges it:
-    /// `domain::oidc::exchange::judge`), with its account's claims.
-    pub async fn authorization_code(&self, code_hash: &[u8]) -> StoreResult<Option<StoredCode>> {
-        let columns = CODE_COLUMNS
-            .split(", ")
-            .map(|c| format!("c.{}", c.trim()))
-            .collect::<Vec<_>>()
-            .join(", ");
+    /// `domain::oidc::exchange::judge`).
+    pub async fn authorization_code(&self, code_hash: &[u8]) -> StoreResult<Option<AuthorizationCode>> {
         db_op!(self, "authorization_code", conn => Ok(sqlx::query_as(&format!(
-            "SELECT {columns}, u.email, u.name, u.email_verified_at FROM authorization_codes c \
-             LEFT JOIN users u ON u.id = c.user_id WHERE c.code_hash = $1"
+            "SELECT {CODE_COLUMNS} FROM authorization_codes WHERE code_hash = $1"
         ))
         .bind(code_hash)
         .fetch_optional(&mut *conn)

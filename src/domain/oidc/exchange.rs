@@ -13,7 +13,7 @@ use crate::domain::clients::ClientRecord;
 use crate::domain::sessions::{ClientGrant, Origin};
 use crate::domain::tokens::{AccessClaims, IdClaims, ACR_MFA, ACR_SINGLE};
 use crate::domain::AuthError;
-use crate::store::{AuthorizationCode, Redeemed, StoredCode};
+use crate::store::{AuthorizationCode, Redeemed};
 
 /// What a client presents with a code at the token endpoint.
 #[derive(Clone, Copy, Debug)]
@@ -161,30 +161,27 @@ impl Provider {
         let challenge = verifier.map(|v| b64url(&sha256(v.as_bytes())));
         let hash = sha256(code.as_bytes());
         let now = now_ms();
-        // The code with its account's claims, in one read.
         let stored = self.shared.store.authorization_code(&hash).await?;
         let presented = Presented {
             client_id: &client.id,
             redirect_uri,
             code_challenge: challenge.as_deref(),
         };
-        let StoredCode {
-            code: c,
-            email: Some(account_email),
-            name: account_name,
-            email_verified_at: account_verified_at,
-        } = (match judge(stored.as_ref().map(|s| &s.code), &presented, now) {
+        let c = match judge(stored.as_ref(), &presented, now) {
             Verdict::Redeem => stored.expect("judged redeemable"),
             Verdict::Reused => {
-                let stored = stored.expect("judged reused");
-                return Err(self.code_reused(&stored.code, now).await);
+                return Err(self
+                    .code_reused(stored.as_ref().expect("judged reused"), now)
+                    .await)
             }
             Verdict::Refused => return Err(AuthError::InvalidToken),
-        })
-        else {
-            // The account is gone.
-            return Err(AuthError::InvalidToken);
         };
+        let user = self
+            .shared
+            .store
+            .user_by_id(&c.user_id)
+            .await?
+            .ok_or(AuthError::InvalidToken)?;
         let authn = crate::domain::tokens::Authn::new(&c.amr, c.auth_time);
         let grant = ClientGrant {
             client_id: &client.id,
@@ -200,13 +197,13 @@ impl Provider {
         let pair = match self
             .shared
             .store
-            .redeem_authorization_code(&hash, &session.as_new(&c.user_id))
+            .redeem_authorization_code(&hash, &session.as_new(&user.id))
             .await?
         {
             Redeemed::Started { expires_at } => {
                 session.expires_at = expires_at;
                 self.sessions
-                    .pair(&c.user_id, &account_email, &session, &client.id, refresh_token)?
+                    .pair(&user.id, &user.email, &session, &client.id, refresh_token)?
             }
             Redeemed::Refused(_) => return Err(AuthError::InvalidToken),
             // Spent by another presentation since it was read (this is the
@@ -228,7 +225,7 @@ impl Provider {
                 self.issuer
                     .issue_id_token(settings.id_token_algorithm(), |alg| IdClaims {
                         iss: self.issuer.issuer().to_string(),
-                        sub: c.user_id.clone(),
+                        sub: user.id.clone(),
                         aud: client.id.clone(),
                         exp,
                         iat,
@@ -244,9 +241,9 @@ impl Provider {
                         sid: c.session_id.clone(),
                         azp: client.id.clone(),
                         at_hash: Some(crate::domain::tokens::token_hash(alg, &access)),
-                        email: email.then(|| account_email.clone()),
-                        email_verified: email.then_some(account_verified_at.is_some()),
-                        name: if profile { account_name.clone() } else { None },
+                        email: email.then(|| user.email.clone()),
+                        email_verified: email.then_some(user.email_verified_at.is_some()),
+                        name: if profile { user.name.clone() } else { None },
                     })
                     .map_err(AuthError::Internal)?,
             )
