@@ -89,18 +89,33 @@ fn code_of(back: &Page) -> String {
         .unwrap_or_else(|| panic!("a code in {to}"))
 }
 
-async fn exchange(app: &TestApp, client: (&str, &str), fields: &[(&str, &str)]) -> (u16, Value) {
-    let mut form = vec![("grant_type", "authorization_code")];
-    form.extend_from_slice(fields);
+/// `POST /oauth/token` of `form` by the confidential `client` (id,
+/// secret): the status and the JSON answer.
+async fn token_call(app: &TestApp, client: (&str, &str), form: &[(&str, &str)]) -> (u16, Value) {
     let r = app
         .http
         .post(app.url("/oauth/token"))
         .basic_auth(client.0, Some(client.1))
-        .form(&form)
+        .form(form)
         .send()
         .await
         .unwrap();
     (r.status().as_u16(), r.json().await.unwrap())
+}
+
+async fn exchange(app: &TestApp, client: (&str, &str), fields: &[(&str, &str)]) -> (u16, Value) {
+    let mut form = vec![("grant_type", "authorization_code")];
+    form.extend_from_slice(fields);
+    token_call(app, client, &form).await
+}
+
+async fn refresh(app: &TestApp, client: (&str, &str), token: &str) -> (u16, Value) {
+    token_call(
+        app,
+        client,
+        &[("grant_type", "refresh_token"), ("refresh_token", token)],
+    )
+    .await
 }
 
 async fn user(app: &TestApp, tag: &str) -> String {
@@ -339,18 +354,13 @@ async fn a_code_presented_twice_ends_the_session_it_started(app: &TestApp) {
     assert_eq!((status, again["error"].as_str()), (400, Some("invalid_grant")));
     // RFC 6749 §4.1.2: what the first exchange issued is revoked.
     assert_eq!(app.validate(at).await, 401);
-    let r = app
-        .http
-        .post(app.url("/oauth/token"))
-        .basic_auth("twice", Some(&secret))
-        .form(&[
-            ("grant_type", "refresh_token"),
-            ("refresh_token", first["refresh_token"].as_str().unwrap_or("none")),
-        ])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 400);
+    let (status, _) = refresh(
+        app,
+        ("twice", &secret),
+        first["refresh_token"].as_str().unwrap_or("none"),
+    )
+    .await;
+    assert_eq!(status, 400);
 }
 
 /// A public client names itself by its `client_id` alone, so a spent code
@@ -441,19 +451,8 @@ async fn an_application_whose_refresh_grant_was_taken_away_refreshes_no_more(app
     let secret = application(app, "demoted", ClientKind::Confidential, ConsentMode::Skip).await;
     let email = user(app, "demoted").await;
     let tokens = crate::oidc::code_grant(app, "demoted", &secret, &email, "openid offline_access").await;
-    let secret = &secret;
-    let refresh = |token: String| async move {
-        let r = app
-            .http
-            .post(app.url("/oauth/token"))
-            .basic_auth("demoted", Some(secret))
-            .form(&[("grant_type", "refresh_token"), ("refresh_token", token.as_str())])
-            .send()
-            .await
-            .unwrap();
-        (r.status().as_u16(), r.json::<Value>().await.unwrap())
-    };
-    let (status, pair) = refresh(tokens["refresh_token"].as_str().unwrap().to_string()).await;
+    let client = ("demoted", secret.as_str());
+    let (status, pair) = refresh(app, client, tokens["refresh_token"].as_str().unwrap()).await;
     assert_eq!(status, 200, "{pair}");
     let mut s = ClientSettings::new(ClientKind::Confidential, vec![CALLBACK.into()]);
     s.consent = ConsentMode::Skip;
@@ -465,7 +464,7 @@ async fn an_application_whose_refresh_grant_was_taken_away_refreshes_no_more(app
         .set_oidc("demoted", Some(&s))
         .await
         .unwrap());
-    let (status, body) = refresh(pair["refresh_token"].as_str().unwrap().to_string()).await;
+    let (status, body) = refresh(app, client, pair["refresh_token"].as_str().unwrap()).await;
     assert_eq!(
         (status, body["error"].as_str()),
         (400, Some("unauthorized_client")),
